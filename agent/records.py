@@ -1,0 +1,322 @@
+"""The wire schema: the one module the aggregator imports from the agent.
+
+A *frame* is one ZeroMQ message: a msgpack map ``{"v": SCHEMA_VERSION, "records": [record, ...]}``.
+A frame may carry a batch of records. A *record* is a msgpack/JSON map with these common fields:
+
+====== ======= ===============================================================
+field  type    meaning
+====== ======= ===============================================================
+kind   str     ``"step"``, ``"event"`` or ``"heartbeat"``
+run    str     run name, shared by all ranks of one launch
+rank   int     global rank, ``0 <= rank``
+seq    int     per-rank sequence number, increasing across all kinds from 1
+time   float   wall-clock time (Unix seconds) when the record was made
+====== ======= ===============================================================
+
+``step`` adds ``world_size`` (int), ``host`` (str), ``pid`` (int), ``step`` (int), ``epoch``
+(int or None) and ``metrics`` (map of metric name -> float; NaN and ±Inf allowed).
+
+``event`` adds ``event`` (one of ``EVENT_KINDS``: start, end, crash, eval, note, pause, resume),
+``step`` (int or None) and ``info`` (map: launcher info for start, ``reason`` for end,
+``exc_type``/``message``/``traceback`` for crash, ``seconds``/``reason`` for pause, anything for
+eval and note). Events also carry ``world_size``, ``host`` and ``pid``.
+
+``heartbeat`` adds ``last_step`` (int or None), ``next_in`` (seconds until the next heartbeat is
+due; during an announced pause, until the pause ends), ``dropped`` (records the agent could not
+queue for sending, total) and optionally ``paused`` (reason of an announced pause, or None).
+
+Unknown fields are ignored, so newer agents can talk to older aggregators within one schema
+version. A missing or mistyped required field raises ``DecodeError`` naming the field.
+
+JSONL (the agent's local fallback and ``rankwatch import``) holds one record per line in the
+same shape plus ``"v"``. JSON (RFC 8259) has no NaN or Infinity, so non-finite metric values are
+written as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``; ``decode_record`` turns them
+back into floats, so a record round-trips exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import msgpack
+
+SCHEMA_VERSION = 1
+MAX_FRAME_BYTES = 4 * 1024 * 1024  # aggregator's ZMQ_MAXMSGSIZE; agents batch below this
+MAX_NAME_CHARS = 256  # run and metric names longer than this are rejected
+MAX_METRICS = 1024  # metrics in one step record
+
+KINDS = ("step", "event", "heartbeat")
+EVENT_KINDS = ("start", "end", "crash", "eval", "note", "pause", "resume")
+
+NONFINITE_TO_JSON = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+JSON_TO_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+class DecodeError(ValueError):
+    """A frame or record that does not follow the schema.
+
+    ``reason`` is a short stable key for counters (``msgpack``, ``envelope``, ``version``,
+    ``field``, ``size``); the message says what exactly was wrong.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    run: str
+    rank: int
+    seq: int
+    time: float
+    world_size: int
+    host: str
+    pid: int
+    step: int
+    epoch: int | None
+    metrics: Mapping[str, float]
+    kind: str = field(default="step", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    run: str
+    rank: int
+    seq: int
+    time: float
+    world_size: int
+    host: str
+    pid: int
+    event: str
+    step: int | None
+    info: Mapping[str, Any]
+    kind: str = field(default="event", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    run: str
+    rank: int
+    seq: int
+    time: float
+    last_step: int | None
+    next_in: float
+    dropped: int
+    paused: str | None = None
+    kind: str = field(default="heartbeat", init=False)
+
+
+Record = Union[StepRecord, EventRecord, Heartbeat]
+
+
+def to_wire(record: Record) -> dict[str, Any]:
+    """The record as a plain map (msgpack-ready; NaN stays a float)."""
+    out: dict[str, Any] = {"kind": record.kind}
+    for name in record.__slots__:  # type: ignore[attr-defined]
+        if name != "kind":
+            value = getattr(record, name)
+            out[name] = dict(value) if isinstance(value, Mapping) else value
+    return out
+
+
+def encode_frame(records: list[Record] | list[dict[str, Any]]) -> bytes:
+    """One ZeroMQ message carrying ``records`` (dataclasses or already-wire maps)."""
+    wire = [r if isinstance(r, dict) else to_wire(r) for r in records]
+    return msgpack.packb({"v": SCHEMA_VERSION, "records": wire}, use_bin_type=True)
+
+
+def decode_frame(frame: bytes) -> list[Record]:
+    """Decode and validate one frame; raises ``DecodeError`` on the first problem."""
+    if len(frame) > MAX_FRAME_BYTES:
+        raise DecodeError("size", f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
+    try:
+        envelope = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise DecodeError("msgpack", f"not a msgpack frame: {exc}") from None
+    if not isinstance(envelope, dict):
+        raise DecodeError("envelope", f"frame is a {type(envelope).__name__}, expected a map")
+    check_version(envelope.get("v"))
+    records = envelope.get("records")
+    if not isinstance(records, list):
+        raise DecodeError("envelope", "frame has no 'records' list")
+    return [decode_record(r) for r in records]
+
+
+def check_version(version: Any) -> None:
+    if type(version) is not int:
+        raise DecodeError("envelope", f"schema version 'v' missing or not an int: {version!r}")
+    if version > SCHEMA_VERSION:
+        raise DecodeError(
+            "version",
+            f"schema version {version} is newer than this aggregator's {SCHEMA_VERSION}: "
+            "upgrade rankwatch on the head node",
+        )
+    if version < 1:
+        raise DecodeError("version", f"schema version {version} is not valid")
+
+
+def decode_record(raw: Any) -> Record:
+    """Validate one record map (from msgpack or a JSONL line) into a dataclass."""
+    if not isinstance(raw, dict):
+        raise DecodeError("field", f"record is a {type(raw).__name__}, expected a map")
+    kind = raw.get("kind")
+    if kind == "step":
+        return StepRecord(
+            *_common(raw),
+            world_size=_int(raw, "world_size", minimum=1),
+            host=_str(raw, "host", allow_empty=True),
+            pid=_int(raw, "pid", minimum=0),
+            step=_int(raw, "step"),
+            epoch=_opt_int(raw, "epoch"),
+            metrics=_metrics(raw),
+        )
+    if kind == "event":
+        event = _str(raw, "event")
+        if event not in EVENT_KINDS:
+            raise DecodeError("field", f"field 'event' is {event!r}, expected one of {EVENT_KINDS}")
+        info = raw.get("info", {})
+        if not isinstance(info, dict):
+            raise DecodeError("field", f"field 'info' must be a map, got {type(info).__name__}")
+        return EventRecord(
+            *_common(raw),
+            world_size=_int(raw, "world_size", minimum=1),
+            host=_str(raw, "host", allow_empty=True),
+            pid=_int(raw, "pid", minimum=0),
+            event=event,
+            step=_opt_int(raw, "step"),
+            info=info,
+        )
+    if kind == "heartbeat":
+        paused = raw.get("paused")
+        if paused is not None and not isinstance(paused, str):
+            raise DecodeError("field", "field 'paused' must be a string or null")
+        return Heartbeat(
+            *_common(raw),
+            last_step=_opt_int(raw, "last_step"),
+            next_in=_float(raw, "next_in"),
+            dropped=_int(raw, "dropped", minimum=0),
+            paused=paused,
+        )
+    raise DecodeError("field", f"field 'kind' is {kind!r}, expected one of {KINDS}")
+
+
+# --- JSONL -------------------------------------------------------------------------------
+
+
+def json_value(value: float) -> float | str:
+    """A metric value as strict JSON allows it (non-finite floats become strings)."""
+    if value != value:
+        return "NaN"
+    if value in (math.inf, -math.inf):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
+def to_json_line(record: Record) -> str:
+    """One JSONL line (with trailing newline) in strict RFC 8259 JSON."""
+    wire = to_wire(record)
+    wire["v"] = SCHEMA_VERSION
+    if "metrics" in wire:
+        wire["metrics"] = {k: json_value(v) for k, v in wire["metrics"].items()}
+    if "next_in" in wire:
+        wire["next_in"] = json_value(wire["next_in"])
+    return json.dumps(wire, allow_nan=False, ensure_ascii=False, default=str) + "\n"
+
+
+def from_json_line(line: str) -> Record:
+    """Parse one line written by ``to_json_line`` (or any agent of this schema version)."""
+    try:
+        raw = json.loads(line)
+    except ValueError as exc:
+        raise DecodeError("json", f"not a JSON line: {exc}") from None
+    if not isinstance(raw, dict):
+        raise DecodeError("field", "JSONL line is not an object")
+    check_version(raw.get("v"))
+    return decode_record(raw)
+
+
+# --- field checks ------------------------------------------------------------------------
+
+
+def _common(raw: dict[str, Any]) -> tuple[str, int, int, float]:
+    return (
+        _str(raw, "run"),
+        _int(raw, "rank", minimum=0),
+        _int(raw, "seq", minimum=1),
+        _float(raw, "time"),
+    )
+
+
+def _missing(name: str) -> DecodeError:
+    return DecodeError("field", f"required field '{name}' is missing")
+
+
+def _str(raw: dict[str, Any], name: str, allow_empty: bool = False) -> str:
+    if name not in raw:
+        raise _missing(name)
+    value = raw[name]
+    if not isinstance(value, str):
+        raise DecodeError("field", f"field '{name}' must be a string, got {type(value).__name__}")
+    if not value and not allow_empty:
+        raise DecodeError("field", f"field '{name}' is empty")
+    if len(value) > MAX_NAME_CHARS:
+        raise DecodeError("field", f"field '{name}' is {len(value)} chars, max {MAX_NAME_CHARS}")
+    return value
+
+
+def _int(raw: dict[str, Any], name: str, minimum: int | None = None) -> int:
+    if name not in raw:
+        raise _missing(name)
+    value = raw[name]
+    if type(value) is not int:  # bool is an int subclass and is not accepted
+        raise DecodeError("field", f"field '{name}' must be an int, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise DecodeError("field", f"field '{name}' is {value}, must be >= {minimum}")
+    if not -(2**63) <= value < 2**63:
+        raise DecodeError("field", f"field '{name}' is out of the 64-bit range")
+    return value
+
+
+def _opt_int(raw: dict[str, Any], name: str) -> int | None:
+    return None if raw.get(name) is None else _int(raw, name)
+
+
+def _float(raw: dict[str, Any], name: str) -> float:
+    if name not in raw:
+        raise _missing(name)
+    value = raw[name]
+    if isinstance(value, str) and value in JSON_TO_NONFINITE:
+        return JSON_TO_NONFINITE[value]
+    if type(value) not in (float, int):
+        raise DecodeError("field", f"field '{name}' must be a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _metrics(raw: dict[str, Any]) -> dict[str, float]:
+    if "metrics" not in raw:
+        raise _missing("metrics")
+    metrics = raw["metrics"]
+    if not isinstance(metrics, dict):
+        raise DecodeError("field", "field 'metrics' must be a map of name -> number")
+    if len(metrics) > MAX_METRICS:
+        raise DecodeError("field", f"{len(metrics)} metrics in one record, max {MAX_METRICS}")
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str) or not key or len(key) > MAX_NAME_CHARS:
+            raise DecodeError("field", f"metric name {str(key)[:40]!r} is not a valid name")
+        if type(value) is float:
+            out[key] = value
+        elif type(value) is int:
+            out[key] = float(value)
+        elif isinstance(value, str) and value in JSON_TO_NONFINITE:
+            out[key] = JSON_TO_NONFINITE[value]
+        else:
+            raise DecodeError(
+                "field", f"metric '{key[:40]}' must be a number, got {type(value).__name__}"
+            )
+    return out

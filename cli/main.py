@@ -1,0 +1,4 @@
+"""The `rankwatch` console script."""
+
+def main() -> None:
+    raise SystemExit("not yet")
