@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine for the demo and the tests: a virtual environment in .venv with
+# rankwatch (editable) and its extras, plus Debian's chromium and iproute2 for the browser and
+# multi-host tests. Idempotent: a second run only checks.
+#   bash deploy/dev-setup.sh            # venv + MindSpore + PyTorch (the demo)
+#   bash deploy/dev-setup.sh --tests    # also chromium and iproute2 (the test suite)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want_system=0
+[ "${1:-}" = "--tests" ] && want_system=1
+
+if [ "$want_system" = 1 ]; then
+  missing=()
+  [ -x /usr/bin/chromium ] || missing+=(chromium)
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+      echo "installing Debian packages: ${missing[*]}"
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+      echo "warning: ${missing[*]} missing and not root; browser/netns tests will skip" >&2
+    fi
+  fi
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+# MindSpore 2.10 needs numpy<2; torch 2.13.0 is the CPU build.
+.venv/bin/python -m pip install -q -e '.[dev,mindspore,torch]' 2>&1 | grep -v '^WARNING: Location' || true
+.venv/bin/python -c "import rankwatch.agent, rankwatch.aggregator, rankwatch.dashboard, zmq, duckdb, fastapi" \
+  || { echo "setup failed: rankwatch did not import" >&2; exit 1; }
+echo "setup done: $(.venv/bin/python --version), rankwatch in .venv"
