@@ -1,1 +1,10 @@
-"""rankwatch.agent."""
+"""rankwatch.agent: the per-rank agent. Needs only pyzmq and msgpack.
+
+``from rankwatch.agent import Monitor``; framework helpers live in ``rankwatch.agent.torch``
+and ``rankwatch.agent.mindspore`` and are never imported from here.
+"""
+
+from .identity import DEFAULT_INGEST_PORT
+from .monitor import Monitor
+
+__all__ = ["DEFAULT_INGEST_PORT", "Monitor"]

@@ -40,7 +40,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import msgpack
 
@@ -111,7 +111,7 @@ class Heartbeat:
     kind: str = field(default="heartbeat", init=False)
 
 
-Record = Union[StepRecord, EventRecord, Heartbeat]
+Record = StepRecord | EventRecord | Heartbeat
 
 
 def to_wire(record: Record) -> dict[str, Any]:
@@ -225,7 +225,20 @@ def to_json_line(record: Record) -> str:
         wire["metrics"] = {k: json_value(v) for k, v in wire["metrics"].items()}
     if "next_in" in wire:
         wire["next_in"] = json_value(wire["next_in"])
+    wire["time"] = json_value(wire["time"])
+    if "info" in wire:  # free-form, so a NaN may hide anywhere in it
+        wire["info"] = _json_safe(wire["info"])
     return json.dumps(wire, allow_nan=False, ensure_ascii=False, default=str) + "\n"
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return json_value(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def from_json_line(line: str) -> Record:

@@ -1,0 +1,376 @@
+"""Who this rank is: run name, rank, world size and aggregator address, from the launcher's env.
+
+Every value has the same order of precedence: an explicit argument, then a ``RANKWATCH_*``
+variable, then what the launcher (msrun, torchrun, a batch scheduler) put in the environment,
+then a default. Bad values raise ``ValueError`` here, at construction, and nowhere else.
+
+Rank and world size
+    ``RANK_ID``/``RANK_SIZE`` (msrun), else ``RANK``/``WORLD_SIZE`` (torchrun), else rank 0 of 1.
+
+Run name
+    ``RANKWATCH_RUN`` if set. Otherwise a name all ranks of one launch derive alike, with no
+    coordination, while two launches never share one: ``<script stem>-<launch id>``.
+
+    1. A launcher job id (``TORCHELASTIC_RUN_ID`` unless it is ``"none"``, ``SLURM_JOB_ID`` with
+       ``SLURM_STEP_ID``, ``PBS_JOBID``, ``LSB_JOBID``): ``train-12345-3fa2c1`` (the id, shortened,
+       then a hash of it). The same on every node of the job.
+    2. A head address (``MS_SCHED_HOST:MS_SCHED_PORT`` or ``MASTER_ADDR:MASTER_PORT``): the
+       launcher process (this process's parent: msrun or torchrun) and its start time, read from
+       ``/proc/<ppid>/stat``, which all local ranks of one launch share:
+       ``train-20261129-2130-3fa2c1`` (the launcher's start, UTC, then a hash of head address,
+       host, launcher pid and start).
+    3. Otherwise this process alone (pid and start time): a single-process run.
+
+    Caveat: in case 2 ranks on *different* nodes have different launcher processes, so a
+    multi-node launch with no job id gets one run name per node. Such a launch must set
+    ``RANKWATCH_RUN`` (the deploy wrappers do). Likewise two launches inside one batch job
+    step share the job id: set ``RANKWATCH_RUN`` for each.
+
+Aggregator address
+    ``RANKWATCH_ADDR``, else the head node (``MS_SCHED_HOST`` or ``MASTER_ADDR``) at
+    ``DEFAULT_INGEST_PORT``, else none (JSONL only). Accepted forms: ``host``, ``host:port``,
+    ``tcp://host:port``, ``[::1]:port``, ``ipc://path``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .records import MAX_NAME_CHARS
+
+DEFAULT_INGEST_PORT = 8671  # the aggregator's ROUTER port
+DEFAULT_LOG_DIR = "rankwatch_logs"
+HASH_CHARS = 6  # hex digits of launch hash in a derived run name
+JOB_ID_CHARS = 12  # a job id is shortened to this in a derived run name
+STEM_CHARS = 64  # script stem is shortened to this in a derived run name
+
+# Launcher job ids, most specific first: torchrun's rendezvous id is fresh per launch with
+# --standalone, while a scheduler id is shared by every launch inside one allocation.
+JOB_ID_VARS = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID")
+HEAD_VARS = (("MS_SCHED_HOST", "MS_SCHED_PORT"), ("MASTER_ADDR", "MASTER_PORT"))
+# Environment recorded in the start event: enough to tell how the rank was launched.
+INFO_VARS = (
+    "RANK_ID",
+    "RANK_SIZE",
+    "DEVICE_ID",
+    "MS_ROLE",
+    "MS_NODE_ID",
+    "MS_WORKER_NUM",
+    "MS_SCHED_HOST",
+    "MS_SCHED_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "PBS_JOBID",
+    "LSB_JOBID",
+    "RANKWATCH_RUN",
+    "RANKWATCH_ADDR",
+    "RANKWATCH_LOG_DIR",
+)
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_HOST = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Everything constant about one rank, resolved once at construction."""
+
+    run: str
+    rank: int
+    world_size: int
+    addr: str | None  # a ZeroMQ endpoint, or None for JSONL only
+    log_dir: Path
+    launcher: str  # "msrun", "torchrun" or "none"
+    head: str | None  # head node "host:port", when the launcher named one
+    host: str
+    pid: int
+    info: dict[str, Any] = field(default_factory=dict)  # the start event's info
+
+
+def launcher_name(env: Mapping[str, str]) -> str:
+    if "RANK_ID" in env or "MS_SCHED_HOST" in env or "MS_ROLE" in env:
+        return "msrun"
+    if "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env:
+        return "torchrun"
+    return "none"
+
+
+def head_address(env: Mapping[str, str]) -> str | None:
+    """The launcher's head node as ``host:port`` (port may be empty), or None."""
+    for host_var, port_var in HEAD_VARS:
+        host = env.get(host_var, "").strip()
+        if host:
+            return f"{host}:{env.get(port_var, '').strip()}"
+    return None
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def _check_int(value: Any, what: str) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{what} must be an int, got {value!r}")
+    if not isinstance(value, int):
+        try:
+            value = int(value.__index__())
+        except (AttributeError, TypeError):
+            raise ValueError(f"{what} must be an int, got {value!r}") from None
+    return int(value)
+
+
+def resolve_rank(
+    rank: int | None, world_size: int | None, env: Mapping[str, str]
+) -> tuple[int, int]:
+    """(rank, world_size): explicit arguments win, then msrun's, then torchrun's variables."""
+    env_rank, env_world, source = None, None, "default"
+    for rank_var, world_var in (("RANK_ID", "RANK_SIZE"), ("RANK", "WORLD_SIZE")):
+        if rank_var in env or world_var in env:
+            env_rank, env_world = _env_int(env, rank_var), _env_int(env, world_var)
+            source = f"{rank_var}/{world_var}"
+            if env_world is None and rank_var == "RANK_ID":
+                env_world = _env_int(env, "MS_WORKER_NUM")
+            break
+    r = _check_int(rank, "rank") if rank is not None else (env_rank or 0)
+    if world_size is not None:
+        w = _check_int(world_size, "world_size")
+    elif env_world is not None:
+        w = env_world
+    else:
+        w = max(1, r + 1) if rank is None and env_rank is not None else 1
+    if r < 0:
+        raise ValueError(f"rank must be >= 0, got {r} (from {source})")
+    if w < 1:
+        raise ValueError(f"world_size must be >= 1, got {w} (from {source})")
+    if r >= w:
+        raise ValueError(f"rank {r} is not below world_size {w} (from {source})")
+    return r, w
+
+
+def check_run_name(run: Any) -> str:
+    if not isinstance(run, str) or not run.strip():
+        raise ValueError(f"run name must be a non-empty string, got {run!r}")
+    run = run.strip()
+    if len(run) > MAX_NAME_CHARS:
+        raise ValueError(f"run name is {len(run)} chars, max {MAX_NAME_CHARS}: {run[:40]!r}...")
+    try:
+        run.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"run name {run[:40]!r} is not valid UTF-8") from None
+    return run
+
+
+def safe_filename(name: str, limit: int = 128) -> str:
+    """``name`` as one safe path component: no separators, no leading dot, never empty."""
+    out = _SAFE.sub("_", name).lstrip(".")[:limit] or "run"
+    if out != name:
+        # Two names that sanitise alike must still get two folders.
+        out = f"{out[: limit - 9]}-{hashlib.sha1(name.encode('utf-8', 'replace')).hexdigest()[:8]}"
+    return out
+
+
+def script_stem(argv: Sequence[str]) -> str:
+    """The training script's name (``train`` for ``python train.py``; ``python`` for ``-c``)."""
+    first = argv[0] if argv else ""
+    if not first or first in ("-c", "-m", "-"):
+        return "python"
+    path = Path(first)
+    stem = path.stem
+    if stem == "__main__":  # python -m package
+        stem = path.parent.name or "python"
+    return _SAFE.sub("_", stem).strip("._-")[:STEM_CHARS] or "python"
+
+
+def _hash(*parts: object) -> str:
+    text = "\0".join(str(p) for p in parts)
+    return hashlib.sha1(text.encode("utf-8", "replace")).hexdigest()[:HASH_CHARS]
+
+
+def _stamp(wall: float) -> str:
+    return time.strftime("%Y%m%d-%H%M", time.gmtime(wall))
+
+
+def derive_run(
+    env: Mapping[str, str],
+    stem: str,
+    host: str,
+    own: tuple[int, int | None, float],
+    parent: tuple[int, int | None, float | None],
+) -> str:
+    """A run name all ranks of one launch agree on; see the module docstring.
+
+    ``own`` and ``parent`` are ``(pid, start in clock ticks or None, start as Unix time)``.
+    """
+    for var in JOB_ID_VARS:
+        job = env.get(var, "").strip()
+        if not job or (var == "TORCHELASTIC_RUN_ID" and job == "none"):
+            continue
+        step = env.get("SLURM_STEP_ID", "") if var == "SLURM_JOB_ID" else ""
+        short = _SAFE.sub("_", job).strip("._-")[:JOB_ID_CHARS] or "job"
+        return f"{stem}-{short}-{_hash(var, job, step)}"
+    head = head_address(env)
+    if head is not None:
+        ppid, ticks, wall = parent
+        stamp = _stamp(wall) if wall is not None else "launch"
+        return f"{stem}-{stamp}-{_hash(head, host, ppid, ticks)}"
+    pid, ticks, wall = own
+    return f"{stem}-{_stamp(wall)}-{_hash(host, pid, ticks, wall if ticks is None else '')}"
+
+
+def process_start(pid: int, proc: Path = Path("/proc")) -> tuple[int | None, float | None]:
+    """(start in clock ticks since boot, start as Unix time) of ``pid``; Nones off Linux."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+        # Field 2 (comm) may hold spaces and parentheses: fields restart after the last ')'.
+        ticks = int(stat[stat.rindex(")") + 2 :].split()[19])
+        btime = 0
+        for line in (proc / "stat").read_text().splitlines():
+            if line.startswith("btime "):
+                btime = int(line.split()[1])
+        return ticks, btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None, None
+
+
+def parse_addr(value: str) -> str:
+    """An aggregator address as a ZeroMQ endpoint; ``ValueError`` says what is wrong."""
+    raw = value.strip() if isinstance(value, str) else value
+    if not isinstance(raw, str) or not raw:
+        raise ValueError(f"aggregator address must be a non-empty string, got {value!r}")
+    if raw.startswith("ipc://"):
+        if len(raw) == len("ipc://"):
+            raise ValueError(f"aggregator address {value!r} has no path")
+        return raw
+    rest = raw[len("tcp://") :] if raw.startswith("tcp://") else raw
+    if "://" in rest:
+        raise ValueError(f"aggregator address {value!r}: only tcp:// and ipc:// are supported")
+    port_text = ""
+    if rest.startswith("["):  # [v6]:port or [v6]
+        end = rest.find("]")
+        if end < 0:
+            raise ValueError(f"aggregator address {value!r} has an unclosed '['")
+        host, tail = rest[1:end], rest[end + 1 :]
+        if tail and not tail.startswith(":"):
+            raise ValueError(f"aggregator address {value!r}: expected ':port' after ']'")
+        port_text = tail[1:]
+        if not host or not all(c in "0123456789abcdefABCDEF:." for c in host):
+            raise ValueError(f"aggregator address {value!r} has a bad IPv6 address")
+        host = f"[{host}]"
+    elif rest.count(":") > 1:
+        raise ValueError(f"aggregator address {value!r}: write an IPv6 address as [addr]:port")
+    else:
+        host, _, port_text = rest.partition(":")
+        if rest.endswith(":"):
+            raise ValueError(f"aggregator address {value!r} has an empty port")
+        if not host or not _HOST.match(host):
+            raise ValueError(f"aggregator address {value!r} has a bad host name {host!r}")
+    port = DEFAULT_INGEST_PORT
+    if port_text:
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise ValueError(f"aggregator address {value!r} has a bad port {port_text!r}")
+        port = int(port_text)
+    return f"tcp://{host}:{port}"
+
+
+def resolve_addr(addr: str | None, env: Mapping[str, str]) -> str | None:
+    if addr is not None:
+        return parse_addr(addr)
+    if env.get("RANKWATCH_ADDR", "").strip():
+        try:
+            return parse_addr(env["RANKWATCH_ADDR"])
+        except ValueError as exc:
+            raise ValueError(f"RANKWATCH_ADDR: {exc}") from None
+    for host_var, _ in HEAD_VARS:
+        host = env.get(host_var, "").strip()
+        if host:
+            bracketed = f"[{host}]" if ":" in host and not host.startswith("[") else host
+            try:
+                return parse_addr(bracketed)
+            except ValueError as exc:
+                raise ValueError(f"{host_var}: {exc}") from None
+    return None
+
+
+def resolve(
+    run: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    addr: str | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    argv: Sequence[str] | None = None,
+) -> Identity:
+    """Resolve everything at once from the real process (``env``/``argv`` default to it)."""
+    env = os.environ if env is None else env
+    argv = sys.argv if argv is None else argv
+    r, w = resolve_rank(rank, world_size, env)
+    host, pid, ppid = socket.gethostname(), os.getpid(), os.getppid()
+    if run is None and env.get("RANKWATCH_RUN", "").strip():
+        run = env["RANKWATCH_RUN"]
+    if run is None:
+        ticks, wall = process_start(pid)
+        pticks, pwall = process_start(ppid)
+        run = derive_run(
+            env,
+            script_stem(argv),
+            host,
+            (pid, ticks, wall if wall is not None else _process_t0()),
+            (ppid, pticks, pwall),
+        )
+    run = check_run_name(run)
+    if log_dir is None:
+        log_dir = env.get("RANKWATCH_LOG_DIR", "").strip() or DEFAULT_LOG_DIR
+    head = head_address(env)
+    launcher = launcher_name(env)
+    info: dict[str, Any] = {
+        "launcher": launcher,
+        "head": head,
+        "host": host,
+        "pid": pid,
+        "ppid": ppid,
+        "python": sys.version.split()[0],
+        "argv": [str(a)[:MAX_NAME_CHARS] for a in list(argv)[:64]],
+        "env": {k: env[k] for k in INFO_VARS if k in env},
+    }
+    return Identity(
+        run=run,
+        rank=r,
+        world_size=w,
+        addr=resolve_addr(addr, env),
+        log_dir=Path(log_dir),
+        launcher=launcher,
+        head=head,
+        host=host[:MAX_NAME_CHARS],
+        pid=pid,
+        info=info,
+    )
+
+
+_T0 = time.time()
+
+
+def _process_t0() -> float:
+    """Off Linux, the time this module was imported stands in for the process start."""
+    return _T0

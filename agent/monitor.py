@@ -1,0 +1,528 @@
+"""``Monitor``: the framework-free per-rank agent.
+
+``log()`` is the hot path. It converts the values, writes one JSONL line with one ``os.write``
+and appends a compact tuple to a bounded deque that the sender thread turns into msgpack. The
+constant part of the line (run, rank, host, ...) is serialised once; only seq, time, step,
+epoch and metrics are formatted per call. ``repr(float)`` is valid JSON for finite floats and
+non-finite ones are written as the strings of ``records.NONFINITE_TO_JSON``, so every line
+decodes with ``records.from_json_line``.
+
+Nothing here raises into training after construction: bad values are skipped and logged once
+per metric name (see ``values``), a full disk is counted, a full queue is counted in
+``dropped`` and reported in heartbeats. Only the constructor raises ``ValueError``, for
+arguments or launcher variables that make no sense.
+
+Process hooks (installed once, for all monitors): an uncaught exception records a ``crash``
+event and closes (a ``KeyboardInterrupt`` closes with reason ``"KeyboardInterrupt"``); one in
+another thread records a ``crash`` event with ``fatal: false``; SIGTERM, if its handler was the
+default, closes with reason ``"SIGTERM"`` and then dies of SIGTERM as before; exit closes with
+``"normal"``. A child made by ``fork`` inherits no monitor (its copies are inert). No ``end``
+event follows a ``crash`` event. Under ``msrun`` the scheduler process (``MS_ROLE=MS_SCHED``)
+runs the training script too; a monitor made there is disabled.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import logging
+import math
+import operator
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections import deque
+from types import TracebackType
+from typing import Any
+
+from . import identity
+from .fallback import JsonlWriter, jsonl_path
+from .records import EVENT_KINDS, MAX_METRICS, NONFINITE_TO_JSON, SCHEMA_VERSION
+from .sender import STEP, Sender
+from .values import NotANumber, check_name, plain, to_float
+
+log = logging.getLogger("rankwatch.agent")
+
+CLOSE_TIMEOUT_S = 1.5  # close() waits at most this long for the sender to flush
+EVENT_SLACK = 1000  # events may exceed queue_max by this much: start/end/crash matter most
+MAX_KEY_CACHE = 4096  # metric names whose JSON key is cached
+MAX_TEMPLATES = 256  # sets of metric names whose line template is cached
+MAX_WARNINGS = 1000  # distinct warn-once keys; beyond this, bad metrics are only skipped
+TRACEBACK_CHARS = 8192  # tail of a crash traceback kept in the event
+
+_NAN, _INF, _NINF = (json.dumps(NONFINITE_TO_JSON[k]) for k in ("nan", "inf", "-inf"))
+_said_jsonl_only = False
+_now = time.time
+_COMPACT = (",", ":")
+
+
+def _nonfinite(v: float) -> str:
+    return _NAN if v != v else (_INF if v > 0 else _NINF)
+
+
+class _Pause:
+    """What ``Monitor.pause`` returns: usable as ``with mon.pause(300):`` to resume on exit."""
+
+    def __init__(self, monitor: Monitor) -> None:
+        self._monitor = monitor
+
+    def __enter__(self) -> _Pause:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._monitor.resume()
+
+
+class Monitor:
+    """One rank's agent; see ``docs/architecture.md`` and ``identity`` for the arguments."""
+
+    def __init__(
+        self,
+        run: str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        addr: str | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        *,
+        batch_size: float | None = None,
+        heartbeat_s: float = 5.0,
+        queue_max: int = 10_000,
+        enabled: bool = True,
+    ) -> None:
+        self._active = False  # log() and event() do nothing until the end of construction
+        self._closed = True
+        if isinstance(heartbeat_s, bool) or not isinstance(heartbeat_s, (int, float)):
+            raise ValueError(f"heartbeat_s must be a number of seconds, got {heartbeat_s!r}")
+        if not 0 < heartbeat_s < math.inf:
+            raise ValueError(f"heartbeat_s must be > 0 seconds, got {heartbeat_s!r}")
+        if isinstance(queue_max, bool) or not isinstance(queue_max, int) or queue_max < 1:
+            raise ValueError(f"queue_max must be an int >= 1, got {queue_max!r}")
+        ident = identity.resolve(run, rank, world_size, addr, log_dir)
+        self.run, self.rank, self.world_size = ident.run, ident.rank, ident.world_size
+        self.addr, self.host, self.pid = ident.addr, ident.host, ident.pid
+        # Absolute: the script may chdir later, and the sender re-reads the file for resends.
+        self.jsonl_path = jsonl_path(ident.log_dir.absolute(), ident.run, ident.rank)
+        self._batch_size: float | None = None
+        self.batch_size = batch_size  # adapters may set it later
+        self.heartbeat_s = float(heartbeat_s)
+        self._queue_max = queue_max
+        self._dropped = 0
+        self._last_step: int | None = None
+        self._prev: tuple[int, float] | None = None  # (step, time) of the last timed log
+        self._paused: tuple[str, float] | None = None  # (reason, monotonic end)
+        self._staged: dict[str, Any] = {}
+        self._keys: dict[str, str] = {}  # metric name -> '"name":' ("" for a refused name)
+        self._warned: set[Any] = set()
+        self._crashed = False
+        self._close_lock = threading.RLock()
+        self._queue: deque[Any] | None = None
+        self._sender: Sender | None = None
+        if enabled and os.environ.get("MS_ROLE") == "MS_SCHED":
+            log.info("rankwatch: MindSpore scheduler process (MS_ROLE=MS_SCHED): monitor disabled")
+            enabled = False
+        self.enabled = enabled
+        if not enabled:
+            return
+        self._writer = JsonlWriter(self.jsonl_path)
+        self._seq = itertools.count(self._writer.start_seq + 1)
+        # The constant part of every step line, serialised once; % fields: seq, time, step,
+        # epoch, then (in a cached template) one %r per metric.
+        prefix = (
+            f'{{"v":{SCHEMA_VERSION},"kind":"step","run":{json.dumps(self.run)},'
+            f'"rank":{self.rank},"world_size":{self.world_size},'
+            f'"host":{json.dumps(self.host)},"pid":{self.pid},"seq":'
+        )
+        self._head = prefix.replace("%", "%%") + '%d,"time":%r,"step":%d,"epoch":%s,"metrics":{'
+        self._templates: dict[tuple[str, ...], str] = {}
+        self._base = {"run": self.run, "rank": self.rank, "world_size": self.world_size}
+        self._base.update(host=self.host, pid=self.pid)
+        if self.addr is not None:
+            self._queue = deque()
+            step_base = {"kind": "step", **self._base}
+            self._sender = Sender(
+                self.addr,
+                self._queue,
+                step_base,
+                self._heartbeat,
+                self.heartbeat_s,
+                self._drop,
+                self.jsonl_path,
+            )
+            try:
+                self._sender.start()
+            except RuntimeError as exc:  # no thread to be had: JSONL only
+                log.warning("rankwatch: cannot start the sender thread (%s); JSONL only", exc)
+                self._queue = self._sender = None
+        else:
+            global _said_jsonl_only
+            if not _said_jsonl_only:
+                _said_jsonl_only = True
+                log.warning(
+                    "rankwatch: no aggregator address (set RANKWATCH_ADDR, MS_SCHED_HOST or "
+                    "MASTER_ADDR); writing JSONL only to %s",
+                    self.jsonl_path,
+                )
+        self._closed = False
+        self._active = True
+        _register(self)
+        info = dict(ident.info, addr=self.addr, jsonl=str(self.jsonl_path))
+        self._emit("start", None, info)
+
+    # --- the hot path --------------------------------------------------------------------
+
+    def log(self, step: int, epoch: int | None = None, **metrics: Any) -> None:
+        """Record ``metrics`` (name -> number) at ``step``; never raises, never blocks."""
+        if not self._active:
+            return
+        try:
+            now = _now()
+            if type(step) is not int or not -(2**63) <= step < 2**63:
+                step = self._index(step, "step")
+                if step is None:
+                    return
+            if epoch is not None and type(epoch) is not int:
+                epoch = self._index(epoch, "epoch")
+            if self._staged:
+                staged, self._staged = self._staged, {}
+                metrics = {**staged, **metrics}
+            # Fast path: names seen before and finite floats, formatted by one cached template.
+            # ``metrics`` is this call's own kwargs dict, so it can go to the sender as it is.
+            template = self._templates.get(tuple(metrics))
+            if template is not None:
+                for v in metrics.values():
+                    if type(v) is not float or v - v != 0.0:
+                        template = None
+                        break
+            seq = next(self._seq)
+            epoch_text = "null" if epoch is None else epoch
+            if template is not None:
+                line = template % (seq, now, step, epoch_text, *metrics.values())
+            else:
+                body, metrics = self._convert(metrics)
+                line = self._head % (seq, now, step, epoch_text) + body
+            prev = self._prev
+            if prev is None or step < prev[0]:  # first step, after a pause, or a new count
+                self._prev = (step, now)
+            elif step > prev[0]:
+                self._prev = (step, now)
+                if "step_time" not in metrics:
+                    step_time = (now - prev[1]) / (step - prev[0])
+                    line += f'{"," if metrics else ""}"step_time":{step_time!r}'
+                    metrics["step_time"] = step_time
+                    batch = self._batch_size
+                    if batch is not None and step_time > 0 and "throughput" not in metrics:
+                        throughput = batch / step_time
+                        metrics["throughput"] = throughput
+                        line += f',"throughput":{throughput!r}'
+            self._writer.write((line + "}}\n").encode())
+            self._last_step = step
+            queue = self._queue
+            if queue is not None:
+                if len(queue) < self._queue_max:
+                    queue.append((STEP, seq, now, step, epoch, metrics))
+                else:
+                    self._drop(1)
+        except Exception as exc:  # a bug here must not end a training run
+            self._warn_once("log", "rankwatch: log() failed and was skipped: %r", exc)
+
+    def _convert(self, metrics: dict[str, Any]) -> tuple[str, dict[str, float]]:
+        """The slow path: check names and convert values, returning the metrics' JSON text.
+
+        When every name is usable, a template for this set of names is cached for next time.
+        """
+        if len(metrics) > MAX_METRICS:
+            self._warn_once("many", "rankwatch: more than %d metrics in one log()", MAX_METRICS)
+            metrics = dict(itertools.islice(metrics.items(), MAX_METRICS - 2))
+        keys = self._keys
+        out: dict[str, float] = {}
+        parts: list[str] = []
+        all_named = True
+        for name, v in metrics.items():
+            key = keys.get(name)
+            if key is None:
+                key = self._key(name)
+            if not key:
+                all_named = False
+                continue
+            if type(v) is not float:
+                try:
+                    v = to_float(v)
+                except NotANumber as exc:
+                    self._warn_once(("value", name), "rankwatch: metric %r skipped: %s", name, exc)
+                    continue
+            out[name] = v
+            parts.append(key + (repr(v) if v - v == 0.0 else _nonfinite(v)))
+        if all_named and len(self._templates) < MAX_TEMPLATES:
+            body = ",".join(
+                (keys.get(name) or self._key(name)).replace("%", "%%") + "%r" for name in metrics
+            )
+            self._templates[tuple(metrics)] = self._head + body
+        return ",".join(parts), out
+
+    def _key(self, name: Any) -> str:
+        reason = check_name(name)
+        key = "" if reason else json.dumps(name) + ":"
+        if reason:
+            self._warn_once(("name", name), "rankwatch: metric skipped: %s", reason)
+        if len(self._keys) < MAX_KEY_CACHE:
+            self._keys[name] = key
+        return key
+
+    def _index(self, value: Any, what: str) -> int | None:
+        """``value`` as an int step or epoch (numpy ints, 5.0, one-element tensors); or None."""
+        number: int | None = None
+        if not isinstance(value, bool):
+            try:
+                number = operator.index(value)
+            except TypeError:
+                try:
+                    f = to_float(value)
+                    number = int(f) if f.is_integer() else None
+                except NotANumber:
+                    pass
+        if number is not None and -(2**63) <= number < 2**63:
+            return number
+        self._warn_once(what, "rankwatch: %s %r is not an integer; record skipped", what, value)
+        return None
+
+    def _drop(self, count: int) -> None:
+        self._dropped += count
+        self._warn_once(
+            "dropped",
+            "rankwatch: send queue full (%d records): records are being dropped "
+            "from sending (the JSONL file keeps them); see 'dropped' in heartbeats",
+            self._queue_max,
+        )
+
+    def _warn_once(self, key: Any, message: str, *args: Any) -> None:
+        if key in self._warned or len(self._warned) >= MAX_WARNINGS:
+            return
+        self._warned.add(key)
+        log.warning(message, *args)
+
+    # --- everything else -----------------------------------------------------------------
+
+    def stage(self, **metrics: Any) -> None:
+        """Values added to the next ``log()`` call (explicit ones there win); for hooks."""
+        self._staged.update(metrics)
+
+    def event(self, kind: str, step: int | None = None, **info: Any) -> None:
+        """Record an event (``records.EVENT_KINDS``; an unknown kind becomes a ``note``)."""
+        if self._active:
+            try:
+                self._emit(kind, step, info)
+            except Exception as exc:
+                self._warn_once("event", "rankwatch: event() failed and was skipped: %r", exc)
+
+    def _emit(self, kind: str, step: Any, info: dict[str, Any]) -> None:
+        if kind not in EVENT_KINDS:
+            self._warn_once(("event", kind), "rankwatch: unknown event %r logged as a note", kind)
+            info = {"kind": str(kind), **info}
+            kind = "note"
+        if step is not None and type(step) is not int:
+            step = self._index(step, "step")
+        if kind == "crash" and info.get("fatal") is not False:
+            self._crashed = True  # the crash is the rank's last word: no "end" after it
+        wire = {"kind": "event", **self._base, "seq": next(self._seq), "time": time.time()}
+        wire.update(event=kind, step=step, info=plain(info))
+        self._write_and_queue(wire, self._queue_max + EVENT_SLACK)
+
+    def _write_and_queue(self, wire: dict[str, Any], limit: int) -> None:
+        line = json.dumps({"v": SCHEMA_VERSION, **wire}, allow_nan=False, separators=_COMPACT)
+        self._writer.write((line + "\n").encode("utf-8", "replace"))
+        queue = self._queue
+        if queue is not None:
+            if len(queue) < limit:
+                queue.append(wire)
+            else:
+                self._drop(1)
+
+    def _heartbeat(self) -> dict[str, Any] | None:
+        """One heartbeat (sender thread): written to JSONL, returned for sending."""
+        if self._closed:
+            return None
+        next_in, paused = self.heartbeat_s, None
+        if self._paused is not None:
+            reason, until = self._paused
+            left = until - time.monotonic()
+            if left > 0:
+                next_in, paused = max(next_in, left), reason
+        wire = {"kind": "heartbeat", "run": self.run, "rank": self.rank, "seq": next(self._seq)}
+        wire.update(time=time.time(), last_step=self._last_step, next_in=next_in)
+        wire.update(dropped=self._dropped, paused=paused)
+        line = json.dumps({"v": SCHEMA_VERSION, **wire}, separators=_COMPACT)
+        self._writer.write((line + "\n").encode("utf-8", "replace"))
+        return wire
+
+    def pause(self, seconds: float, reason: str = "checkpoint") -> _Pause:
+        """Announce that no step will come for ``seconds`` (checkpointing, evaluation, ...)."""
+        try:
+            seconds = float(seconds)
+            if not 0 < seconds < math.inf:
+                raise ValueError
+        except (TypeError, ValueError):
+            self._warn_once("pause", "rankwatch: pause(%r): not a duration; using 60 s", seconds)
+            seconds = 60.0
+        reason = str(reason)[:256]
+        if self._active:
+            self._paused = (reason, time.monotonic() + seconds)
+            self._prev = None  # a step time across the pause would mean nothing
+            self.event("pause", self._last_step, seconds=seconds, reason=reason)
+            if self._sender is not None:
+                self._sender.beat_now()
+        return _Pause(self)
+
+    def resume(self) -> None:
+        """End an announced pause early (``with mon.pause(...)`` does this on exit)."""
+        if self._active and self._paused is not None:
+            reason, _ = self._paused
+            self._paused = None
+            self._prev = None
+            self.event("resume", self._last_step, reason=reason)
+            if self._sender is not None:
+                self._sender.beat_now()
+
+    @property
+    def batch_size(self) -> float | None:
+        """Samples per step on this rank; with it, ``log()`` adds ``throughput`` (samples/s)."""
+        return self._batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: float | None) -> None:
+        try:
+            size = None if value is None else to_float(value)
+        except NotANumber as exc:
+            size = None
+            log.warning("rankwatch: batch_size %r ignored: %s", value, exc)
+        if size is not None and not 0 < size < math.inf:
+            log.warning("rankwatch: batch_size %r ignored: not a positive number", value)
+            size = None
+        self._batch_size = size
+
+    @property
+    def dropped(self) -> int:
+        """Records that could not be queued for sending (they are still in the JSONL file)."""
+        return self._dropped
+
+    @property
+    def write_errors(self) -> int:
+        """JSONL writes that failed (full disk, ...)."""
+        return self._writer.errors if self.enabled else 0
+
+    def close(self, reason: str = "normal") -> None:
+        """Send ``end`` and stop; idempotent, returns within ``CLOSE_TIMEOUT_S`` (+0.1 s)."""
+        with self._close_lock:
+            if self._closed:  # also a SIGTERM arriving while this thread is closing
+                return
+            self._closed = True
+            self._active = False
+            try:
+                if not self._crashed:
+                    self._emit("end", self._last_step, {"reason": str(reason)[:256]})
+            except Exception as exc:
+                log.warning("rankwatch: could not record the end event: %r", exc)
+            if self._sender is not None and not self._sender.close(CLOSE_TIMEOUT_S):
+                log.warning("rankwatch: sender did not stop within %.1f s", CLOSE_TIMEOUT_S)
+            self._writer.close()
+            _live.discard(self)
+
+    def _crash(self, exc: BaseException, tb: TracebackType | None, thread: str | None) -> None:
+        if not self._active:
+            return
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        info = {
+            "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+            "message": str(exc)[:4096],
+            "traceback": text[-TRACEBACK_CHARS:],
+            "thread": thread or threading.current_thread().name,
+            "fatal": thread is None,
+        }
+        self._emit("crash", self._last_step, info)
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
+            self.close("normal")
+        elif isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            self.close(type(exc).__name__ if isinstance(exc, KeyboardInterrupt) else "exit")
+        else:
+            self._crash(exc, tb, None)
+            self.close("crash")
+
+    def __repr__(self) -> str:
+        return f"Monitor(run={self.run!r}, rank={self.rank}, world_size={self.world_size})"
+
+
+# --- process hooks --------------------------------------------------------------------------
+
+_live: weakref.WeakSet[Monitor] = weakref.WeakSet()
+_hooks_installed = False
+
+
+def _close_all(reason: str) -> None:
+    for monitor in list(_live):
+        monitor.close(reason)
+
+
+def _register(monitor: Monitor) -> None:
+    global _hooks_installed
+    _live.add(monitor)
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    atexit.register(_close_all, "normal")
+    previous_hook = sys.excepthook
+    previous_thread_hook = threading.excepthook
+
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if not hasattr(sys, "ps1"):  # an interactive session goes on after an exception
+            try:
+                if issubclass(exc_type, KeyboardInterrupt):
+                    _close_all("KeyboardInterrupt")
+                else:
+                    for mon in list(_live):
+                        mon._crash(exc, tb, None)
+                    _close_all("crash")
+            except Exception:
+                pass
+        previous_hook(exc_type, exc, tb)
+
+    def thread_excepthook(args: Any) -> None:
+        if args.exc_value is not None and args.thread is not None:
+            for mon in list(_live):
+                mon._crash(args.exc_value, args.exc_traceback, args.thread.name)
+        previous_thread_hook(args)
+
+    sys.excepthook = excepthook
+    threading.excepthook = thread_excepthook
+    if threading.current_thread() is threading.main_thread():
+        try:
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _on_sigterm)
+        except (ValueError, OSError):  # not the main interpreter, or no signals here
+            pass
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _close_all("SIGTERM")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _forget_in_child() -> None:
+    # The sender thread does not exist in a forked child; its monitor copies must stay quiet.
+    for monitor in list(_live):
+        monitor._active = False
+        monitor._closed = True
+    _live.clear()

@@ -1,0 +1,238 @@
+"""`rankwatch serve` settings: defaults, a TOML file, then command-line flags on top.
+
+    [serve]                 # every key optional
+    data = "./rankwatch_data"
+    host = "127.0.0.1"      # dashboard
+    port = 8670
+    ingest_host = "*"       # agents
+    ingest_port = 8671
+    token_env = "RANKWATCH_TOKEN"   # or token = "..."
+
+    [alerts]                # AlertConfig: disabled, severity, thresholds, plateau, ...
+    [divergence]            # DivergenceConfig: z_threshold, confirm_steps, rules.<metric> ...
+
+    [[webhooks]]
+    kind = "dingtalk"       # json | slack | dingtalk | wecom | feishu (lark)
+    url_env = "DINGTALK_URL"        # or url = "..."
+    secret_env = "DINGTALK_SECRET"  # or secret = "..."
+    min_severity = "warning"
+
+Every mistake is a ``ConfigError`` naming the file and the key. See docs/alerts.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import tomllib
+from rankwatch.aggregator.alerts import AlertConfig
+from rankwatch.aggregator.divergence import DivergenceConfig
+from rankwatch.aggregator.service import ServeConfig
+from rankwatch.aggregator.webhooks import WEBHOOK_KINDS, WebhookConfig
+
+SECTIONS = ("serve", "alerts", "divergence", "webhooks")
+
+# [serve] key -> (ServeConfig field, accepted types)
+SERVE_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
+    "data": ("data_dir", (str,)),
+    "data_dir": ("data_dir", (str,)),
+    "host": ("host", (str,)),
+    "port": ("port", (int,)),
+    "ingest_host": ("ingest_host", (str,)),
+    "ingest_port": ("ingest_port", (int,)),
+    "token": ("token", (str,)),
+    "token_env": ("token", (str,)),
+    "flush_interval_s": ("flush_interval_s", (int, float)),
+    "lost_after_s": ("lost_after_s", (int, float)),
+    "merge_grace_s": ("merge_grace_s", (int, float)),
+    "console_alerts": ("console_alerts", (bool,)),
+    "resend_gaps": ("resend_gaps", (bool,)),
+}
+WEBHOOK_KEYS: dict[str, tuple[type, ...]] = {
+    "kind": (str,),
+    "url": (str,),
+    "url_env": (str,),
+    "secret": (str,),
+    "secret_env": (str,),
+    "name": (str,),
+    "min_severity": (str,),
+    "rate_per_min": (int, float),
+    "timeout_s": (int, float),
+    "attempts": (int,),
+    "backoff_s": (int, float),
+    "queue_max": (int,),
+}
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names the file (or flag) and the key."""
+
+
+def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):
+        return bool in types
+    return isinstance(value, types)
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    names = {bool: "true/false", int: "an integer", float: "a number", str: "a string"}
+    return " or ".join(names[t] for t in types if not (t is int and float in types))
+
+
+def _env(where: str, name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"{where}: environment variable {name} is not set or empty")
+    return value
+
+
+def load_config(path: Path | str | None = None, base: ServeConfig | None = None) -> ServeConfig:
+    """Defaults, then ``path`` (TOML) when given."""
+    config = base or ServeConfig()
+    if path is None:
+        return config
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_config(raw, str(path), config)
+
+
+def parse_config(raw: Mapping[str, Any], where: str, base: ServeConfig) -> ServeConfig:
+    """Apply a parsed TOML document to ``base``; ``where`` names the source in errors."""
+    for section in raw:
+        if section not in SECTIONS:
+            raise ConfigError(
+                f"{where}: unknown section or key '{section}'; known: {', '.join(SECTIONS)}"
+            )
+    changes: dict[str, Any] = {}
+    serve = raw.get("serve", {})
+    if not isinstance(serve, Mapping):
+        raise ConfigError(f"{where}: 'serve' must be a table ([serve])")
+    for key, value in serve.items():
+        if key not in SERVE_KEYS:
+            raise ConfigError(
+                f"{where}: unknown key 'serve.{key}'; known: {', '.join(sorted(SERVE_KEYS))}"
+            )
+        field, types = SERVE_KEYS[key]
+        if not _type_ok(value, types):
+            raise ConfigError(f"{where}: 'serve.{key}' must be {_type_names(types)}, got {value!r}")
+        if key == "token_env":
+            value = _env(f"{where}: 'serve.token_env'", value)
+        elif field == "data_dir":
+            value = Path(value).expanduser()
+        changes[field] = value
+    for section, cls in (("alerts", AlertConfig), ("divergence", DivergenceConfig)):
+        table = raw.get(section)
+        if table is None:
+            continue
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{where}: '{section}' must be a table ([{section}])")
+        try:
+            changes[section] = cls.from_dict(table)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{where}: [{section}] {exc}") from None
+    hooks = raw.get("webhooks")
+    if hooks is not None:
+        if not isinstance(hooks, list) or not all(isinstance(h, Mapping) for h in hooks):
+            raise ConfigError(f"{where}: 'webhooks' must be an array of tables ([[webhooks]])")
+        changes["webhooks"] = [
+            *base.webhooks,
+            *(_webhook(h, f"{where}: webhooks[{i}]") for i, h in enumerate(hooks)),
+        ]
+    config = dataclasses.replace(base, **changes)
+    check(config, where)
+    return config
+
+
+def _webhook(table: Mapping[str, Any], where: str) -> WebhookConfig:
+    kw: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in WEBHOOK_KEYS:
+            raise ConfigError(
+                f"{where}: unknown key '{key}'; known: {', '.join(sorted(WEBHOOK_KEYS))}"
+            )
+        if not _type_ok(value, WEBHOOK_KEYS[key]):
+            raise ConfigError(
+                f"{where}: '{key}' must be {_type_names(WEBHOOK_KEYS[key])}, got {value!r}"
+            )
+        if key.endswith("_env"):
+            kw[key[:-4]] = _env(f"{where}: '{key}'", value)
+        else:
+            kw[key] = value
+    for needed in ("kind", "url"):
+        if needed not in kw:
+            raise ConfigError(f"{where}: '{needed}' is missing")
+    try:
+        return WebhookConfig(**kw)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def parse_webhook_flag(text: str) -> WebhookConfig:
+    """``--webhook KIND=URL`` (secrets belong in the config file or its *_env keys)."""
+    kind, sep, url = text.partition("=")
+    if not sep or not kind or not url:
+        raise ConfigError(
+            f"--webhook expects KIND=URL with KIND one of {', '.join(WEBHOOK_KINDS)}, "
+            f"got {text.split('=')[0]!r}=..."
+        )
+    try:
+        return WebhookConfig(kind.strip(), url.strip())
+    except ValueError as exc:
+        raise ConfigError(f"--webhook: {exc}") from None
+
+
+def with_overrides(
+    config: ServeConfig,
+    *,
+    data: str | Path | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    ingest_host: str | None = None,
+    ingest_port: int | None = None,
+    token: str | None = None,
+    webhooks: Sequence[str] = (),
+) -> ServeConfig:
+    """Command-line flags over the file: only flags actually given (not None) change it."""
+    changes: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("host", host),
+            ("port", port),
+            ("ingest_host", ingest_host),
+            ("ingest_port", ingest_port),
+            ("token", token),
+        )
+        if value is not None
+    }
+    if data is not None:
+        changes["data_dir"] = Path(data).expanduser()
+    if webhooks:
+        changes["webhooks"] = [*config.webhooks, *(parse_webhook_flag(w) for w in webhooks)]
+    config = dataclasses.replace(config, **changes)
+    check(config, "command line")
+    return config
+
+
+def check(config: ServeConfig, where: str) -> None:
+    for name in ("port", "ingest_port"):
+        value = getattr(config, name)
+        if not 0 <= value <= 65535:
+            raise ConfigError(f"{where}: {name} {value} is not a TCP port (0-65535)")
+    for name in ("flush_interval_s", "lost_after_s"):
+        if not getattr(config, name) > 0:
+            raise ConfigError(f"{where}: {name} must be > 0 seconds")
+    if config.merge_grace_s < 0:
+        raise ConfigError(f"{where}: merge_grace_s must be >= 0 seconds")
+    if config.token is not None and not config.token.strip():
+        raise ConfigError(f"{where}: token is empty")

@@ -1,0 +1,231 @@
+"""In-process live feed: the service thread publishes, dashboard websockets consume.
+
+``publish()`` is called from the aggregator's service thread and never blocks: each
+subscriber has a bounded queue, and when a slow browser lags the oldest messages are dropped
+(and counted) instead of slowing ingest. Subscribers are asyncio consumers on the uvicorn
+loop (``await sub.get()``); a plain thread can use ``sub.get_blocking(timeout)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+SUBSCRIBER_QUEUE_MAX = 1000  # messages buffered per subscriber before the oldest is dropped
+
+
+class FeedClosed(Exception):
+    """The subscription (or the whole feed) was closed; no more messages will come."""
+
+
+class Subscription:
+    """One consumer's bounded queue. Create with ``Feed.subscribe()``."""
+
+    def __init__(self, feed: Feed, maxsize: int, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._feed = feed
+        self._maxsize = maxsize
+        self._items: deque[dict[str, Any]] = deque()
+        self._cond = threading.Condition()
+        self._loop = loop
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed = False
+        self.dropped = 0  # messages this subscriber lost because it lagged
+
+    # --- producer side (any thread) -------------------------------------------------------
+
+    def _put(self, message: dict[str, Any]) -> int:
+        """Queue one message; returns how many old messages were dropped for it (0 or 1)."""
+        dropped = 0
+        with self._cond:
+            if self._closed:
+                return 0
+            if len(self._items) >= self._maxsize:
+                self._items.popleft()
+                self.dropped += 1
+                dropped = 1
+            self._items.append(message)
+            self._cond.notify()
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            self._wake(waiter)
+        return dropped
+
+    def _wake(self, waiter: asyncio.Future[None]) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        # Waking the loop costs a syscall, so it is done only when a consumer is waiting.
+        with contextlib.suppress(RuntimeError):  # loop closed between the check and the call
+            loop.call_soon_threadsafe(_resolve, waiter)
+
+    # --- consumer side --------------------------------------------------------------------
+
+    def get_nowait(self) -> dict[str, Any] | None:
+        """The next message, or None when the queue is empty (raises FeedClosed when closed)."""
+        with self._cond:
+            if self._items:
+                return self._items.popleft()
+            if self._closed:
+                raise FeedClosed
+            return None
+
+    def drain(self, limit: int = SUBSCRIBER_QUEUE_MAX) -> list[dict[str, Any]]:
+        """Up to ``limit`` queued messages without waiting (possibly none)."""
+        with self._cond:
+            n = min(limit, len(self._items))
+            return [self._items.popleft() for _ in range(n)]
+
+    async def get(self) -> dict[str, Any]:
+        """Wait for the next message on the running asyncio loop; FeedClosed when closed."""
+        while True:
+            with self._cond:
+                if self._items:
+                    return self._items.popleft()
+                if self._closed:
+                    raise FeedClosed
+                if self._loop is None:
+                    self._loop = asyncio.get_running_loop()
+                waiter = self._loop.create_future()
+                self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                with self._cond:
+                    if self._waiter is waiter:
+                        self._waiter = None
+
+    async def get_many(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Wait for at least one message, then take up to ``limit`` (for batched sends)."""
+        first = await self.get()
+        return [first, *self.drain(limit - 1)]
+
+    def get_blocking(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """Thread consumers: wait up to ``timeout`` s; None on timeout, FeedClosed when closed."""
+        with self._cond:
+            if not self._items and not self._closed:
+                self._cond.wait(timeout)
+            if self._items:
+                return self._items.popleft()
+            if self._closed:
+                raise FeedClosed
+            return None
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            try:
+                yield await self.get()
+            except FeedClosed:
+                return
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def pending(self) -> int:
+        return len(self._items)
+
+    def close(self) -> None:
+        """Unsubscribe; a waiting ``get()`` raises FeedClosed. Idempotent."""
+        self._feed._remove(self)
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            self._wake(waiter)
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class Feed:
+    """Thread-safe fan-out of small JSON-ready dicts to any number of subscribers."""
+
+    def __init__(self, queue_max: int = SUBSCRIBER_QUEUE_MAX) -> None:
+        self._queue_max = queue_max
+        self._subs: tuple[Subscription, ...] = ()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.published = 0
+        self._dropped_gone = 0  # drops counted by subscriptions that have since closed
+
+    def subscribe(self, maxsize: int | None = None) -> Subscription:
+        """A new subscription. Call from the asyncio loop that will ``await get()``, or from
+        any thread (the loop is then captured on the first ``get()``)."""
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        sub = Subscription(self, maxsize or self._queue_max, loop)
+        with self._lock:
+            if self._closed:
+                sub._shutdown()
+                return sub
+            self._subs = (*self._subs, sub)
+        return sub
+
+    def publish(self, message: dict[str, Any]) -> None:
+        """Hand ``message`` to every subscriber; never blocks. Subscribers must not mutate it."""
+        subs = self._subs  # a tuple swapped under the lock: safe to iterate without it
+        self.published += 1
+        for sub in subs:
+            sub._put(message)
+
+    @property
+    def has_subscribers(self) -> bool:
+        """False lets the service skip building messages nobody would read."""
+        return bool(self._subs)
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subs)
+
+    @property
+    def dropped(self) -> int:
+        """Messages dropped for lagging subscribers, in total."""
+        return self._dropped_gone + sum(s.dropped for s in self._subs)
+
+    def _remove(self, sub: Subscription) -> None:
+        with self._lock:
+            if sub in self._subs:
+                self._subs = tuple(s for s in self._subs if s is not sub)
+                self._dropped_gone += sub.dropped
+
+    def close(self) -> None:
+        """Close every subscription and ignore later publishes. Idempotent."""
+        with self._lock:
+            self._closed = True
+            subs, self._subs = self._subs, ()
+            self._dropped_gone += sum(s.dropped for s in subs)
+        for sub in subs:
+            sub._shutdown()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

@@ -1,0 +1,277 @@
+"""Merge the ranks' records: drop duplicate seqs, group metric values by (run, metric, step).
+
+Pure: no sockets, no clock. ``now`` is the aggregator's clock, passed in by the caller.
+
+``SeqTracker`` keeps, per (run, rank), the seen sequence numbers as sorted, merged inclusive
+intervals, so its memory grows with the number of gaps, not with the number of records.
+
+``StepMerger`` collects the value every rank logged for a (run, metric, step). A group is handed
+out by ``add()`` the moment all ``world_size`` ranks have reported that metric at that step; groups
+that never fill (a rank is slow, lost, or only some ranks log that metric) are handed out partial
+by ``expire()`` once ``grace_s`` has passed since their first value. Values that arrive for a
+(run, metric, step) already handed out are counted in ``late`` and not scored (the store still
+keeps them: the merger only feeds the cross-rank scoring).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from rankwatch.agent.records import StepRecord
+
+DEFAULT_GRACE_S = 5.0  # wait this long for the slowest rank before scoring a partial step
+MAX_STEP_WINDOW = 1_000  # steps older than the newest by more than this are closed at once
+MAX_OPEN_STEPS = 4_096  # open (run, step) groups per run, whatever their step numbers
+CLOSED_MEMORY = 4_096  # recently closed steps remembered per run to tell late records apart
+MAX_INTERVALS = 100_000  # seq intervals per (run, rank); beyond this the oldest gap is given up
+
+__all__ = ["SeqTracker", "StepMerger", "StepValues"]
+
+
+class _Intervals:
+    """Sorted, disjoint, non-adjacent inclusive intervals [lo, hi] of seen seqs."""
+
+    __slots__ = ("his", "los")
+
+    def __init__(self) -> None:
+        self.los: list[int] = []
+        self.his: list[int] = []
+
+    def add(self, lo: int, hi: int) -> int:
+        """Mark [lo, hi] as seen; returns how many seqs in it were new."""
+        los, his = self.los, self.his
+        # Fast path: seqs almost always arrive in order, extending the last interval.
+        if his and lo == his[-1] + 1:
+            his[-1] = hi
+            return hi - lo + 1
+        if not his or lo > his[-1] + 1:
+            los.append(lo)
+            his.append(hi)
+            return hi - lo + 1
+        # General case: find every interval that overlaps or touches [lo, hi] and fuse them.
+        first = bisect_right(his, lo - 2)  # first interval whose hi >= lo - 1
+        last = bisect_right(los, hi + 1)  # intervals before this index start <= hi + 1
+        if first == last:  # touches nothing: insert
+            los.insert(first, lo)
+            his.insert(first, hi)
+            return hi - lo + 1
+        overlap = sum(max(0, min(his[i], hi) - max(los[i], lo) + 1) for i in range(first, last))
+        new_lo, new_hi = min(lo, los[first]), max(hi, his[last - 1])
+        los[first:last] = [new_lo]
+        his[first:last] = [new_hi]
+        return (hi - lo + 1) - overlap
+
+    def contains(self, seq: int) -> bool:
+        i = bisect_right(self.los, seq) - 1
+        return i >= 0 and self.his[i] >= seq
+
+    def give_up_oldest_gap(self) -> None:
+        """Fuse the two oldest intervals: the seqs between them will read as duplicates."""
+        if len(self.los) >= 2:
+            del self.los[1]
+            del self.his[0]
+
+
+class SeqTracker:
+    """Seen sequence numbers per (run, rank), to drop duplicates and find gaps."""
+
+    def __init__(self, max_intervals: int = MAX_INTERVALS) -> None:
+        if max_intervals < 2:
+            raise ValueError(f"max_intervals must be >= 2, got {max_intervals}")
+        self._seen: dict[tuple[str, int], _Intervals] = {}
+        self._max_intervals = max_intervals
+        self.given_up = 0  # gaps fused away because a rank had more than max_intervals
+
+    def accept(self, run: str, rank: int, seq: int) -> bool:
+        """Record ``seq``; False when it was already seen (a duplicate)."""
+        key = (run, rank)
+        iv = self._seen.get(key)
+        if iv is None:
+            iv = self._seen[key] = _Intervals()
+        elif iv.his and seq <= iv.his[-1] and iv.contains(seq):
+            return False
+        iv.add(seq, seq)
+        if len(iv.los) > self._max_intervals:
+            iv.give_up_oldest_gap()
+            self.given_up += 1
+        return True
+
+    def load(self, run: str, rank: int, lo: int, hi: int) -> None:
+        """Mark the inclusive range [lo, hi] as seen (rebuilding from the store after a restart)."""
+        if lo > hi:
+            raise ValueError(f"seq range [{lo}, {hi}] for {run!r} rank {rank} is empty")
+        iv = self._seen.setdefault((run, rank), _Intervals())
+        iv.add(lo, hi)
+        while len(iv.los) > self._max_intervals:
+            iv.give_up_oldest_gap()
+            self.given_up += 1
+
+    def gaps(self, run: str, rank: int) -> list[tuple[int, int]]:
+        """Missing inclusive seq ranges below the highest seen (seqs start at 1)."""
+        iv = self._seen.get((run, rank))
+        if iv is None or not iv.los:
+            return []
+        out = [(1, iv.los[0] - 1)] if iv.los[0] > 1 else []
+        out.extend((iv.his[i] + 1, iv.los[i + 1] - 1) for i in range(len(iv.los) - 1))
+        return out
+
+    def max_seq(self, run: str, rank: int) -> int:
+        """Highest seq seen, 0 when none."""
+        iv = self._seen.get((run, rank))
+        return iv.his[-1] if iv is not None and iv.his else 0
+
+    def intervals(self, run: str, rank: int) -> list[tuple[int, int]]:
+        """The seen seqs as inclusive ranges, for persisting or debugging."""
+        iv = self._seen.get((run, rank))
+        return list(zip(iv.los, iv.his, strict=True)) if iv is not None else []
+
+    def keys(self) -> Iterator[tuple[str, int]]:
+        return iter(list(self._seen))
+
+    def forget(self, run: str) -> None:
+        for key in [k for k in self._seen if k[0] == run]:
+            del self._seen[key]
+
+
+@dataclass(frozen=True)
+class StepValues:
+    """The values of one metric at one step across the ranks that reported it."""
+
+    run: str
+    metric: str
+    step: int
+    values: dict[int, float]  # rank -> value (NaN and ±Inf kept)
+    world_size: int
+    complete: bool  # every rank in 0..world_size-1 reported
+
+
+class _Group:
+    __slots__ = ("created", "done", "step", "values", "world_size")
+
+    def __init__(self, step: int, world_size: int, created: float) -> None:
+        self.step = step
+        self.world_size = world_size
+        self.created = created
+        self.values: dict[str, dict[int, float]] = {}
+        self.done: set[str] = set()  # metrics already handed out
+
+
+class _Run:
+    __slots__ = ("closed", "floor", "groups", "newest")
+
+    def __init__(self) -> None:
+        self.groups: dict[int, _Group] = {}  # insertion order == creation order
+        self.closed: dict[int, None] = {}  # recently closed steps, oldest first
+        self.floor: int | None = None  # steps <= floor are closed (forgotten from `closed`)
+        self.newest: int | None = None
+
+
+class StepMerger:
+    """Groups per-rank step records into per-(run, metric, step) cross-rank values."""
+
+    def __init__(
+        self,
+        grace_s: float = DEFAULT_GRACE_S,
+        *,
+        max_step_window: int = MAX_STEP_WINDOW,
+        max_open_steps: int = MAX_OPEN_STEPS,
+    ) -> None:
+        if not grace_s >= 0:
+            raise ValueError(f"grace_s must be >= 0, got {grace_s}")
+        if max_step_window < 1 or max_open_steps < 1:
+            raise ValueError("max_step_window and max_open_steps must be >= 1")
+        self.grace_s = grace_s
+        self.max_step_window = max_step_window
+        self.max_open_steps = max_open_steps
+        self._runs: dict[str, _Run] = {}
+        self._evicted: list[StepValues] = []  # closed early by the caps, handed out by expire()
+        self.late = 0  # values that arrived after their (run, metric, step) was handed out
+        self.evicted = 0  # groups closed before grace because of the memory caps
+
+    def add(self, rec: StepRecord, now: float) -> list[StepValues]:
+        """Add one rank's step record; returns the (run, metric, step) groups it completed."""
+        run = self._runs.get(rec.run)
+        if run is None:
+            run = self._runs[rec.run] = _Run()
+        step = rec.step
+        group = run.groups.get(step)
+        if group is None:
+            if step in run.closed or (run.floor is not None and step <= run.floor):
+                self.late += len(rec.metrics)
+                return []
+            group = self._open(rec.run, run, step, rec.world_size, now)
+        out: list[StepValues] = []
+        rank, need, values = rec.rank, group.world_size, group.values
+        for metric, value in rec.metrics.items():
+            per_rank = values.get(metric)
+            if per_rank is None:
+                if metric in group.done:
+                    self.late += 1
+                    continue
+                per_rank = values[metric] = {}
+            per_rank[rank] = value
+            if len(per_rank) >= need:
+                del values[metric]
+                group.done.add(metric)
+                out.append(StepValues(rec.run, metric, step, per_rank, need, _full(per_rank, need)))
+        return out
+
+    def expire(self, now: float) -> list[StepValues]:
+        """Hand out, partial, every group whose first value is older than ``grace_s``."""
+        out, self._evicted = self._evicted, []
+        deadline = now - self.grace_s
+        for name, run in self._runs.items():
+            groups = run.groups
+            while groups:
+                step, group = next(iter(groups.items()))
+                if group.created > deadline:
+                    break  # groups are in creation order: the rest are younger
+                out.extend(self._close(name, run, step))
+        return out
+
+    def open_groups(self) -> int:
+        return sum(len(r.groups) for r in self._runs.values())
+
+    def forget(self, run: str) -> None:
+        """Drop all state of ``run`` (e.g. relaunched under the same name with steps from 0)."""
+        self._runs.pop(run, None)
+
+    def _open(self, name: str, run: _Run, step: int, world_size: int, now: float) -> _Group:
+        group = run.groups[step] = _Group(step, world_size, now)
+        if run.newest is None or step > run.newest:
+            run.newest = step
+        # Memory bound: a rank that died mid-run must not keep thousands of groups open.
+        groups = run.groups
+        while len(groups) > self.max_open_steps:
+            self._evict(name, run, next(iter(groups)))
+        oldest_allowed = run.newest - self.max_step_window
+        while groups:
+            first = next(iter(groups))
+            if first >= oldest_allowed or first == step:
+                break
+            self._evict(name, run, first)
+        return group
+
+    def _evict(self, name: str, run: _Run, step: int) -> None:
+        self.evicted += 1
+        self._evicted.extend(self._close(name, run, step))
+
+    def _close(self, name: str, run: _Run, step: int) -> list[StepValues]:
+        group = run.groups.pop(step)
+        run.closed[step] = None
+        if len(run.closed) > CLOSED_MEMORY:
+            forgotten = next(iter(run.closed))
+            del run.closed[forgotten]
+            run.floor = forgotten if run.floor is None else max(run.floor, forgotten)
+        ws = group.world_size
+        return [
+            StepValues(name, metric, step, per_rank, ws, _full(per_rank, ws))
+            for metric, per_rank in group.values.items()
+        ]
+
+
+def _full(per_rank: dict[int, float], world_size: int) -> bool:
+    # Ranks outside 0..world_size-1 (a misconfigured launcher) do not make a group complete.
+    return len(per_rank) >= world_size and all(0 <= r < world_size for r in per_rank)

@@ -1,0 +1,267 @@
+"""The ZeroMQ ROUTER the agents' DEALER sockets connect to.
+
+Thin on purpose: receive ``[identity, frame]`` messages in batches, decode them with the wire
+schema, count what arrives per sender and per problem, and hand the records to the service.
+Bad input (not msgpack, wrong schema, extra frames, a newer schema version) is counted and
+logged once per sender and reason; it is never fatal and valid traffic keeps flowing.
+
+The socket belongs to the thread that calls ``recv()``: ``send_control()`` may be called from
+any thread, it only queues, and the queue is flushed by the next ``recv()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import zmq
+from rankwatch.agent import records
+from rankwatch.agent.records import DecodeError, Record
+from zmq.utils.monitor import parse_monitor_message
+
+log = logging.getLogger("rankwatch.receiver")
+
+DEFAULT_INGEST_PORT = 8671
+MAX_BATCH_MESSAGES = 2000  # messages drained per recv() before returning to the service
+RCVHWM_MESSAGES = 100_000  # per-peer inbound buffer, so a slow store tick does not push back
+MAX_SENDERS = 4096  # per-identity counters kept; DEALERs get a new identity on each reconnect
+MAX_LOGGED = 10_000  # (sender, reason) pairs already logged, to log each once
+LINGER_MS = 0  # control messages are best effort: never hang on close
+
+
+@dataclass(slots=True)
+class SenderStats:
+    label: str  # "run/rank" once a valid record came from this identity, else identity hex
+    run: str | None = None
+    rank: int | None = None
+    messages: int = 0
+    records: int = 0
+    bad: dict[str, int] = field(default_factory=dict)
+
+
+class Receiver:
+    """A bound ROUTER socket. ``port`` is the bound port (useful with port 0)."""
+
+    def __init__(
+        self,
+        host: str = "*",
+        port: int = DEFAULT_INGEST_PORT,
+        *,
+        context: zmq.Context[Any] | None = None,
+        endpoint: str | None = None,
+    ) -> None:
+        self._ctx = context or zmq.Context.instance()
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.MAXMSGSIZE, records.MAX_FRAME_BYTES)
+        sock.setsockopt(zmq.RCVHWM, RCVHWM_MESSAGES)
+        sock.setsockopt(zmq.LINGER, LINGER_MS)
+        # Unroutable control messages raise instead of vanishing, so they can be counted.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        endpoint = endpoint or f"tcp://{host}:{port}"
+        if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
+            endpoint = endpoint[:-1] + "*"  # libzmq's spelling of "any free port"
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            raise OSError(f"cannot listen for agents on {endpoint}: {exc}") from None
+        self._sock = sock
+        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.port = int(self.endpoint.rsplit(":", 1)[1]) if self.endpoint.startswith("tcp") else 0
+        # Disconnects are how an oversized frame shows up: libzmq drops the peer before
+        # the message is complete, so there is no identity and no message to count.
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED)
+        self._poller = zmq.Poller()
+        self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self._control: deque[tuple[bytes, bytes]] = deque()
+        self._control_lock = threading.Lock()
+        self._senders: dict[bytes, SenderStats] = {}
+        self._routes: dict[tuple[str, int], bytes] = {}  # (run, rank) -> latest identity
+        self._logged: set[tuple[str, str]] = set()
+        self._retired: dict[str, SenderStats] = {}  # stats of evicted identities, by label
+        self.totals: dict[str, int] = {
+            "messages": 0,
+            "records": 0,
+            "bad_messages": 0,
+            "bad_records": 0,
+            "connections": 0,
+            "disconnects": 0,
+            "control_sent": 0,
+            "control_failed": 0,
+        }
+        self.reasons: dict[str, int] = {}
+        self._closed = False
+
+    # --- receiving --------------------------------------------------------------------------
+
+    def recv(self, timeout_ms: int) -> list[Record]:
+        """Wait up to ``timeout_ms`` for traffic, then drain what is queued (bounded).
+
+        Returns the valid records of every message received, in arrival order.
+        """
+        self._flush_control()
+        out: list[Record] = []
+        events = dict(self._poller.poll(timeout_ms))
+        if self._monitor in events:
+            self._read_monitor()
+        if self._sock not in events:
+            return out
+        recv = self._sock.recv_multipart
+        decode = records.decode_frame
+        senders = self._senders
+        n = 0
+        while n < MAX_BATCH_MESSAGES:
+            try:
+                parts = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            n += 1
+            identity = parts[0]
+            stats = senders.get(identity)
+            if stats is None:
+                stats = self._new_sender(identity)
+            stats.messages += 1
+            if len(parts) != 2:
+                self._bad(stats, "frames", f"message has {len(parts) - 1} frames, expected 1")
+                continue
+            try:
+                batch = decode(parts[1])
+            except DecodeError as exc:
+                batch = self._salvage(stats, parts[1], exc)
+                if not batch:
+                    continue
+            if stats.run is None and batch:
+                self._learn(identity, stats, batch[0])
+            stats.records += len(batch)
+            out.extend(batch)
+        self.totals["messages"] += n
+        self.totals["records"] += len(out)
+        return out
+
+    def _salvage(self, stats: SenderStats, frame: bytes, exc: DecodeError) -> list[Record]:
+        """A frame failed to decode: keep its valid records when only some records are bad."""
+        if exc.reason != "field":
+            self._bad(stats, exc.reason, str(exc))
+            return []
+        raw = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=0)
+        good: list[Record] = []
+        for item in raw["records"]:
+            try:
+                good.append(records.decode_record(item))
+            except DecodeError as bad:
+                self._bad(stats, bad.reason, str(bad), record=True)
+        return good
+
+    def _new_sender(self, identity: bytes) -> SenderStats:
+        if len(self._senders) >= MAX_SENDERS:
+            # Reconnecting DEALERs get fresh identities; fold the oldest into per-label totals.
+            oldest = next(iter(self._senders))
+            self._retire(self._senders.pop(oldest))
+        stats = SenderStats(label=identity.hex())
+        self._senders[identity] = stats
+        return stats
+
+    def _retire(self, stats: SenderStats) -> None:
+        blank = SenderStats(stats.label, stats.run, stats.rank)
+        kept = self._retired.setdefault(stats.label, blank)
+        kept.messages += stats.messages
+        kept.records += stats.records
+        for reason, count in stats.bad.items():
+            kept.bad[reason] = kept.bad.get(reason, 0) + count
+
+    def _learn(self, identity: bytes, stats: SenderStats, rec: Record) -> None:
+        stats.run, stats.rank = rec.run, rec.rank
+        stats.label = f"{rec.run}/{rec.rank}"
+        self._routes[(rec.run, rec.rank)] = identity
+        if len(self._routes) > MAX_SENDERS * 4:
+            self._routes.pop(next(iter(self._routes)))
+
+    def _bad(self, stats: SenderStats, reason: str, message: str, record: bool = False) -> None:
+        stats.bad[reason] = stats.bad.get(reason, 0) + 1
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
+        self.totals["bad_records" if record else "bad_messages"] += 1
+        key = (stats.label, reason)
+        if key not in self._logged and len(self._logged) < MAX_LOGGED:
+            self._logged.add(key)
+            what = "record" if record else "message"
+            log.warning(
+                "dropped a bad %s from agent %s (%s): %s; further %r problems from this "
+                "sender are only counted",
+                what,
+                stats.label,
+                reason,
+                message[:300],
+                reason,
+            )
+
+    def _read_monitor(self) -> None:
+        while True:
+            try:
+                msg = self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = parse_monitor_message(msg)["event"]
+            if event == zmq.EVENT_DISCONNECTED:
+                self.totals["disconnects"] += 1
+            elif event == zmq.EVENT_ACCEPTED:
+                self.totals["connections"] += 1
+
+    # --- control back to a rank --------------------------------------------------------------
+
+    def send_control(self, identity: bytes, message: dict[str, Any]) -> None:
+        """Queue a small control map for one agent; sent by the receiving thread."""
+        payload = msgpack.packb(message, use_bin_type=True)
+        with self._control_lock:
+            self._control.append((identity, payload))
+
+    def identity_of(self, run: str, rank: int) -> bytes | None:
+        """The identity the latest records of ``(run, rank)`` came from, if any."""
+        return self._routes.get((run, rank))
+
+    def request_resend(self, run: str, rank: int, from_seq: int) -> bool:
+        """Ask the agent of ``(run, rank)`` to re-send its records from ``from_seq``."""
+        identity = self._routes.get((run, rank))
+        if identity is None:
+            return False
+        self.send_control(identity, {"v": records.SCHEMA_VERSION, "resend_from": from_seq})
+        return True
+
+    def _flush_control(self) -> None:
+        if not self._control:
+            return
+        with self._control_lock:
+            pending, self._control = self._control, deque()
+        for identity, payload in pending:
+            try:
+                self._sock.send_multipart([identity, payload], zmq.NOBLOCK)
+                self.totals["control_sent"] += 1
+            except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone; EAGAIN: it is full
+                self.totals["control_failed"] += 1
+                log.debug("control message to %s not sent: %s", identity.hex(), exc)
+
+    # --- reporting ------------------------------------------------------------------------
+
+    def counters(self) -> dict[str, Any]:
+        """JSON-ready totals, problems by reason, and per-sender counts (by run/rank label)."""
+        by_label: dict[str, dict[str, Any]] = {}
+        for stats in (*self._retired.values(), *self._senders.values()):
+            entry = by_label.setdefault(stats.label, {"messages": 0, "records": 0, "bad": {}})
+            entry["messages"] += stats.messages
+            entry["records"] += stats.records
+            for reason, count in stats.bad.items():
+                entry["bad"][reason] = entry["bad"].get(reason, 0) + count
+        return {**self.totals, "reasons": dict(self.reasons), "senders": by_label}
+
+    def close(self) -> None:
+        """Close the socket (from the thread that used it). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._sock.disable_monitor()
+        self._monitor.close(0)
+        self._sock.close(0)

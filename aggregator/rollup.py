@@ -1,0 +1,321 @@
+"""Multi-resolution rollups of long rows, maintained at ingest, read in proportion to the points.
+
+A *source* is a stream of long rows ``(run, metric, key, step, value)``: for the per-rank series
+``key`` is the rank; for the cross-rank band it is one of ``BAND_STATS``. Each level groups steps
+into buckets ``b = step // width`` and keeps, per ``(run, metric, key, b)``: the count, the sum,
+the minimum and the maximum with the step where each occurred, and the first and last step.
+
+Per level there are two tables: ``<src>_l<w>`` holds closed buckets and ``<src>_l<w>_open`` holds
+at most one open (latest) bucket per key. A bucket closes as soon as a row of a later bucket of
+the same key arrives (ranks report steps in order); its aggregate is then folded into the next
+level, so a level only ever sees closed buckets of the level below. Rows that arrive late for a
+closed bucket are written as an extra partial row for it; readers merge rows with GROUP BY.
+Reading level ``w`` therefore means: closed rows of ``w`` + the open rows of every level ``<= w``
+re-bucketed to ``w``. Everything happens inside the caller's transaction, so rollups can never
+disagree with the raw rows after a crash.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import numpy as np
+
+LEVELS: tuple[int, ...] = (16, 256, 4096)  # bucket widths in steps; each is FANOUT x the last
+FANOUT = 16
+BAND_STATS: tuple[str, ...] = ("median", "p5", "p95", "min", "max")  # key = index
+SOURCES = ("series", "band")
+FINE_READ_ROWS = 50_000  # rows a query may read beyond its points to use the whole budget
+
+COLUMNS = "run, metric, key, b, n, s, mn, mn_step, mx, mx_step, lo, hi"
+_SCHEMA = (
+    "run VARCHAR, metric VARCHAR, key INTEGER, b BIGINT, n BIGINT, s DOUBLE, mn DOUBLE, "
+    "mn_step BIGINT, mx DOUBLE, mx_step BIGINT, lo BIGINT, hi BIGINT"
+)
+# Aggregate of raw long rows into buckets / of partial buckets into coarser ones. DuckDB orders
+# NaN above every number, so a bucket holding a NaN reports it as its maximum: the NaN survives
+# downsampling just like a spike does.
+_RAW_AGG = (
+    "count(*) AS n, sum(value) AS s, min(value) AS mn, arg_min(step, value) AS mn_step, "
+    "max(value) AS mx, arg_max(step, value) AS mx_step, min(step) AS lo, max(step) AS hi"
+)
+_MERGE_AGG = (
+    "sum(u.n) AS n, sum(u.s) AS s, min(u.mn) AS mn, arg_min(u.mn_step, u.mn) AS mn_step, "
+    "max(u.mx) AS mx, arg_max(u.mx_step, u.mx) AS mx_step, min(u.lo) AS lo, max(u.hi) AS hi"
+)
+
+
+def table(src: str, width: int, open_: bool = False) -> str:
+    return f"{src}_l{width}" + ("_open" if open_ else "")
+
+
+def create_tables(cur: duckdb.DuckDBPyConnection) -> None:
+    for src in SOURCES:
+        for width in LEVELS:
+            for open_ in (False, True):
+                cur.execute(f"CREATE TABLE IF NOT EXISTS {table(src, width, open_)} ({_SCHEMA})")
+
+
+def fold(cur: duckdb.DuckDBPyConnection, src: str, source_sql: str, params: Sequence[Any]) -> None:
+    """Fold new long rows (``source_sql`` yields run, metric, key, step, value) into every level.
+
+    Runs on the writer cursor inside the caller's transaction.
+    """
+    cur.execute(
+        f"CREATE OR REPLACE TEMP TABLE rw_part AS SELECT run, metric, key, "
+        f"step // {LEVELS[0]} AS b, {_RAW_AGG} FROM ({source_sql}) WHERE value IS NOT NULL "
+        "GROUP BY run, metric, key, step // " + str(LEVELS[0]),
+        list(params),
+    )
+    for i, width in enumerate(LEVELS):
+        open_t, closed_t = table(src, width, True), table(src, width)
+        cur.execute(
+            "CREATE OR REPLACE TEMP TABLE rw_keys AS SELECT DISTINCT run, metric, key FROM rw_part"
+        )
+        # The latest bucket per key stays open; every earlier one is complete (or a late partial).
+        cur.execute(
+            f"""CREATE OR REPLACE TEMP TABLE rw_comb AS
+            WITH u AS (
+                SELECT {COLUMNS} FROM rw_part
+                UNION ALL
+                SELECT o.* FROM {open_t} o SEMI JOIN rw_keys k
+                    ON o.run = k.run AND o.metric = k.metric AND o.key = k.key
+            )
+            SELECT u.run, u.metric, u.key, u.b, {_MERGE_AGG},
+                   u.b = max(u.b) OVER (PARTITION BY u.run, u.metric, u.key) AS is_open
+            FROM u GROUP BY u.run, u.metric, u.key, u.b"""
+        )
+        cur.execute(
+            f"DELETE FROM {open_t} USING rw_keys k "
+            f"WHERE {open_t}.run = k.run AND {open_t}.metric = k.metric AND {open_t}.key = k.key"
+        )
+        cur.execute(f"INSERT INTO {open_t} SELECT {COLUMNS} FROM rw_comb WHERE is_open")
+        cur.execute(f"INSERT INTO {closed_t} SELECT {COLUMNS} FROM rw_comb WHERE NOT is_open")
+        if i + 1 == len(LEVELS):
+            break
+        cur.execute(
+            f"""CREATE OR REPLACE TEMP TABLE rw_part AS
+            SELECT u.run, u.metric, u.key, u.b // {FANOUT} AS b, {_MERGE_AGG}
+            FROM (SELECT * FROM rw_comb WHERE NOT is_open) u
+            GROUP BY u.run, u.metric, u.key, u.b // {FANOUT}"""
+        )
+        row = cur.execute("SELECT count(*) FROM rw_part").fetchone()
+        if not row or row[0] == 0:
+            break
+
+
+def clear(cur: duckdb.DuckDBPyConnection, src: str, run: str, from_step: int) -> int:
+    """Drop every bucket of ``run`` at or after the coarsest bucket holding ``from_step``.
+
+    Returns the first step of that bucket: the caller re-folds the source rows from there.
+    """
+    start = from_step - from_step % LEVELS[-1]
+    for width in LEVELS:
+        for open_ in (False, True):
+            cur.execute(
+                f"DELETE FROM {table(src, width, open_)} WHERE run = ? AND b >= ?",
+                [run, start // width],
+            )
+    return start
+
+
+def band_wide_sql(where: str) -> str:
+    """Per-step statistics across ranks from raw ``steps`` rows, over finite values only.
+
+    A NaN rank is the divergence detector's business; letting it poison the median would hide
+    the healthy ranks' band. ``nonfinite`` counts what was left out.
+    """
+    fin = "FILTER (WHERE isfinite(value))"
+    return f"""SELECT run, metric, step, n, nonfinite, q[1] AS median, q[2] AS p5, q[3] AS p95,
+        vmin, vmax FROM (
+            SELECT run, metric, step, count(value) {fin} AS n,
+                count(value) FILTER (WHERE NOT isfinite(value)) AS nonfinite,
+                quantile_cont(value, [0.5, 0.05, 0.95]) {fin} AS q,
+                min(value) {fin} AS vmin, max(value) {fin} AS vmax
+            FROM steps WHERE metric IS NOT NULL AND {where} GROUP BY run, metric, step)"""
+
+
+BAND_COLUMNS = ("median", "p5", "p95", "vmin", "vmax")  # band table columns, in BAND_STATS order
+
+
+def band_long_sql(wide: str) -> str:
+    """Long rows (key = index into BAND_STATS) from a wide band relation named ``wide``."""
+    return " UNION ALL ".join(
+        f"SELECT run, metric, {i} AS key, step, {col} AS value FROM {wide}"
+        for i, col in enumerate(BAND_COLUMNS)
+    )
+
+
+def band_pivot_sql(buckets_sql: str) -> str:
+    """One band point per bucket from merged band buckets (rows of key, b, aggregates)."""
+
+    def f(i: int) -> str:
+        return f"FILTER (WHERE key = {i})"
+
+    return f"""SELECT b, min(lo) AS step, sum(s) {f(0)} / sum(n) {f(0)} AS median,
+        min(mn) {f(1)} AS p5, max(mx) {f(2)} AS p95, min(mn) {f(3)} AS vmin, max(mx) {f(4)} AS vmax
+        FROM ({buckets_sql}) GROUP BY b ORDER BY b"""
+
+
+def choose_level(
+    rows_per_key: float, span: int, max_points: int, points_per_bucket: int, keys: int = 1
+) -> int:
+    """Index into LEVELS of the level to read; -1 for raw rows.
+
+    The finest level whose buckets fit ``max_points`` (``rows_per_key`` estimates one key's raw
+    points in the range, ``span`` its width in steps). When few keys are asked for, a finer
+    level is read as long as it stays under FINE_READ_ROWS; the caller then reduces it to
+    ``max_points`` (``minmax_reduce``/``band_reduce``), so one rank zoomed gets the full budget.
+    """
+
+    def rows(level: int) -> float:
+        return rows_per_key if level < 0 else min(span // LEVELS[level] + 2, rows_per_key)
+
+    fits = [i for i in range(-1, len(LEVELS)) if rows(i) * (points_per_bucket if i >= 0 else 1)
+            <= max_points]  # fmt: skip
+    level = fits[0] if fits else len(LEVELS) - 1
+    while level >= 0 and rows(level - 1) * keys <= FINE_READ_ROWS:
+        level -= 1
+    return level
+
+
+def bucket_sql(
+    src: str, level: int, where: str, b_lo: int, b_hi: int, tail_sql: str | None = None
+) -> str:
+    """SQL merging closed rows, the open rows of all finer levels and an optional raw tail.
+
+    ``where`` filters on run/metric/key with named parameters (``$run``...) bound by the caller;
+    ``tail_sql`` yields raw long rows (key, step, value) not yet in any table. The result is one
+    row per (key, b), sorted.
+    """
+    width = LEVELS[level]
+    parts = [
+        f"SELECT key, b, n, s, mn, mn_step, mx, mx_step, lo, hi FROM {table(src, width)} "
+        f"WHERE {where} AND b BETWEEN {b_lo} AND {b_hi}"
+    ]
+    for finer in LEVELS[: level + 1]:
+        div = width // finer
+        parts.append(
+            f"SELECT key, b // {div} AS b, n, s, mn, mn_step, mx, mx_step, lo, hi "
+            f"FROM {table(src, finer, True)} WHERE {where} AND b // {div} BETWEEN {b_lo} AND {b_hi}"
+        )
+    if tail_sql is not None:
+        parts.append(
+            f"SELECT key, step // {width} AS b, {_RAW_AGG} FROM ({tail_sql}) "
+            f"WHERE value IS NOT NULL GROUP BY key, step // {width}"
+        )
+    union = " UNION ALL ".join(parts)
+    return (
+        f"SELECT u.key, u.b, {_MERGE_AGG} FROM ({union}) u GROUP BY u.key, u.b ORDER BY u.key, u.b"
+    )
+
+
+# --- turning rows into the points the dashboard draws ----------------------------------------
+
+
+def bucket_points(
+    key: np.ndarray,
+    mn: np.ndarray,
+    mn_step: np.ndarray,
+    mx: np.ndarray,
+    mx_step: np.ndarray,
+    start: float,
+    end: float,
+) -> dict[int, dict[str, list]]:
+    """Two points per bucket (its minimum and its maximum, in step order) so spikes survive.
+
+    ``min``/``max`` repeat the bucket's extremes for every point drawn from it. Rows arrive
+    sorted by (key, b); a bucket's extremes may lie just outside the requested range (buckets
+    straddle its edges) and are dropped.
+    """
+    n = len(key)
+    first_is_min = mn_step <= mx_step
+    step = np.empty(2 * n, dtype=np.int64)
+    value = np.empty(2 * n, dtype=np.float64)
+    step[0::2] = np.where(first_is_min, mn_step, mx_step)
+    step[1::2] = np.where(first_is_min, mx_step, mn_step)
+    value[0::2] = np.where(first_is_min, mn, mx)
+    value[1::2] = np.where(first_is_min, mx, mn)
+    keys = np.repeat(key, 2)
+    lows = np.repeat(mn, 2)
+    highs = np.repeat(mx, 2)
+    keep = (step >= start) & (step <= end)
+    keep[1::2] &= mn_step != mx_step  # a one-point bucket is drawn once
+    return split_by_key(keys[keep], step[keep], value[keep], lows[keep], highs[keep])
+
+
+def split_by_key(
+    keys: np.ndarray, step: np.ndarray, value: np.ndarray, lows: np.ndarray, highs: np.ndarray
+) -> dict[int, dict[str, list]]:
+    """Rows sorted by key -> {key: {"step", "value", "min", "max"}} of plain Python lists."""
+    out: dict[int, dict[str, list]] = {}
+    if len(keys) == 0:
+        return out
+    cuts = np.flatnonzero(np.diff(keys)) + 1
+    bounds = [0, *cuts.tolist(), len(keys)]
+    step_l, value_l, low_l, high_l = step.tolist(), value.tolist(), lows.tolist(), highs.tolist()
+    for a, b in itertools.pairwise(bounds):
+        out[int(keys[a])] = {
+            "step": step_l[a:b],
+            "value": value_l[a:b],
+            "min": low_l[a:b],
+            "max": high_l[a:b],
+        }
+    return out
+
+
+def minmax_reduce(points: dict[str, list], max_points: int) -> dict[str, list]:
+    """Cut one key's points to <= max_points by min/max per equal-width step bucket.
+
+    The safety net for ranges where the level estimate was off (uneven logging density).
+    """
+    if len(points["step"]) <= max_points:
+        return points
+    step = np.asarray(points["step"], dtype=np.int64)
+    value = np.asarray(points["value"], dtype=np.float64)
+    lows = np.asarray(points["min"], dtype=np.float64)
+    highs = np.asarray(points["max"], dtype=np.float64)
+    buckets = max(1, max_points // 2)
+    width = max(1, math.ceil((int(step[-1]) - int(step[0]) + 1) / buckets))
+    group = (step - step[0]) // width
+    # np.lexsort puts NaN last, so the last row of a group is its NaN or its maximum.
+    order = np.lexsort((value, group))
+    g = group[order]
+    first = np.r_[0, np.flatnonzero(np.diff(g)) + 1]
+    last = np.r_[first[1:] - 1, len(g) - 1]
+    low_i, high_i = order[first], order[last]
+    pick = np.sort(np.unique(np.r_[low_i, high_i]))
+    g_lo = np.minimum.reduceat(lows[order], first)
+    g_hi = np.maximum.reduceat(highs[order], first)
+    gid = np.searchsorted(np.unique(g), group[pick])
+    return {
+        "step": step[pick].tolist(),
+        "value": value[pick].tolist(),
+        "min": g_lo[gid].tolist(),
+        "max": g_hi[gid].tolist(),
+    }
+
+
+def band_reduce(band: dict[str, list], max_points: int) -> dict[str, list]:
+    """Cut band points to <= max_points equal-width step buckets: first step, mean median,
+    lowest p5/min, highest p95/max (NaN, i.e. no finite value, ignored)."""
+    if len(band["step"]) <= max_points:
+        return band
+    step = np.asarray(band["step"], dtype=np.int64)
+    width = max(1, math.ceil((int(step[-1]) - int(step[0]) + 1) / max_points))
+    group = (step - step[0]) // width
+    first = np.r_[0, np.flatnonzero(np.diff(group)) + 1]
+    out: dict[str, list] = {"step": step[first].tolist()}
+    med = np.asarray(band["median"], dtype=np.float64)
+    ok = ~np.isnan(med)
+    sums = np.add.reduceat(np.where(ok, med, 0.0), first)
+    counts = np.add.reduceat(ok.astype(np.int64), first)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["median"] = np.where(counts > 0, sums / counts, math.nan).tolist()
+    for name, fn in (("p5", np.fmin), ("p95", np.fmax), ("min", np.fmin), ("max", np.fmax)):
+        out[name] = fn.reduceat(np.asarray(band[name], dtype=np.float64), first).tolist()
+    return out

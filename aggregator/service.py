@@ -1,0 +1,477 @@
+"""The aggregator: every part wired in one place.
+
+    receive -> decode -> dedupe (SeqTracker) -> health -> store.append -> merge -> divergence
+            -> (tick) alerts -> console / webhooks -> live feed
+
+One service thread runs the receive loop and, every ``flush_interval_s``, a tick (expire partial
+steps, evaluate alerts, publish feed increments, ask agents to resend gaps). A second thread
+flushes the store, so a slow disk never stalls ingest (the store buffers, and keeps what the
+disk refused). ``add()`` is the one entry for records, shared by the receiver and imports, so
+live data and imports dedupe against each other. A lock makes ``add``, the tick and
+``snapshot`` safe to call from any thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rankwatch.agent.records import EventRecord, Record, StepRecord, json_value
+from rankwatch.aggregator.alerts import Alert, AlertConfig, AlertEngine
+from rankwatch.aggregator.console import ConsoleSink
+from rankwatch.aggregator.divergence import DivergenceConfig, DivergenceDetector, StepResult
+from rankwatch.aggregator.feed import Feed
+from rankwatch.aggregator.health import HealthTracker, RankHealth, run_state
+from rankwatch.aggregator.merge import SeqTracker, StepMerger, StepValues
+from rankwatch.aggregator.receiver import DEFAULT_INGEST_PORT, Receiver
+from rankwatch.aggregator.store import Store, StoreError
+from rankwatch.aggregator.webhooks import WebhookConfig, Webhooks, alert_dict
+
+log = logging.getLogger("rankwatch.service")
+
+DEFAULT_DATA_DIR = "rankwatch_data"
+DEFAULT_PORT = 8670
+FLUSH_INTERVAL_S = 0.2  # tick and store flush period (dashboard latency)
+STORE_RETRY_S = 5.0  # after a failed flush, wait this long before writing again
+RANKS_REFRESH_S = 2.0  # rank tables are re-sent this often even without a state change
+RESEND_CHECK_S = 2.0  # how often seq gaps are looked for
+RESEND_RETRY_S = 10.0  # a gap is asked for again after this long ...
+RESEND_MAX_TRIES = 3  # ... this many times, then left to `rankwatch import`
+MAX_FEED_POINTS = 20_000  # points per tick on the live feed; beyond, records are sampled
+MAX_GAPS_REPORTED = 20  # seq gaps per rank in the snapshot
+STOP_TIMEOUT_S = 5.0
+
+
+@dataclasses.dataclass
+class ServeConfig:
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
+    host: str = "127.0.0.1"  # dashboard
+    port: int = DEFAULT_PORT
+    ingest_host: str = "*"  # agents
+    ingest_port: int = DEFAULT_INGEST_PORT
+    token: str | None = None
+    alerts: AlertConfig = dataclasses.field(default_factory=AlertConfig)
+    divergence: DivergenceConfig = dataclasses.field(default_factory=DivergenceConfig)
+    webhooks: list[WebhookConfig] = dataclasses.field(default_factory=list)
+    flush_interval_s: float = FLUSH_INTERVAL_S
+    lost_after_s: float = 10.0
+    merge_grace_s: float = 5.0
+    console_alerts: bool = True
+    resend_gaps: bool = True  # ask agents to re-send missing seqs from their JSONL
+
+    def __repr__(self) -> str:  # never print the token
+        token = "set" if self.token else None
+        return f"ServeConfig(data_dir={self.data_dir!s}, port={self.port}, token={token})"
+
+
+def _num(value: float | None) -> float | str | None:
+    """A float as strict JSON allows it: NaN and ±Inf as strings, like JSONL."""
+    if value is None or math.isfinite(value):
+        return value
+    return json_value(value)
+
+
+def jsonable(value: Any) -> Any:
+    """Dataclasses, enums and non-finite floats made JSON-ready (recursively)."""
+    if isinstance(value, float):
+        return _num(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(getattr(value, "value", None), str):
+        return value.value
+    return value
+
+
+class Aggregator:
+    """See the module docstring. ``start()`` binds the ingest port; ``stop()`` flushes."""
+
+    def __init__(self, config: ServeConfig | None = None, *, store: Store | None = None) -> None:
+        self.config = cfg = config or ServeConfig()
+        self.store = store if store is not None else Store(Path(cfg.data_dir))
+        self.feed = Feed()
+        self.seqs = SeqTracker()
+        self.health = HealthTracker(lost_after_s=cfg.lost_after_s)
+        self.merger = StepMerger(grace_s=cfg.merge_grace_s)
+        self.detector = DivergenceDetector(cfg.divergence)
+        self.alerts = AlertEngine(cfg.alerts, cfg.divergence)
+        self.webhooks = Webhooks(cfg.webhooks)
+        self.sinks: list[Callable[[Alert], None]] = [self.webhooks.submit]
+        if cfg.console_alerts:
+            self.sinks.append(ConsoleSink())
+        self.receiver: Receiver | None = None
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._started = False
+        # Per-tick buffers, emptied by the tick.
+        self._results: list[StepResult] = []
+        self._tick_steps: list[StepRecord] = []
+        self._tick_events: list[EventRecord] = []
+        # Latest values for the snapshot.
+        self._values: dict[tuple[str, int], dict[str, float]] = {}
+        self._z: dict[tuple[str, str], dict[int, float]] = {}
+        self._ranks_sent: dict[str, float] = {}
+        self._resend: dict[tuple[str, int], tuple[int, int, float]] = {}  # lo, tries, last
+        self._next_resend_check = 0.0
+        self._store_error: str | None = None
+        self._store_retry_at = 0.0
+        self.n = {
+            "received": 0, "accepted": 0, "duplicates": 0, "imported": 0, "store_errors": 0,
+            "resend_requests": 0, "sink_errors": 0, "feed_sampled_ticks": 0, "internal_errors": 0,
+        }  # fmt: skip
+        self._logged_errors: set[str] = set()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Rebuild dedupe state from the store, bind the ingest port, start the threads."""
+        if self._started:
+            return
+        for run, rank, lo, hi in self.store.seen_seqs():
+            self.seqs.load(run, rank, lo, hi)
+        cfg = self.config
+        self.receiver = Receiver(cfg.ingest_host, cfg.ingest_port)
+        self._started = True
+        self._stop.clear()
+        for name, target in (("ingest", self._ingest_loop), ("flush", self._flush_loop)):
+            thread = threading.Thread(target=target, name=f"rankwatch-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    @property
+    def ingest_port(self) -> int:
+        """The bound ingest port (useful with ingest_port=0); 0 before start()."""
+        return self.receiver.port if self.receiver is not None else 0
+
+    def stop(self) -> None:
+        """Stop the threads, run a last tick, flush and close the store. Idempotent."""
+        if self._stop.is_set() and not self._threads:
+            return
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(STOP_TIMEOUT_S)
+        self._threads.clear()
+        if self._started:
+            self.tick()
+        self.webhooks.close()
+        self.feed.close()
+        try:
+            self.store.close()
+        except StoreError as exc:
+            log.error("rankwatch: the last records could not be stored: %s", exc)
+
+    def __enter__(self) -> Aggregator:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _ingest_loop(self) -> None:
+        receiver = self.receiver
+        assert receiver is not None
+        interval = self.config.flush_interval_s
+        next_tick = time.monotonic() + interval
+        try:
+            while not self._stop.is_set():
+                wait_ms = max(0, int((next_tick - time.monotonic()) * 1000))
+                try:
+                    batch = receiver.recv(min(wait_ms, 100))
+                    if batch:
+                        self.add(batch, imported=False)
+                    if time.monotonic() >= next_tick:
+                        next_tick = max(next_tick + interval, time.monotonic())
+                        self.tick()
+                except Exception as exc:  # a bug must cost one batch, not the aggregator
+                    self._internal_error(exc)
+        finally:
+            receiver.close()
+
+    def _internal_error(self, exc: Exception) -> None:
+        self.n["internal_errors"] += 1
+        kind = type(exc).__name__
+        if kind not in self._logged_errors:
+            self._logged_errors.add(kind)
+            log.exception("rankwatch: internal error (%s); ingest goes on, please report", kind)
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.config.flush_interval_s):
+            self.flush_store()
+
+    def flush_store(self) -> bool:
+        """Write buffered records; on failure log once, count, and retry later."""
+        now = time.monotonic()
+        if self._store_error is not None and now < self._store_retry_at:
+            return False
+        try:
+            self.store.flush()
+        except StoreError as exc:
+            self.n["store_errors"] += 1
+            self._store_retry_at = now + STORE_RETRY_S
+            if self._store_error is None:
+                log.error(
+                    "rankwatch: cannot write the store (%s); the live view goes on and records "
+                    "stay in memory; retrying every %.0f s",
+                    exc,
+                    STORE_RETRY_S,
+                )
+            self._store_error = str(exc)
+            return False
+        if self._store_error is not None:
+            log.warning("rankwatch: the store is writable again; buffered records are stored")
+            self._store_error = None
+        return True
+
+    # --- the pipeline --------------------------------------------------------------------
+
+    def add(self, records: Sequence[Record], *, imported: bool = True) -> int:
+        """Accept records from the wire or an import; returns how many were new (the rest
+        were duplicates). The importer's sinks follow the same contract."""
+        now = time.time()
+        with self._lock:
+            accept = self.seqs.accept
+            fresh = [r for r in records if accept(r.run, r.rank, r.seq)]
+            n = self.n
+            n["received"] += len(records)
+            n["accepted"] += len(fresh)
+            n["duplicates"] += len(records) - len(fresh)
+            if imported:
+                n["imported"] += len(fresh)
+            if not fresh:
+                return 0
+            try:
+                self.store.append(fresh)
+            except StoreError as exc:  # only when closed: the process is stopping
+                log.error("rankwatch: records not stored: %s", exc)
+            observe = self.health.observe
+            merge = self.merger.add
+            values = self._values
+            tick_steps = self._tick_steps
+            # Health only needs the newest step record of a rank in a batch; older ones are
+            # observed only when an event or heartbeat of that rank must follow them in order.
+            newest: dict[tuple[str, int], StepRecord] = {}
+            for rec in fresh:
+                key = (rec.run, rec.rank)
+                if type(rec) is StepRecord:
+                    newest[key] = rec
+                    last = values.get(key)
+                    if last is None:
+                        last = values[key] = {}
+                    last.update(rec.metrics)
+                    tick_steps.append(rec)
+                    for sv in merge(rec, now):
+                        self._score(sv)
+                    continue
+                held = newest.pop(key, None)
+                if held is not None:
+                    observe(held, now)
+                observe(rec, now)
+                if type(rec) is EventRecord:
+                    self._tick_events.append(rec)
+            for rec in newest.values():
+                observe(rec, now)
+        return len(fresh)
+
+    def _score(self, sv: StepValues) -> None:
+        result = self.detector.update(sv)
+        self._results.append(result)
+        scores = result.scores
+        if scores:
+            ranks = getattr(scores, "ranks", None)
+            z = getattr(scores, "z", None)
+            if ranks is not None and z is not None:  # numpy-backed RankScores: no objects
+                self._z[(sv.run, sv.metric)] = dict(zip(ranks.tolist(), z.tolist(), strict=True))
+            else:
+                self._z[(sv.run, sv.metric)] = {r: s.z for r, s in scores.items()}
+        if result.new or result.resolved:
+            for state, items in (("new", result.new), ("resolved", result.resolved)):
+                for d in items:
+                    self.feed.publish({"type": "divergence", "state": state, **jsonable(d)})
+
+    def tick(self, now: float | None = None) -> list[Alert]:
+        """Periodic work; returns the alert transitions (the service thread calls it)."""
+        now = time.time() if now is None else now
+        with self._lock:
+            for sv in self.merger.expire(now):
+                self._score(sv)
+            health = self.health.snapshot(now)
+            results, self._results = self._results, []
+            transitions = self.alerts.evaluate(now, results=results, health=health)
+            steps, self._tick_steps = self._tick_steps, []
+            events, self._tick_events = self._tick_events, []
+            if self.feed.has_subscribers:
+                self._publish_points(steps)
+                self._publish_events(events)
+                self._publish_ranks(health, now)
+            if self.config.resend_gaps and now >= self._next_resend_check:
+                self._next_resend_check = now + RESEND_CHECK_S
+                self._request_resends(health, now)
+        for alert in transitions:
+            self.feed.publish({"type": "alert", **alert_dict(alert)})
+            for sink in self.sinks:
+                try:
+                    sink(alert)
+                except Exception:  # one broken sink must not stop the others or ingest
+                    self.n["sink_errors"] += 1
+                    log.exception("rankwatch: alert sink %r failed", sink)
+        return transitions
+
+    def _publish_points(self, steps: list[StepRecord]) -> None:
+        if not steps:
+            return
+        total = sum(len(r.metrics) for r in steps)
+        if total > MAX_FEED_POINTS:
+            # A browser cannot draw more anyway; it re-reads the store when it zooms.
+            stride = math.ceil(total / MAX_FEED_POINTS)
+            steps = steps[::stride]
+            self.n["feed_sampled_ticks"] += 1
+        by_metric: dict[tuple[str, str], list[list[Any]]] = {}
+        for rec in steps:
+            rank, step = rec.rank, rec.step
+            for metric, value in rec.metrics.items():
+                points = by_metric.get((rec.run, metric))
+                if points is None:
+                    points = by_metric[(rec.run, metric)] = []
+                points.append([rank, step, value if math.isfinite(value) else json_value(value)])
+        sampled = total > MAX_FEED_POINTS
+        for (run, metric), points in by_metric.items():
+            message = {"type": "points", "run": run, "metric": metric, "points": points}
+            if sampled:
+                message["sampled"] = True
+            self.feed.publish(message)
+
+    def _publish_events(self, events: list[EventRecord]) -> None:
+        for ev in events:
+            message = {"type": "event", "run": ev.run, "rank": ev.rank, "event": ev.event}
+            message.update(step=ev.step, time=ev.time, info=jsonable(dict(ev.info)))
+            self.feed.publish(message)
+
+    def _publish_ranks(self, health: dict[str, dict[int, RankHealth]], now: float) -> None:
+        changed = {h.run for h, _ in self.health.changes(now)}
+        for run, ranks in health.items():
+            if run in changed or now - self._ranks_sent.get(run, 0.0) >= RANKS_REFRESH_S:
+                self._ranks_sent[run] = now
+                entries = self._rank_entries(run, ranks)
+                self.feed.publish({"type": "ranks", "run": run, "ranks": entries})
+
+    def _request_resends(self, health: dict[str, dict[int, RankHealth]], now: float) -> None:
+        receiver = self.receiver
+        if receiver is None:
+            return
+        for run, ranks in health.items():
+            for rank in ranks:
+                gaps = self.seqs.gaps(run, rank)
+                key = (run, rank)
+                if not gaps:
+                    self._resend.pop(key, None)
+                    continue
+                lo = gaps[0][0]
+                prev_lo, tries, last = self._resend.get(key, (0, 0, -math.inf))
+                if prev_lo == lo and (tries >= RESEND_MAX_TRIES or now - last < RESEND_RETRY_S):
+                    continue
+                tries = tries + 1 if prev_lo == lo else 1
+                if receiver.request_resend(run, rank, lo):
+                    self._resend[key] = (lo, tries, now)
+                    self.n["resend_requests"] += 1
+                    log.info(
+                        "rankwatch: asked %s rank %d to resend from seq %d (%d gap(s))",
+                        run, rank, lo, len(gaps),
+                    )  # fmt: skip
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def _rank_entries(self, run: str, ranks: dict[int, RankHealth]) -> list[dict[str, Any]]:
+        flagged: dict[int, list[str]] = {}
+        for d in self.detector.active(run):
+            flagged.setdefault(d.rank, []).append(d.metric)
+        z_by_metric = {m: zs for (r, m), zs in self._z.items() if r == run}
+        out = []
+        for rank, h in ranks.items():
+            values = self._values.get((run, rank), {})
+            gaps = self.seqs.gaps(run, rank)
+            out.append(
+                {
+                    "rank": rank,
+                    "state": h.state.value,
+                    "host": h.host,
+                    "pid": h.pid,
+                    "world_size": h.world_size,
+                    "last_step": h.last_step,
+                    "last_seen": h.last_seen,
+                    "first_seen": h.first_seen,
+                    "since": h.since,
+                    "message": h.message,
+                    "step_time": _num(h.step_time),
+                    "divergent": sorted(set(flagged.get(rank, []))),
+                    "z": {m: _num(zs[rank]) for m, zs in z_by_metric.items() if rank in zs},
+                    "values": {m: _num(v) for m, v in values.items()},
+                    "throughput": _num(values.get("throughput")),
+                    "dropped": h.dropped,
+                    "gaps": [list(g) for g in gaps[:MAX_GAPS_REPORTED]],
+                }
+            )
+        return out
+
+    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+        """Live state of every run the aggregator has heard from, JSON-ready."""
+        now = time.time() if now is None else now
+        with self._lock:
+            health = self.health.snapshot(now)
+            runs = []
+            for run, ranks in health.items():
+                steps = [h.last_step for h in ranks.values() if h.last_step is not None]
+                runs.append(
+                    {
+                        "run": run,
+                        "state": run_state(ranks.values()),
+                        "world_size": max((h.world_size for h in ranks.values()), default=0),
+                        "last_time": max((h.last_seen for h in ranks.values()), default=None),
+                        "last_step": max(steps, default=None),
+                        "ranks": self._rank_entries(run, ranks),
+                        "divergences": [jsonable(d) for d in self.detector.active(run)],
+                    }
+                )
+        return {"now": now, "runs": runs}
+
+    def counters(self) -> dict[str, Any]:
+        """Flat-ish counters (Prometheus takes one level of nesting as a label)."""
+        rx = self.receiver.counters() if self.receiver is not None else {}
+        out: dict[str, Any] = {f"records_{k}": v for k, v in self.n.items() if k in
+                               ("received", "accepted", "duplicates", "imported")}  # fmt: skip
+        out.update(
+            {
+                "ingest_messages": rx.get("messages", 0),
+                "ingest_records": rx.get("records", 0),
+                "ingest_bad_messages": rx.get("bad_messages", 0),
+                "ingest_bad_records": rx.get("bad_records", 0),
+                "ingest_errors": rx.get("reasons", {}),
+                "ingest_connections": rx.get("connections", 0),
+                "ingest_disconnects": rx.get("disconnects", 0),
+                "control_sent": rx.get("control_sent", 0),
+                "control_failed": rx.get("control_failed", 0),
+                "resend_requests": self.n["resend_requests"],
+                "merge_late": self.merger.late,
+                "merge_evicted": self.merger.evicted,
+                "feed_published": self.feed.published,
+                "feed_dropped": self.feed.dropped,
+                "feed_subscribers": self.feed.subscribers,
+                "feed_sampled_ticks": self.n["feed_sampled_ticks"],
+                "store_errors": self.n["store_errors"],
+                "store_failing": int(self._store_error is not None),
+                "sink_errors": self.n["sink_errors"],
+                "internal_errors": self.n["internal_errors"],
+                "webhooks": self.webhooks.counters(),
+                "senders": rx.get("senders", {}),
+            }
+        )
+        return out

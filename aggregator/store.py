@@ -1,0 +1,537 @@
+"""The history store: every accepted record on disk (DuckDB), behind a narrow interface.
+
+``append`` only buffers (any thread); ``flush`` writes the buffer in one transaction of bulk
+inserts from Arrow tables and updates the rollups (``rollup.py``) and the cross-rank band in the
+same transaction, so a ``kill -9`` leaves either all of a flush or none of it (DuckDB's WAL).
+Queries use one DuckDB cursor per thread and see committed flushes only. See docs/storage.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+from rankwatch.agent.records import Record
+from rankwatch.aggregator import rollup
+from rankwatch.aggregator.store_rows import (
+    BUFFERED,
+    TABLES,
+    Batch,
+    Mirror,
+    ranks_columns,
+    read_records,
+    select_sql,
+)
+
+STORE_FILENAME = "store.duckdb"  # inside the data dir when Store is given a directory
+SCHEMA_VERSION = 1
+MEMORY_LIMIT = "512MB"  # DuckDB's buffer pool; keeps the aggregator well under 1 GB RSS
+MAX_BUFFER_ROWS = 5_000_000  # rows held in memory while the disk refuses them (~400 MB)
+BAND_STALE_S = 30.0  # a rank silent this long no longer holds back the band
+BAND_WAIT_UNSEEN_S = 60.0  # ranks of world_size never seen hold it back this long
+BAND_REPAIR_QUIET_S = 10.0  # a run with late rows is re-banded after this long without input
+NO_STEP = -(2**63)
+
+# Seen (run, rank, seq) as merged intervals: gaps-and-islands over the old intervals of the
+# touched ranks plus this flush's seqs.
+_SEQ_MERGE = """
+CREATE OR REPLACE TEMP TABLE rw_seq AS
+WITH k AS (SELECT DISTINCT run, rank FROM buf_recs),
+u AS (SELECT run, rank, seq AS lo, seq AS hi FROM buf_recs
+      UNION ALL SELECT s.run, s.rank, s.lo, s.hi FROM seqs s SEMI JOIN k
+      ON s.run = k.run AND s.rank = k.rank),
+w AS (SELECT *, max(hi) OVER (PARTITION BY run, rank ORDER BY lo, hi
+      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_hi FROM u),
+g AS (SELECT *, sum(CASE WHEN prev_hi IS NULL OR lo > prev_hi + 1 THEN 1 ELSE 0 END)
+      OVER (PARTITION BY run, rank ORDER BY lo, hi ROWS UNBOUNDED PRECEDING) AS island FROM w)
+SELECT run, rank, min(lo) AS lo, max(hi) AS hi FROM g GROUP BY run, rank, island
+"""
+
+_META_CHANGES = """
+SELECT run, rank, seq, world_size, host, pid, rn = 1 AS first FROM (
+  SELECT run, rank, seq, world_size, host, pid, row_number() OVER w AS rn,
+    lag(world_size) OVER w AS p_ws, lag(host) OVER w AS p_host, lag(pid) OVER w AS p_pid
+  FROM buf_recs WHERE world_size IS NOT NULL WINDOW w AS (PARTITION BY run, rank ORDER BY seq))
+WHERE rn = 1 OR world_size <> p_ws OR host <> p_host OR pid <> p_pid
+"""
+
+_RANK_BATCH = """
+SELECT run, rank, count(*) AS records, min(time) AS first_time, max(time) AS last_time,
+  max(step) FILTER (WHERE kind = 'step') AS last_step,
+  arg_max(world_size, seq) FILTER (WHERE world_size IS NOT NULL) AS world_size,
+  arg_max(host, seq) FILTER (WHERE world_size IS NOT NULL) AS host,
+  arg_max(pid, seq) FILTER (WHERE world_size IS NOT NULL) AS pid,
+  max(seq) FILTER (WHERE world_size IS NOT NULL) AS meta_seq,
+  max(seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life_seq,
+  arg_max(event, seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life
+FROM buf_recs GROUP BY run, rank
+"""
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or written (not writable, disk full, locked by another
+    process). Unflushed records stay buffered in memory; nothing already stored is harmed."""
+
+
+class Store:
+    """DuckDB-backed history of every accepted record; see the module docstring."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        memory_limit: str = MEMORY_LIMIT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        path = Path(path)
+        if path.suffix not in (".duckdb", ".db"):
+            path = path / STORE_FILENAME
+        self.path = path
+        self._clock = clock
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._con = duckdb.connect(str(path), config={"memory_limit": memory_limit})
+        except (OSError, duckdb.Error) as exc:
+            raise StoreError(f"cannot open the store at {path}: {exc}") from exc
+        self._writer = self._con.cursor()
+        self._local = threading.local()
+        self._cursors: list[duckdb.DuckDBPyConnection] = [self._writer]
+        self._buf_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._buf = Batch()
+        self._closed = False
+        # clock() of the last append per run and rank (this process only): the band frontier
+        self._arrival: dict[str, dict[int, float]] = {}
+        self._run_first: dict[str, float] = {}
+        try:
+            self._create()
+            self._mirror = Mirror.load(self._writer)
+        except duckdb.Error as exc:
+            self._con.close()
+            raise StoreError(f"cannot read the store at {path}: {exc}") from exc
+
+    def _create(self) -> None:
+        cur = self._writer
+        for spec in TABLES:
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {spec}")
+        rollup.create_tables(cur)
+        row = cur.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            cur.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        elif int(row[0]) > SCHEMA_VERSION:
+            raise StoreError(f"{self.path} has schema {row[0]}, newer than {SCHEMA_VERSION}")
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def append(self, records: Sequence[Record]) -> None:
+        """Buffer accepted records (cheap; any thread). They reach disk at the next flush()."""
+        self._check_open()
+        now = self._clock()
+        with self._buf_lock:
+            for rec in records:
+                self._buf.add(rec)
+                runs = self._arrival.get(rec.run)
+                if runs is None:
+                    runs = self._arrival[rec.run] = {}
+                    self._run_first[rec.run] = now
+                runs[rec.rank] = now
+
+    def append_steps(
+        self,
+        run: str,
+        metric: str,
+        rank: np.ndarray,
+        step: np.ndarray,
+        value: np.ndarray,
+        *,
+        seq: np.ndarray | None = None,
+        time_s: np.ndarray | None = None,
+        world_size: int = 1,
+    ) -> None:
+        """Bulk path (benchmarks, importers): one step record per array element, one metric.
+
+        ``seq`` defaults to ``step + 1`` (a record per step per rank), ``time_s`` to 0.
+        """
+        self._check_open()
+        rank = np.asarray(rank, dtype=np.int32)
+        step = np.asarray(step, dtype=np.int64)
+        seq = step + 1 if seq is None else np.asarray(seq, dtype=np.int64)
+        t = np.zeros(len(step)) if time_s is None else np.asarray(time_s, dtype=np.float64)
+        now = self._clock()
+        with self._buf_lock:
+            self._buf.add_columns(
+                run, metric, rank, step, np.asarray(value, np.float64), seq, t, world_size
+            )
+            self._run_first.setdefault(run, now)
+            runs = self._arrival.setdefault(run, {})
+            for r in np.unique(rank).tolist():
+                runs[r] = now
+
+    def flush(self) -> None:
+        """Write everything buffered in one transaction; raises StoreError and keeps the
+        records buffered (up to MAX_BUFFER_ROWS) when the disk refuses them."""
+        self._check_open()
+        with self._flush_lock:
+            with self._buf_lock:
+                batch, self._buf = self._buf, Batch()
+            try:
+                self._write(batch)
+            except (duckdb.Error, OSError) as exc:
+                with self._buf_lock:
+                    dropped = batch.absorb(self._buf, MAX_BUFFER_ROWS)
+                    self._buf = batch
+                more = f"; {dropped} oldest buffered rows dropped" if dropped else ""
+                raise StoreError(f"cannot write to the store at {self.path}: {exc}{more}") from exc
+
+    def _write(self, batch: Batch) -> None:
+        cur = self._writer
+        now = self._clock()
+        with self._state_lock:
+            mirror = self._mirror.copy()
+        with self._buf_lock:
+            arrival = {run: dict(ranks) for run, ranks in self._arrival.items()}
+        arrays = batch.to_numpy()
+        for name in BUFFERED:
+            cur.register(f"raw_{name}", arrays[name])
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            if not batch.empty:
+                for name in BUFFERED:
+                    cur.execute(
+                        f"CREATE OR REPLACE TEMP TABLE buf_{name} AS "
+                        + select_sql(name, f"raw_{name}")
+                    )
+                self._insert_batch(cur, mirror)
+            self._settle_bands(cur, mirror, now, arrival)
+            cur.execute("COMMIT")
+        except BaseException:
+            # the transaction may already be gone; the original error is what matters
+            with contextlib.suppress(duckdb.Error):
+                cur.execute("ROLLBACK")
+            raise
+        finally:
+            for name in BUFFERED:
+                cur.unregister(f"raw_{name}")
+        with self._state_lock:
+            self._mirror = mirror
+
+    def _insert_batch(self, cur: duckdb.DuckDBPyConnection, mirror: Mirror) -> None:
+        cur.execute("INSERT INTO steps SELECT * FROM buf_steps")
+        cur.execute("INSERT INTO events SELECT * FROM buf_events")
+        cur.execute("INSERT INTO heartbeats SELECT * FROM buf_heartbeats")
+        cur.execute(_SEQ_MERGE)
+        cur.execute(
+            "DELETE FROM seqs USING (SELECT DISTINCT run, rank FROM rw_seq) k "
+            "WHERE seqs.run = k.run AND seqs.rank = k.rank"
+        )
+        cur.execute("INSERT INTO seqs SELECT * FROM rw_seq")
+        # rank_meta logs where a rank's world_size/host/pid change (its first record, a restart
+        # elsewhere): rows of this batch that differ from the one before them
+        meta = [
+            row
+            for row in cur.execute(_META_CHANGES).fetchall()
+            if not row[-1] or mirror.identity(row[0], row[1]) != row[3:6]
+        ]
+        if meta:
+            cur.executemany(
+                "INSERT INTO rank_meta VALUES (?, ?, ?, ?, ?, ?)", [m[:6] for m in meta]
+            )
+        changed = mirror.merge_ranks(cur.execute(_RANK_BATCH).fetchall())
+        cur.register("raw_ranks", ranks_columns(changed))
+        cur.execute("CREATE OR REPLACE TEMP TABLE rw_ranks AS " + select_sql("ranks", "raw_ranks"))
+        cur.unregister("raw_ranks")
+        cur.execute(
+            "DELETE FROM ranks USING rw_ranks k WHERE ranks.run = k.run AND ranks.rank = k.rank"
+        )
+        cur.execute("INSERT INTO ranks SELECT * FROM rw_ranks")
+        mirror.merge_metrics(
+            cur.execute(
+                "SELECT run, metric, count(*), min(step), max(step), list(DISTINCT rank) "
+                "FROM buf_steps WHERE metric IS NOT NULL AND value IS NOT NULL "
+                "GROUP BY run, metric"
+            ).fetchall()
+        )
+        rollup.fold(
+            cur,
+            "series",
+            "SELECT run, metric, rank AS key, step, value FROM buf_steps WHERE metric IS NOT NULL",
+            [],
+        )
+        # Rows for steps whose band is already settled: the band misses them until repaired.
+        for run, late_min in cur.execute(
+            "SELECT b.run, min(b.step) FROM buf_steps b JOIN band_done d ON b.run = d.run "
+            "WHERE b.step <= d.done AND b.metric IS NOT NULL GROUP BY b.run"
+        ).fetchall():
+            done, late = mirror.band.get(run, (NO_STEP, None))
+            mirror.band[run] = (done, late_min if late is None else min(late, late_min))
+
+    def _settle_bands(
+        self,
+        cur: duckdb.DuckDBPyConnection,
+        mirror: Mirror,
+        now: float,
+        arrival: dict[str, dict[int, float]],
+    ) -> None:
+        for run in mirror.ranks:
+            done, late = mirror.band.get(run, (NO_STEP, None))
+            last = mirror.last_step(run)
+            if run not in arrival and late is None and (last is None or done >= last):
+                continue  # settled in an earlier session and idle since: nothing can change
+            first = self._run_first.get(run)
+            quiet = now - max(arrival.get(run, {}).values(), default=-math.inf)
+            if late is not None and quiet >= BAND_REPAIR_QUIET_S:
+                cur.execute("DELETE FROM band WHERE run = ? AND step >= ?", [run, late])
+                start = rollup.clear(cur, "band", run, late)
+                self._band_rows(cur, run, late - 1, done, start)
+                late = None
+            frontier = mirror.frontier(
+                run, arrival.get(run, {}), now, first, BAND_STALE_S, BAND_WAIT_UNSEEN_S
+            )
+            if frontier is not None and frontier > done:
+                self._band_rows(cur, run, done, frontier, done + 1 if done > NO_STEP else NO_STEP)
+                done = frontier
+            if (done, late) != mirror.band.get(run, (NO_STEP, None)):
+                mirror.band[run] = (done, late)
+                cur.execute("DELETE FROM band_done WHERE run = ?", [run])
+                cur.execute("INSERT INTO band_done VALUES (?, ?, ?)", [run, done, late])
+
+    def _band_rows(
+        self, cur: duckdb.DuckDBPyConnection, run: str, after: int, upto: int, fold_from: int
+    ) -> None:
+        """Compute band rows for steps in (after, upto], then fold band rows >= fold_from."""
+        cur.execute(
+            "CREATE OR REPLACE TEMP TABLE rw_band AS "
+            + rollup.band_wide_sql("run = $run AND step > $after AND step <= $upto"),
+            {"run": run, "after": after, "upto": upto},
+        )
+        cur.execute("INSERT INTO band SELECT * FROM rw_band")
+        cur.execute(
+            "CREATE OR REPLACE TEMP TABLE rw_bandf AS SELECT * FROM band "
+            "WHERE run = ? AND step >= ? AND step <= ?",
+            [run, fold_from, upto],
+        )
+        rollup.fold(cur, "band", rollup.band_long_sql("rw_bandf"), [])
+
+    def rebuild_band(self, run: str) -> None:
+        """Recompute the band of ``run`` from its raw rows at the next flush (after an import
+        that delivered ranks one after the other)."""
+        with self._state_lock:
+            done, _ = self._mirror.band.get(run, (NO_STEP, None))
+            stats = self._mirror.metric_stats(run)
+            if stats and done > NO_STEP:
+                self._mirror.band[run] = (done, min(s.lo for s in stats))
+        with self._buf_lock:
+            ranks = self._arrival.get(run, {})
+            for rank in ranks:
+                ranks[rank] = -math.inf
+        self.flush()
+
+    def close(self) -> None:
+        """Flush and close (idempotent). Raises StoreError if the final flush fails."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            for cur in self._cursors:
+                cur.close()
+            self._con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"the store at {self.path} is closed")
+
+    def _cur(self) -> duckdb.DuckDBPyConnection:
+        self._check_open()
+        cur = getattr(self._local, "cur", None)
+        if cur is None:
+            cur = self._local.cur = self._con.cursor()
+            with self._state_lock:
+                self._cursors.append(cur)
+        return cur
+
+    def runs(self) -> list[dict[str, Any]]:
+        with self._state_lock:
+            return self._mirror.runs()
+
+    def metrics(self, run: str) -> list[str]:
+        with self._state_lock:
+            return sorted(s.metric for s in self._mirror.metric_stats(run))
+
+    def ranks(self, run: str) -> list[dict[str, Any]]:
+        """Per-rank summary (host, pid, world_size, times, records, last_step, ended)."""
+        with self._state_lock:
+            rows = self._mirror.ranks.get(run, {})
+            return [rows[rank].as_dict() for rank in sorted(rows)]
+
+    def events(self, run: str) -> list[dict[str, Any]]:
+        rows = self._cur().execute(
+            "SELECT run, rank, seq, time, world_size, host, pid, event, step, info FROM events "
+            "WHERE run = ? ORDER BY time, rank, seq",
+            [run],
+        )
+        names = [d[0] for d in rows.description]
+        out = [dict(zip(names, row, strict=True)) for row in rows.fetchall()]
+        for ev in out:
+            ev["info"] = json.loads(ev["info"])
+        return out
+
+    def heartbeats(self, run: str) -> list[dict[str, Any]]:
+        """The latest heartbeat of each rank of ``run``."""
+        rows = self._cur().execute(
+            "SELECT run, rank, arg_max(seq, seq) AS seq, arg_max(time, seq) AS time, "
+            "arg_max(last_step, seq) AS last_step, arg_max(next_in, seq) AS next_in, "
+            "arg_max(dropped, seq) AS dropped, arg_max(paused, seq) AS paused, count(*) AS count "
+            "FROM heartbeats WHERE run = ? GROUP BY run, rank ORDER BY rank",
+            [run],
+        )
+        names = [d[0] for d in rows.description]
+        return [dict(zip(names, row, strict=True)) for row in rows.fetchall()]
+
+    def seen_seqs(self) -> list[tuple[str, int, int, int]]:
+        """Every flushed (run, rank, seq) as merged inclusive intervals (run, rank, lo, hi)."""
+        return self._cur().execute("SELECT * FROM seqs ORDER BY run, rank, lo").fetchall()
+
+    def records(self, run: str) -> Iterator[Record]:
+        """Every stored record of ``run`` rebuilt as a dataclass, ordered by (rank, seq)."""
+        self._check_open()
+        return read_records(self._con, run)
+
+    def series(
+        self,
+        run: str,
+        metric: str,
+        ranks: Sequence[int] | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        max_points: int = 2000,
+    ) -> dict[int, dict[str, list]]:
+        """rank -> {"step", "value", "min", "max"}: at most ``max_points`` per rank; downsampled
+        ranges draw each bucket's minimum and maximum at their own steps (spikes survive)."""
+        plan = self._plan(run, metric, ranks, start, end, max_points, 2)
+        if plan is None:
+            return {}
+        level, lo, hi, where, params = plan
+        cur = self._cur()
+        if level < 0:
+            res = cur.execute(
+                f"SELECT rank, step, value FROM steps WHERE {where.replace('key', 'rank')} "
+                "AND step BETWEEN $lo AND $hi ORDER BY rank, step, seq",
+                {**params, "lo": lo, "hi": hi},
+            ).fetchnumpy()
+            v = res["value"]
+            out = rollup.split_by_key(res["rank"], res["step"], v, v, v)
+        else:
+            width = rollup.LEVELS[level]
+            res = cur.execute(
+                rollup.bucket_sql("series", level, where, lo // width, hi // width), params
+            ).fetchnumpy()
+            out = rollup.bucket_points(
+                res["key"], res["mn"], res["mn_step"], res["mx"], res["mx_step"], lo, hi
+            )
+        return {k: rollup.minmax_reduce(p, max_points) for k, p in out.items()}
+
+    def band(
+        self,
+        run: str,
+        metric: str,
+        start: int | None = None,
+        end: int | None = None,
+        max_points: int = 2000,
+    ) -> dict[str, list]:
+        """Cross-rank {"step", "median", "p5", "p95", "min", "max"} over finite values; a
+        downsampled point is a bucket: mean of medians, lowest p5/min, highest p95/max."""
+        out_keys = ("step", "median", "p5", "p95", "min", "max")
+        empty: dict[str, list] = {k: [] for k in out_keys}
+        plan = self._plan(run, metric, None, start, end, max_points, 1)
+        if plan is None:
+            return empty
+        level, lo, hi, where, params = plan
+        with self._state_lock:
+            done = self._mirror.band.get(run, (NO_STEP, None))[0]
+        params = {**params, "lo": lo, "hi": hi, "done": done}
+        tail = rollup.band_wide_sql(
+            "run = $run AND metric = $metric AND step > $done AND step BETWEEN $lo AND $hi"
+        )
+        if level < 0:
+            sql = (
+                "SELECT step, median, p5, p95, vmin, vmax FROM band WHERE run = $run AND "
+                "metric = $metric AND step <= $done AND step BETWEEN $lo AND $hi UNION ALL "
+                f"SELECT step, median, p5, p95, vmin, vmax FROM ({tail}) ORDER BY step"
+            )
+        else:
+            width = rollup.LEVELS[level]
+            tail_long = f"WITH w AS MATERIALIZED ({tail}) " + rollup.band_long_sql("w")
+            sql = rollup.band_pivot_sql(
+                rollup.bucket_sql("band", level, where, lo // width, hi // width, tail_long)
+            )
+        res = self._cur().execute(sql, params).fetchnumpy()
+        out = {"step": np.asarray(res["step"]).astype(np.int64).tolist()}
+        for name, col in zip(out_keys[1:], ("median", "p5", "p95", "vmin", "vmax"), strict=True):
+            out[name] = np.ma.filled(np.ma.asarray(res[col], dtype=np.float64), math.nan).tolist()
+        return rollup.band_reduce(out, max_points)
+
+    def _plan(
+        self,
+        run: str,
+        metric: str,
+        ranks: Sequence[int] | None,
+        start: int | None,
+        end: int | None,
+        max_points: int,
+        points_per_bucket: int,
+    ) -> tuple[int, int, int, str, dict[str, Any]] | None:
+        """Level, step range, WHERE clause and parameters for a query, or None if empty."""
+        self._check_open()
+        if max_points < 2:
+            raise ValueError(f"max_points must be >= 2, got {max_points}")
+        with self._state_lock:
+            stats = self._mirror.stats.get((run, metric))
+        if stats is None:
+            return None
+        lo = stats.lo if start is None else max(int(start), stats.lo)
+        hi = stats.hi if end is None else min(int(end), stats.hi)
+        keys = stats.keys if ranks is None else stats.keys & {int(r) for r in ranks}
+        if hi < lo or not keys:
+            return None
+        per_key = stats.rows / len(stats.keys) * (hi - lo + 1) / (stats.hi - stats.lo + 1)
+        level = rollup.choose_level(per_key, hi - lo + 1, max_points, points_per_bucket, len(keys))
+        where = "run = $run AND metric = $metric"
+        if ranks is not None:
+            where += f" AND key IN ({', '.join(str(k) for k in sorted(keys))})"
+        return level, lo, hi, where, {"run": run, "metric": metric}
+
+    def export_steps(self, run: str, out_path: Path, fmt: str) -> int:
+        """COPY the long step rows of ``run`` to CSV or Parquet (export.py checks the
+        arguments); returns the number of rows written."""
+        options = "FORMAT CSV, HEADER" if fmt == "csv" else "FORMAT PARQUET"
+        target = str(out_path).replace("'", "''")
+        row = (
+            self._cur()
+            .execute(
+                "COPY (SELECT run, rank, step, epoch, time, metric, value FROM steps "
+                "WHERE run = ? AND metric IS NOT NULL ORDER BY rank, step, seq, metric) "
+                f"TO '{target}' ({options})",
+                [run],
+            )
+            .fetchone()
+        )
+        return int(row[0]) if row else 0

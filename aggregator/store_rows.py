@@ -1,0 +1,388 @@
+"""The store's row layout and bookkeeping: table definitions, the write buffer (records ->
+numpy columns), records rebuilt from rows, and the in-memory summaries (``Mirror``) that
+runs(), query planning and the band frontier read. Only store.py uses it."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+from rankwatch.agent.records import EventRecord, Heartbeat, Record, StepRecord
+from rankwatch.aggregator import rollup
+
+# Column kinds: "s" string, "i" int, "n" nullable int, "f" float, "b" bool.
+# DuckDB reads numpy columns zero-copy but turns NaN into NULL and cannot type an int column
+# holding None, so nullable ints travel as NULL_INT and floats get their NaN back in SQL.
+NULL_INT = -(2**63)
+_T = {"s": "VARCHAR", "i": "BIGINT", "n": "BIGINT", "f": "DOUBLE", "b": "BOOLEAN"}
+LAYOUT: dict[str, tuple[tuple[str, str], ...]] = {
+    "steps": (("run", "s"), ("rank", "i"), ("seq", "i"), ("step", "i"), ("epoch", "n"),
+              ("time", "f"), ("metric", "s"), ("value", "f")),
+    "events": (("run", "s"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("world_size", "i"),
+               ("host", "s"), ("pid", "i"), ("event", "s"), ("step", "n"), ("info", "s")),
+    "heartbeats": (("run", "s"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("last_step", "n"),
+                   ("next_in", "f"), ("dropped", "i"), ("paused", "s")),
+    # one row per buffered record of any kind: seq intervals, rank summaries, rank_meta
+    "recs": (("run", "s"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("kind", "s"),
+             ("world_size", "n"), ("host", "s"), ("pid", "n"), ("step", "n"), ("event", "s")),
+    "ranks": (("run", "s"), ("rank", "i"), ("world_size", "n"), ("host", "s"), ("pid", "n"),
+              ("first_time", "f"), ("last_time", "f"), ("records", "i"), ("last_step", "n"),
+              ("meta_seq", "n"), ("life_seq", "n"), ("ended", "b")),
+}  # fmt: skip
+BUFFERED = ("steps", "events", "heartbeats", "recs")
+
+TABLES = (
+    *(
+        f"{name} ({', '.join(f'{c} {_T[k]}' for c, k in LAYOUT[name])})"
+        for name in ("steps", "events", "heartbeats", "ranks")
+    ),
+    "rank_meta (run VARCHAR, rank BIGINT, seq BIGINT, world_size BIGINT, host VARCHAR, "
+    "pid BIGINT)",  # change log: a rank's world_size/host/pid from this seq on
+    "seqs (run VARCHAR, rank BIGINT, lo BIGINT, hi BIGINT)",
+    "band (run VARCHAR, metric VARCHAR, step BIGINT, n BIGINT, nonfinite BIGINT, "
+    "median DOUBLE, p5 DOUBLE, p95 DOUBLE, vmin DOUBLE, vmax DOUBLE)",
+    "band_done (run VARCHAR, done BIGINT, late_from BIGINT)",
+    "meta (key VARCHAR, value VARCHAR)",
+)
+
+
+def columns(name: str, cols: Sequence[Sequence[Any]]) -> dict[str, np.ndarray]:
+    """Python column lists -> numpy arrays DuckDB can scan (see NULL_INT)."""
+    out: dict[str, np.ndarray] = {}
+    for (col, kind), values in zip(LAYOUT[name], cols, strict=True):
+        if kind == "n":
+            values = [NULL_INT if v is None else v for v in values]
+        dtype = {"s": object, "i": np.int64, "n": np.int64, "f": np.float64, "b": bool}[kind]
+        out[col] = np.asarray(values, dtype=dtype)
+    return out
+
+
+def select_sql(name: str, src: str) -> str:
+    """SELECT restoring NULLs and NaNs from numpy columns registered as ``src``."""
+    exprs = []
+    for col, kind in LAYOUT[name]:
+        if kind == "n":
+            exprs.append(f"CAST(nullif({col}, {NULL_INT}) AS BIGINT) AS {col}")
+        elif kind == "f" and (name, col) == ("steps", "value"):
+            exprs.append(
+                "CASE WHEN metric IS NOT NULL THEN coalesce(value, 'nan'::DOUBLE) END AS value"
+            )
+        elif kind == "f":
+            exprs.append(f"coalesce({col}, 'nan'::DOUBLE) AS {col}")
+        else:
+            exprs.append(f"CAST({col} AS {_T[kind]}) AS {col}")
+    return f"SELECT {', '.join(exprs)} FROM {src}"
+
+
+class Batch:
+    """Records waiting for the next flush: a column list per field (cheap to append to), plus
+    whole numpy parts (bulk appends, or a batch handed back by a failed flush)."""
+
+    def __init__(self) -> None:
+        self.cols = {name: [[] for _ in LAYOUT[name]] for name in BUFFERED}
+        self.parts: list[dict[str, dict[str, np.ndarray]]] = []
+        self.listed = 0
+
+    @property
+    def empty(self) -> bool:
+        return self.listed == 0 and not self.parts
+
+    def add(self, rec: Record) -> None:
+        self.listed += 1
+        c, head = self.cols, (rec.run, rec.rank, rec.seq, rec.time)
+        if isinstance(rec, StepRecord):
+            _push(c["recs"], (*head, "step", rec.world_size, rec.host, rec.pid, rec.step, None))
+            # a step record without metrics still gets a row, so that it is stored too
+            for name, value in rec.metrics.items() or [(None, None)]:
+                _push(c["steps"], (*head[:3], rec.step, rec.epoch, rec.time, name, value))
+        elif isinstance(rec, EventRecord):
+            ident = (rec.world_size, rec.host, rec.pid)
+            _push(c["recs"], (*head, "event", *ident, None, rec.event))
+            info = json.dumps(dict(rec.info), default=str)
+            _push(c["events"], (*head, *ident, rec.event, rec.step, info))
+        elif isinstance(rec, Heartbeat):
+            _push(c["recs"], (*head, "heartbeat", None, None, None, None, None))
+            _push(c["heartbeats"], (*head, rec.last_step, rec.next_in, rec.dropped, rec.paused))
+        else:
+            raise TypeError(f"Store.append takes records, got {type(rec).__name__}")
+
+    def add_columns(
+        self, run: str, metric: str, rank: np.ndarray, step: np.ndarray, value: np.ndarray,
+        seq: np.ndarray, t: np.ndarray, world_size: int,
+    ) -> None:  # fmt: skip
+        n = len(step)
+        runs, none = np.full(n, run, dtype=object), np.full(n, NULL_INT, dtype=np.int64)
+        steps = (runs, rank, seq, step, none, t, np.full(n, metric, dtype=object), value)
+        recs = (runs, rank, seq, t, np.full(n, "step", dtype=object),
+                np.full(n, world_size, np.int64), np.full(n, "", dtype=object),
+                np.zeros(n, np.int64), step, np.full(n, None, dtype=object))  # fmt: skip
+        part = {name: columns(name, [[]] * len(LAYOUT[name])) for name in BUFFERED}
+        part["steps"] = {c: np.asarray(v) for (c, _), v in zip(LAYOUT["steps"], steps, strict=True)}
+        part["recs"] = {c: np.asarray(v) for (c, _), v in zip(LAYOUT["recs"], recs, strict=True)}
+        self.parts.append(part)
+
+    def as_parts(self) -> list[dict[str, dict[str, np.ndarray]]]:
+        if not self.listed:
+            return list(self.parts)
+        return [*self.parts, {name: columns(name, cols) for name, cols in self.cols.items()}]
+
+    def to_numpy(self) -> dict[str, dict[str, np.ndarray]]:
+        parts = self.as_parts() or [{n: columns(n, [[]] * len(LAYOUT[n])) for n in BUFFERED}]
+        return {
+            name: {c: np.concatenate([p[name][c] for p in parts]) for c, _ in LAYOUT[name]}
+            for name in BUFFERED
+        }
+
+    def absorb(self, newer: Batch, cap_rows: int) -> int:
+        """Take ``newer``'s records after ours; drop whole oldest parts beyond ``cap_rows``
+        (never half a part, so seq intervals and rows stay consistent). Returns rows dropped."""
+        parts = self.as_parts() + newer.as_parts()
+        size = [len(p["steps"]["seq"]) + len(p["recs"]["seq"]) for p in parts]
+        dropped = 0
+        while len(parts) > 1 and sum(size) > cap_rows:
+            dropped += size.pop(0)
+            parts.pop(0)
+        self.cols = {name: [[] for _ in LAYOUT[name]] for name in BUFFERED}
+        self.parts, self.listed = parts, 0
+        return dropped
+
+
+def _push(cols: list[list], values: tuple) -> None:
+    for col, value in zip(cols, values, strict=True):
+        col.append(value)
+
+
+def read_records(con: duckdb.DuckDBPyConnection, run: str) -> Iterator[Record]:
+    cur = con.cursor()
+    try:
+        events = [
+            EventRecord(run, *row[:-1], info=json.loads(row[-1]))  # type: ignore[arg-type]
+            for row in cur.execute(
+                "SELECT rank, seq, time, world_size, host, pid, event, step, info FROM events "
+                "WHERE run = ? ORDER BY rank, seq",
+                [run],
+            ).fetchall()
+        ]
+        beats = [
+            Heartbeat(run, *row)
+            for row in cur.execute(
+                "SELECT rank, seq, time, last_step, next_in, dropped, paused FROM heartbeats "
+                "WHERE run = ? ORDER BY rank, seq",
+                [run],
+            ).fetchall()
+        ]
+        yield from heapq.merge(
+            _step_records(cur, run), events, beats, key=lambda r: (r.rank, r.seq)
+        )
+    finally:
+        cur.close()
+
+
+def _step_records(cur: duckdb.DuckDBPyConnection, run: str) -> Iterator[StepRecord]:
+    # world_size/host/pid of a step record: the latest rank_meta entry at or before its seq
+    cur.execute(
+        "SELECT s.rank, s.seq, s.time, m.world_size, m.host, m.pid, s.step, s.epoch, s.metric, "
+        "s.value FROM steps s ASOF LEFT JOIN rank_meta m "
+        "ON s.run = m.run AND s.rank = m.rank AND s.seq >= m.seq "
+        "WHERE s.run = ? ORDER BY s.rank, s.seq",
+        [run],
+    )
+    head: tuple | None = None
+    metrics: dict[str, float] = {}
+    while rows := cur.fetchmany(10_000):
+        for row in rows:
+            if head is not None and (row[0], row[1]) != (head[0], head[1]):
+                yield _step_record(run, head, metrics)
+                metrics = {}
+            head = row
+            if row[8] is not None:
+                metrics[row[8]] = row[9]
+    if head is not None:
+        yield _step_record(run, head, metrics)
+
+
+def _step_record(run: str, row: tuple, metrics: dict[str, float]) -> StepRecord:
+    rank, seq, t, ws, host, pid, step, epoch = row[:8]
+    return StepRecord(run, rank, seq, t, ws or 1, host or "", pid or 0, step, epoch, metrics)
+
+
+# --- in-memory summaries: what runs(), metrics(), query planning and the band frontier read ---
+
+
+@dataclass(frozen=True, slots=True)
+class RankRow:
+    """One row of the ``ranks`` table: a rank's summary, rewritten at each flush touching it."""
+
+    run: str
+    rank: int
+    world_size: int | None
+    host: str | None
+    pid: int | None
+    first_time: float
+    last_time: float
+    records: int
+    last_step: int | None
+    meta_seq: int | None  # seq of the record world_size/host/pid come from
+    life_seq: int | None  # seq of the latest start/end/crash event
+    ended: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in RANK_FIELDS}
+
+
+RANK_FIELDS = tuple(RankRow.__dataclass_fields__)
+
+
+def ranks_columns(rows: Sequence[RankRow]) -> dict[str, np.ndarray]:
+    return columns("ranks", [[getattr(r, f) for r in rows] for f in RANK_FIELDS])
+
+
+@dataclass(frozen=True, slots=True)
+class MetricStats:
+    """Rows, step span and ranks of one (run, metric): enough to pick a level without a query."""
+
+    metric: str
+    rows: int
+    lo: int
+    hi: int
+    keys: frozenset[int]
+
+
+def _max(a: Any, b: Any) -> Any:
+    return b if a is None else a if b is None else max(a, b)
+
+
+@dataclass
+class Mirror:
+    """Summaries kept in memory and rewritten to their tables inside each flush; copied before
+    a flush and swapped in after its commit, so a failed flush leaves them untouched."""
+
+    ranks: dict[str, dict[int, RankRow]] = field(default_factory=dict)  # run -> rank -> row
+    stats: dict[tuple[str, str], MetricStats] = field(default_factory=dict)
+    band: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # run -> done, late
+
+    @classmethod
+    def load(cls, cur: duckdb.DuckDBPyConnection) -> Mirror:
+        m = cls()
+        for row in cur.execute(f"SELECT {', '.join(RANK_FIELDS)} FROM ranks").fetchall():
+            m.ranks.setdefault(row[0], {})[row[1]] = RankRow(*row)
+        for run, done, late in cur.execute("SELECT * FROM band_done").fetchall():
+            m.band[run] = (done, late)
+        # The coarsest level plus every open bucket covers each stored value exactly once.
+        union = " UNION ALL ".join(
+            f"SELECT run, metric, key, n, lo, hi FROM {t}"
+            for t in [rollup.table("series", rollup.LEVELS[-1])]
+            + [rollup.table("series", w, True) for w in rollup.LEVELS]
+        )
+        m.merge_metrics(
+            cur.execute(
+                f"SELECT run, metric, sum(n), min(lo), max(hi), list(DISTINCT key) FROM ({union}) "
+                "GROUP BY run, metric"
+            ).fetchall()
+        )
+        return m
+
+    def copy(self) -> Mirror:
+        """Shallow: merge_ranks replaces the per-run dicts it changes instead of mutating."""
+        return Mirror(dict(self.ranks), dict(self.stats), dict(self.band))
+
+    def identity(self, run: str, rank: int) -> tuple[Any, Any, Any] | None:
+        row = self.ranks.get(run, {}).get(rank)
+        return None if row is None else (row.world_size, row.host, row.pid)
+
+    def merge_ranks(self, rows: list[tuple]) -> list[RankRow]:
+        """Fold a flush's per-rank aggregates (store._RANK_BATCH) in; returns the new rows."""
+        changed = []
+        for run in {row[0] for row in rows}:
+            self.ranks[run] = dict(self.ranks.get(run, {}))
+        for run, rank, n, t0, t1, last_step, ws, host, pid, meta_seq, life_seq, life in rows:
+            old = self.ranks[run].get(rank)
+            new_meta = meta_seq is not None and (
+                old is None or old.meta_seq is None or meta_seq > old.meta_seq
+            )
+            new_life = life_seq is not None and (
+                old is None or old.life_seq is None or life_seq > old.life_seq
+            )
+            row = RankRow(
+                run=run,
+                rank=rank,
+                world_size=ws if new_meta or old is None else old.world_size,
+                host=host if new_meta or old is None else old.host,
+                pid=pid if new_meta or old is None else old.pid,
+                first_time=t0 if old is None else min(old.first_time, t0),
+                last_time=t1 if old is None else max(old.last_time, t1),
+                records=n + (0 if old is None else old.records),
+                last_step=_max(None if old is None else old.last_step, last_step),
+                meta_seq=meta_seq if new_meta or old is None else old.meta_seq,
+                life_seq=life_seq if new_life or old is None else old.life_seq,
+                ended=(life in ("end", "crash")) if new_life else bool(old and old.ended),
+            )
+            self.ranks[run][rank] = row
+            changed.append(row)
+        return changed
+
+    def merge_metrics(self, rows: list[tuple]) -> None:
+        for run, metric, n, lo, hi, keys in rows:
+            old = self.stats.get((run, metric))
+            if old is not None:
+                n, lo, hi = n + old.rows, min(lo, old.lo), max(hi, old.hi)
+                keys = old.keys | set(keys)
+            self.stats[(run, metric)] = MetricStats(metric, int(n), lo, hi, frozenset(keys))
+
+    def last_step(self, run: str) -> int | None:
+        steps = [r.last_step for r in self.ranks.get(run, {}).values() if r.last_step is not None]
+        return max(steps, default=None)
+
+    def metric_stats(self, run: str) -> list[MetricStats]:
+        return [s for (r, _), s in self.stats.items() if r == run]
+
+    def runs(self) -> list[dict[str, Any]]:
+        by_run = {run: list(rows.values()) for run, rows in self.ranks.items() if rows}
+        return [
+            {
+                "run": run,
+                "world_size": max((r.world_size or 0 for r in rows), default=0) or None,
+                "ranks": len(rows),
+                "first_time": min(r.first_time for r in rows),
+                "last_time": max(r.last_time for r in rows),
+                "records": sum(r.records for r in rows),
+                "last_step": max(
+                    (r.last_step for r in rows if r.last_step is not None), default=None
+                ),
+            }
+            for run, rows in sorted(by_run.items(), key=lambda kv: min(r.first_time for r in kv[1]))
+        ]
+
+    def frontier(
+        self,
+        run: str,
+        arrival: dict[int, float],
+        now: float,
+        first: float | None,
+        stale_s: float,
+        wait_unseen_s: float,
+    ) -> int | None:
+        """The last step whose band can be settled: one below the slowest live rank's latest
+        step. Ranks that ended, crashed or went silent for ``stale_s`` do not hold it back;
+        ranks of world_size never seen do, for ``wait_unseen_s`` after the run's first record.
+        With no live rank left, everything is settled. None: nothing to settle yet."""
+        rows = list(self.ranks.get(run, {}).values())
+        world = max((r.world_size or 0 for r in rows), default=0)
+        if world > len(rows) and first is not None and now - first < wait_unseen_s:
+            return None
+        live = [
+            r.last_step
+            for r in rows
+            if r.last_step is not None
+            and not r.ended
+            and now - arrival.get(r.rank, -math.inf) < stale_s
+        ]
+        if live:
+            return min(live) - 1
+        return max((r.last_step for r in rows if r.last_step is not None), default=None)

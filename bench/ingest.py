@@ -1,0 +1,203 @@
+"""Aggregator ingest rate against the raw ZeroMQ + msgpack ceiling, measured in the same run.
+
+    python bench/ingest.py [--records 200000] [--ranks 8] [--metrics 4] [--batch 100]
+
+For single-record frames and for batched frames (``--batch`` records per frame, as the agent
+sends them) it measures:
+
+* baseline: a bare ROUTER socket (same options as the receiver) doing ``recv_multipart`` and
+  ``msgpack.unpackb`` per message and nothing else: the most Python can take in;
+* aggregator: a real ``Aggregator`` (receiver, decode, dedupe, health, store, merge, divergence,
+  alerts) until every record is accepted, and until every record is flushed to the store.
+
+The senders run in another process with frames encoded in advance. Each figure is the median
+(and p95) of ``--repeats`` runs; the ratio aggregator / baseline is the goal (>= 0.25).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import tempfile
+import threading
+import time
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import zmq
+from rankwatch.agent import records
+from rankwatch.aggregator.receiver import RCVHWM_MESSAGES
+from rankwatch.aggregator.service import Aggregator, ServeConfig
+
+METRICS = ("loss", "lr", "grad_norm", "step_time", "throughput", "loss_scale", "acc", "tokens")
+POLL_S = 0.001  # how often the aggregator's counters are read while waiting
+
+
+def make_frames(
+    ranks: int, metrics: int, records_total: int, batch: int, run: str
+) -> list[list[bytes]]:
+    """Frames per rank: rank k's records for consecutive steps, ``batch`` per frame."""
+    steps = max(1, records_total // ranks)
+    names = METRICS[:metrics]
+    now = time.time()
+    out: list[list[bytes]] = []
+    for rank in range(ranks):
+        wire = [
+            {
+                "kind": "step",
+                "run": run,
+                "rank": rank,
+                "seq": s,
+                "time": now + s * 0.1,
+                "world_size": ranks,
+                "host": f"node{rank // 8}",
+                "pid": 1000 + rank,
+                "step": s,
+                "epoch": None,
+                "metrics": {m: 1.0 / s + 0.001 * rank + i for i, m in enumerate(names)},
+            }  # fmt: skip
+            for s in range(1, steps + 1)
+        ]
+        out.append([records.encode_frame(wire[i : i + batch]) for i in range(0, steps, batch)])
+    return out
+
+
+def sender(endpoint: str, args: dict[str, Any], ready: Event, go: Event) -> None:
+    frames = make_frames(**args)
+    ctx = zmq.Context()
+    socks = []
+    for _ in frames:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.SNDHWM, 10_000)
+        sock.connect(endpoint)
+        socks.append(sock)
+    time.sleep(0.3)  # connections up before the clock starts
+    ready.set()
+    go.wait()
+    # Round-robin over ranks, as concurrent ranks would interleave.
+    for i in range(max(len(f) for f in frames)):
+        for sock, rank_frames in zip(socks, frames, strict=True):
+            if i < len(rank_frames):
+                sock.send(rank_frames[i])
+    for sock in socks:
+        sock.close(linger=10_000)
+    ctx.term()
+
+
+def start_sender(endpoint: str, args: dict[str, Any]) -> tuple[mp.Process, Event]:
+    ready, go = mp.Event(), mp.Event()
+    proc = mp.Process(target=sender, args=(endpoint, args, ready, go), daemon=True)
+    proc.start()
+    if not ready.wait(120):
+        raise RuntimeError("sender did not start")
+    return proc, go
+
+
+def baseline(args: dict[str, Any], expected: int) -> float:
+    """Records per second a bare ROUTER + msgpack.unpackb loop takes in."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.MAXMSGSIZE, records.MAX_FRAME_BYTES)
+    sock.setsockopt(zmq.RCVHWM, RCVHWM_MESSAGES)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    proc, go = start_sender(f"tcp://127.0.0.1:{port}", args)
+    got = 0
+    recv, unpack = sock.recv_multipart, msgpack.unpackb
+    started = time.perf_counter()
+    go.set()
+    while got < expected:
+        _, frame = recv()
+        got += len(unpack(frame, raw=False)["records"])
+    elapsed = time.perf_counter() - started
+    proc.join(30)
+    sock.close(0)
+    ctx.term()
+    return got / elapsed
+
+
+def aggregator(args: dict[str, Any], expected: int, subscribers: int) -> tuple[float, float]:
+    """Records per second the real aggregator accepts, and has flushed to its store."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = ServeConfig(
+            data_dir=Path(tmp), ingest_host="127.0.0.1", ingest_port=0, console_alerts=False,
+            resend_gaps=False,
+        )  # fmt: skip
+        agg = Aggregator(cfg)
+        agg.start()
+        stop = threading.Event()
+        readers = [threading.Thread(target=_drain, args=(agg, stop)) for _ in range(subscribers)]
+        for reader in readers:
+            reader.start()
+        try:
+            proc, go = start_sender(f"tcp://127.0.0.1:{agg.ingest_port}", args)
+            started = time.perf_counter()
+            go.set()
+            while agg.counters()["records_accepted"] < expected:
+                time.sleep(POLL_S)
+            accepted = time.perf_counter() - started
+            while sum(r["records"] for r in agg.store.runs()) < expected:
+                time.sleep(POLL_S)
+            stored = time.perf_counter() - started
+            proc.join(30)
+        finally:
+            stop.set()
+            for reader in readers:
+                reader.join()
+            agg.stop()
+    return expected / accepted, expected / stored
+
+
+def _drain(agg: Aggregator, stop: threading.Event) -> None:
+    sub = agg.feed.subscribe()
+    while not stop.is_set():
+        sub.get_blocking(0.1)
+        sub.drain()
+    sub.close()
+
+
+def summary(rates: list[float]) -> str:
+    ordered = sorted(rates)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return f"median {statistics.median(rates):>10,.0f}/s  p95 {p95:>10,.0f}/s"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--records", type=int, default=200_000, help="records per measurement")
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--metrics", type=int, default=4, choices=range(1, len(METRICS) + 1))
+    parser.add_argument("--batch", type=int, default=100, help="records per batched frame")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--subscribers", type=int, default=0, help="live feed readers")
+    opts = parser.parse_args()
+    expected = (opts.records // opts.ranks) * opts.ranks
+    print(
+        f"{expected:,} records per run: {opts.ranks} ranks x {expected // opts.ranks:,} steps, "
+        f"{opts.metrics} metrics each, {opts.repeats} repeats, {opts.subscribers} feed readers"
+    )
+    for label, batch in (("single-record frames", 1), (f"{opts.batch}-record frames", opts.batch)):
+        base, acc, stored = [], [], []
+        for i in range(opts.repeats):
+            args = {"ranks": opts.ranks, "metrics": opts.metrics, "records_total": opts.records,
+                    "batch": batch, "run": f"bench-{batch}-{i}"}  # fmt: skip
+            base.append(baseline(args, expected))
+            a, s = aggregator(args, expected, opts.subscribers)
+            acc.append(a)
+            stored.append(s)
+        ratio = statistics.median(acc) / statistics.median(base)
+        ratio_stored = statistics.median(stored) / statistics.median(base)
+        print(f"\n{label}")
+        print(f"  baseline  ROUTER recv + msgpack unpack   {summary(base)}")
+        print(f"  aggregator accepted (full pipeline)      {summary(acc)}")
+        print(f"  aggregator flushed to the store          {summary(stored)}")
+        print(f"  ratio accepted/baseline {ratio:.3f}   stored/baseline {ratio_stored:.3f}"
+              f"   (goal >= 0.25)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""`rankwatch serve`: the aggregator plus the dashboard, in one process."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rankwatch.aggregator.service import ServeConfig
+
+NAME = "serve"
+HELP = "run the aggregator and the dashboard (agents connect to it)"
+TOKEN_ENV = "RANKWATCH_TOKEN"  # read when --token is not given, so it stays out of `ps`
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        NAME,
+        help=HELP,
+        description=(
+            "Receive every rank's records over ZeroMQ, store them, watch health and cross-rank "
+            "divergence, raise alerts, and serve the dashboard. Flags override the config file."
+        ),
+    )
+    parser.add_argument("--data", metavar="DIR", help="data directory (default ./rankwatch_data)")
+    parser.add_argument("--host", help="dashboard address (default 127.0.0.1; 0.0.0.0: all)")
+    parser.add_argument("--port", type=int, help="dashboard HTTP port (default 8670; 0: any)")
+    parser.add_argument("--ingest-host", help="address agents connect to (default *: all)")
+    parser.add_argument("--ingest-port", type=int, help="ZeroMQ ingest port (default 8671)")
+    parser.add_argument("--config", metavar="FILE", help="TOML config (see docs/alerts.md)")
+    parser.add_argument(
+        "--token", help=f"require this token for the dashboard and API (or set {TOKEN_ENV})"
+    )
+    parser.add_argument(
+        "--webhook",
+        action="append",
+        default=[],
+        metavar="KIND=URL",
+        help="send alerts to a webhook; KIND: json, slack, dingtalk, wecom, feishu "
+        "(repeatable; secrets go in the config file)",
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"rankwatch serve: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from rankwatch.aggregator.config import ConfigError, load_config, with_overrides
+    from rankwatch.aggregator.store import StoreError
+
+    try:
+        config = load_config(args.config)
+        config = with_overrides(
+            config,
+            data=args.data,
+            host=args.host,
+            port=args.port,
+            ingest_host=args.ingest_host,
+            ingest_port=args.ingest_port,
+            token=args.token or (os.environ.get(TOKEN_ENV) if config.token is None else None),
+            webhooks=args.webhook,
+        )
+    except ConfigError as exc:
+        return _fail(str(exc))
+
+    import uvicorn
+    from rankwatch.aggregator.service import Aggregator
+    from rankwatch.dashboard.app import create_app
+
+    signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        aggregator = Aggregator(config)
+    except StoreError as exc:
+        return _fail(f"{exc}\n(is another `rankwatch serve` using --data {config.data_dir}?)")
+    try:
+        aggregator.start()
+        app = create_app(aggregator, config.token)
+        uv_config = uvicorn.Config(
+            app, host=config.host, port=config.port, log_level="warning", lifespan="on"
+        )
+        try:
+            sock = uv_config.bind_socket()
+        except SystemExit:  # uvicorn exits when it cannot bind; say which address
+            return _fail(f"cannot listen on {config.host}:{config.port} (address in use?)")
+        _banner(config, aggregator.ingest_port, sock.getsockname()[1])
+        uvicorn.Server(uv_config).run(sockets=[sock])
+    except OSError as exc:
+        return _fail(str(exc))
+    finally:
+        aggregator.stop()  # last tick, store flush, webhooks drained (bounded)
+    return 0
+
+
+def _sigterm(signum: int, frame: object) -> None:
+    # uvicorn re-raises the signal it shut down on once it has stopped; with the default
+    # handler SIGTERM would then kill the process before the store's last flush. A stop
+    # asked for (systemd, Kubernetes) is a clean exit.
+    raise SystemExit(0)
+
+
+def _banner(config: ServeConfig, ingest_port: int, port: int) -> None:
+    host, ingest_host = config.host, config.ingest_host
+    shown = f"[{host}]" if ":" in host else host
+    if host in ("0.0.0.0", "::"):
+        shown = socket.gethostname()
+    head = socket.gethostname() if ingest_host in ("*", "0.0.0.0", "::") else ingest_host
+    data = Path(config.data_dir).resolve()
+    token = "  (token required)" if config.token else ""
+    lines = [
+        f"rankwatch: dashboard http://{shown}:{port}/{token}",
+        f"rankwatch: agents connect to tcp://{head}:{ingest_port}   data in {data}",
+        "rankwatch: in the training script (every rank), add:",
+        f'    from rankwatch.agent import Monitor; mon = Monitor(addr="{head}:{ingest_port}")',
+        "  and call mon.log(step, loss=loss) each step "
+        f"(or export RANKWATCH_ADDR={head}:{ingest_port} and use Monitor())",
+    ]
+    print("\n".join(lines), flush=True)

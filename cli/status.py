@@ -1,0 +1,100 @@
+"""`rankwatch status`: the runs and ranks a running `rankwatch serve` sees, as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+NAME = "status"
+HELP = "print the live state of every run and rank (from a running `rankwatch serve`)"
+DEFAULT_URL = "http://127.0.0.1:8670"
+TOKEN_ENV = "RANKWATCH_TOKEN"
+TIMEOUT_S = 10.0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(NAME, help=HELP, description=HELP)
+    parser.add_argument("--url", default=DEFAULT_URL, help=f"server URL (default {DEFAULT_URL})")
+    parser.add_argument("--run", help="only this run")
+    parser.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    parser.add_argument("--token", help=f"API token, if the server wants one (or {TOKEN_ENV})")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds (default 10)")
+    parser.set_defaults(func=run)
+    return parser
+
+
+class ApiError(Exception):
+    """The server could not be reached or refused; the message says what to do."""
+
+
+def request_json(
+    url: str,
+    token: str | None,
+    timeout: float,
+    body: bytes | None = None,
+) -> Any:
+    """GET (or POST ``body``) ``url`` and decode the JSON answer; ApiError on any failure."""
+    headers = {"Accept": "application/json", "User-Agent": "rankwatch-cli"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as exc:
+        detail = _detail(exc)
+        exc.close()
+        if exc.code in (401, 403):
+            hint = "a valid --token" if token else f"a token: pass --token or set {TOKEN_ENV}"
+            raise ApiError(f"{url}: HTTP {exc.code}: the server wants {hint}") from None
+        raise ApiError(f"{url}: HTTP {exc.code}: {detail}") from None
+    except urllib.error.URLError as exc:
+        raise ApiError(
+            f"cannot reach rankwatch at {url}: {exc.reason} (is `rankwatch serve` running? --url)"
+        ) from None
+    except (TimeoutError, OSError) as exc:
+        raise ApiError(f"{url}: {exc}") from None
+    except ValueError:
+        raise ApiError(f"{url}: the answer is not JSON (is this a rankwatch server?)") from None
+
+
+def _detail(exc: urllib.error.HTTPError) -> str:
+    try:
+        body = json.loads(exc.read(65536) or b"{}")
+    except (ValueError, OSError):
+        return exc.reason or "error"
+    detail = body.get("detail") if isinstance(body, dict) else None
+    return str(detail or exc.reason or "error")[:500]
+
+
+def token_of(args: argparse.Namespace) -> str | None:
+    return args.token or os.environ.get(TOKEN_ENV) or None
+
+
+def run(args: argparse.Namespace) -> int:
+    from rankwatch.aggregator.console import render_status
+
+    url = args.url.rstrip("/") + "/api/status"
+    try:
+        snapshot = request_json(url, token_of(args), args.timeout)
+    except ApiError as exc:
+        print(f"rankwatch status: {exc}", file=sys.stderr)
+        return 2
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("runs"), list):
+        print(f"rankwatch status: {url} did not answer a snapshot", file=sys.stderr)
+        return 2
+    if args.run is not None:
+        snapshot = {**snapshot, "runs": [r for r in snapshot["runs"] if r.get("run") == args.run]}
+    if args.json:
+        json.dump(snapshot, sys.stdout, indent=2, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        print(render_status(snapshot, args.run, snapshot.get("now")))
+    return 1 if args.run is not None and not snapshot["runs"] else 0

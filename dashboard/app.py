@@ -1,0 +1,102 @@
+"""``create_app(aggregator, token=None)``: the FastAPI app ``rankwatch serve`` runs with uvicorn.
+
+The app serves the page and its static files from this package only (``StaticFiles`` on a fixed
+folder, never a path built from a request), the API in ``routes.py`` and the live stream in
+``live.py``. The aggregator is started and stopped by the caller; the app's lifespan only owns
+the live stream, so shutdown ends every open EventSource instead of waiting on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse
+from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
+
+import rankwatch
+
+from .auth import TokenGuard
+from .jsonenc import StrictJSONResponse
+from .live import LiveHub
+from .routes import api, ops
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+# The page loads nothing from elsewhere and runs no inline script: even if some text from the
+# wire were ever parsed as HTML, the browser would refuse to run what it carried.
+PAGE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'; form-action 'none'"
+)
+PAGE_HEADERS = {
+    "Content-Security-Policy": PAGE_CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",  # the first URL may carry ?token=
+    "Cache-Control": "no-cache",
+}
+
+
+class _StaticFiles(StaticFiles):
+    """Revalidate on every load (ETag) so an upgraded aggregator never serves a stale page."""
+
+    def file_response(self, full_path: Any, stat_result: Any, scope: Scope, status_code: int = 200):  # type: ignore[no-untyped-def]
+        response = super().file_response(full_path, stat_result, scope, status_code)
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
+
+
+def create_app(aggregator: Any, token: str | None = None) -> FastAPI:
+    """The dashboard app over ``aggregator`` (an ``aggregator.service.Aggregator``).
+
+    ``token``: when set, every route but ``/healthz`` requires it (see ``auth.py``).
+    """
+    live = LiveHub(aggregator.feed)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        live.start()
+        try:
+            yield
+        finally:
+            live.stop()
+
+    app = FastAPI(
+        title="rankwatch",
+        version=rankwatch.__version__,
+        description="Every rank of a distributed training job on one live chart.",
+        default_response_class=StrictJSONResponse,
+        lifespan=lifespan,
+        docs_url=None,  # served below from the vendored Swagger UI, not from a CDN
+        redoc_url=None,
+    )
+    app.state.aggregator = aggregator
+    app.state.live = live
+    app.include_router(api)
+    app.include_router(ops)
+    app.mount("/static", _StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="rankwatch API",
+            swagger_js_url="/static/vendor/swagger-ui-bundle.js",
+            swagger_css_url="/static/vendor/swagger-ui.css",
+            swagger_favicon_url="/static/favicon.svg",
+        )
+
+    if token is not None:
+        app.add_middleware(TokenGuard, token=token)
+    return app

@@ -1,0 +1,111 @@
+"""Server-Sent Events: the aggregator's live feed pushed to the page.
+
+Each ``GET /api/stream`` subscribes to ``Aggregator.feed`` and forwards what arrives as
+``event: feed`` frames, a JSON array of feed messages per frame: increments arrive in bursts
+(one ``points`` message per metric per step), and one frame per burst keeps the browser's work
+per redraw small. A comment line goes out when nothing happened for a while so proxies keep the
+connection open and the page can tell a quiet run from a dead connection. When the subscription
+dropped messages because the browser lagged, a ``resync`` event tells the page to re-read the
+REST views instead of drawing a series with holes in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from rankwatch.aggregator.feed import Feed, FeedClosed, Subscription
+
+from .jsonenc import dumps
+
+HEARTBEAT_INTERVAL_S = 10.0  # comment line after this long without a message
+COALESCE_S = 0.03  # after the first message, wait this long for the rest of its burst
+MAX_BATCH = 500  # feed messages in one SSE frame
+CLIENT_RETRY_MS = 2000  # EventSource reconnect delay the browser is told to use
+
+
+def sse(event: str, data: str) -> bytes:
+    # json.dumps never emits a raw newline, so one "data:" line holds the whole payload.
+    return f"event: {event}\ndata: {data}\n\n".encode()
+
+
+class LiveHub:
+    """Owns the stream subscriptions so the app's lifespan can end them all on shutdown."""
+
+    def __init__(self, feed: Feed, heartbeat_s: float = HEARTBEAT_INTERVAL_S) -> None:
+        self.feed = feed
+        self.heartbeat_s = heartbeat_s
+        self._subs: set[Subscription] = set()
+        self._running = False
+        self.frames_sent = 0
+
+    def start(self) -> None:
+        self._running = True
+
+    def stop(self) -> None:
+        """Close every open stream's subscription: each generator then ends its response."""
+        self._running = False
+        for sub in list(self._subs):
+            sub.close()
+        self._subs.clear()
+
+    @property
+    def clients(self) -> int:
+        return len(self._subs)
+
+    async def stream(self, run: str | None = None) -> AsyncIterator[bytes]:
+        """The body of one SSE response, filtered to ``run`` when given."""
+        if not self._running:
+            yield sse("closed", '{"reason":"server stopping"}')
+            return
+        sub = self.feed.subscribe()
+        self._subs.add(sub)
+        try:
+            yield f"retry: {CLIENT_RETRY_MS}\n".encode() + sse("hello", dumps({"run": run}))
+            async for chunk in self._frames(sub, run):
+                yield chunk
+        finally:
+            self._subs.discard(sub)
+            sub.close()
+
+    async def _frames(self, sub: Subscription, run: str | None) -> AsyncIterator[bytes]:
+        dropped_seen = 0
+        while True:
+            # The same waiting task survives heartbeats, so a timeout can never lose a message.
+            waiting = asyncio.ensure_future(sub.get_many(MAX_BATCH))
+            try:
+                while not (await asyncio.wait({waiting}, timeout=self.heartbeat_s))[0]:
+                    yield b": ping\n\n"
+                batch = waiting.result()
+            except FeedClosed:
+                yield sse("closed", '{"reason":"feed closed"}')
+                return
+            finally:
+                if not waiting.done():
+                    waiting.cancel()
+            if len(batch) < MAX_BATCH and COALESCE_S > 0:
+                await asyncio.sleep(COALESCE_S)
+                batch.extend(sub.drain(MAX_BATCH - len(batch)))
+            if sub.dropped != dropped_seen:
+                dropped_seen = sub.dropped
+                yield sse("resync", dumps({"dropped": dropped_seen}))
+            wanted = [m for m in batch if _for_run(m, run)]
+            if wanted:
+                self.frames_sent += 1
+                yield sse("feed", dumps(wanted))
+
+
+def _for_run(message: dict[str, Any], run: str | None) -> bool:
+    # Messages without a run (global counters, say) go to every page.
+    return run is None or message.get("run", run) == run
+
+
+@contextlib.asynccontextmanager
+async def running(hub: LiveHub) -> AsyncIterator[LiveHub]:
+    hub.start()
+    try:
+        yield hub
+    finally:
+        hub.stop()

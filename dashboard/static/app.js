@@ -1,0 +1,585 @@
+// rankwatch dashboard: wires the REST views, the live stream and the page's parts together.
+// State that a link should reproduce (run, selected ranks, zoom, log scale, smoothing, view)
+// lives in the URL hash. Tests read window.rankwatch (charts, state, firstDrawn).
+
+import { MetricChart } from './charts.js';
+import { Heatmap } from './heatmap.js';
+import * as panels from './panels.js';
+import { api, debounce, formatRanks, parseRanks, runPath, throttle } from './util.js';
+
+const REDRAW_INTERVAL_MS = 250; // at most 4 redraws a second, however fast points arrive
+const RUNS_POLL_MS = 3000;
+const RANKS_POLL_MS = 2000;
+const ALERTS_POLL_MS = 3000;
+const HEATMAP_REFRESH_MS = 4000; // while live; heatmaps of many ranks cost more to redraw
+const HEATMAP_REFRESH_MANY_MS = 12000;
+const MANY_RANKS = 64;
+const ZOOM_REFETCH_DELAY_MS = 300;
+const COMPACT_FACTOR = 3; // refetch a series once live points made it this many times too long
+const COMPACT_MIN_INTERVAL_MS = 10000;
+
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  run: null,
+  runs: [],
+  serverOffset: 0, // server clock minus this browser's, seconds
+  metrics: [],
+  selected: new Set(),
+  log: false,
+  ema: 0,
+  view: 'auto',
+  zoom: null, // {start, end} in steps, or null for the whole run
+  heatMetric: null,
+  ranks: [],
+  divergent: new Map(), // metric -> Set of ranks flagged now
+  firing: [],
+  events: [],
+  sort: { key: 'rank', dir: 1 },
+  connected: false,
+};
+const charts = new Map(); // metric -> MetricChart
+const firstDrawn = {}; // metric -> {step: Date.now() when the step was first drawn}
+let heatmap = null;
+let stream = null;
+let loading = 0; // > 0 while series are being (re)loaded: live messages are kept and replayed
+let buffered = [];
+let lastRedraw = 0;
+let redrawTimer = null;
+let extentKey = '';
+let syncingZoom = false;
+let lastHeatmap = 0;
+const lastCompact = new Map();
+
+const serverNow = () => Date.now() / 1000 + state.serverOffset;
+const currentRun = () => state.runs.find((r) => r.run === state.run) || null;
+
+// --- URL state ---------------------------------------------------------------------------
+
+function readUrl() {
+  const hash = new URLSearchParams(window.location.hash.slice(1));
+  const query = new URLSearchParams(window.location.search);
+  const get = (k) => (hash.has(k) ? hash.get(k) : query.get(k));
+  state.run = get('run');
+  state.selected = parseRanks(get('sel'));
+  state.log = get('log') === '1';
+  state.ema = Math.min(0.99, Math.max(0, Number(get('ema')) || 0));
+  state.view = ['auto', 'ranks', 'band'].includes(get('view')) ? get('view') : 'auto';
+  const zoom = (get('zoom') || '').match(/^(-?\d+)-(-?\d+)$/);
+  state.zoom = zoom ? { start: Number(zoom[1]), end: Number(zoom[2]) } : null;
+  state.heatMetric = get('heat');
+  if (query.has('token')) { // the server set a cookie: keep the secret out of history and links
+    query.delete('token');
+    const q = query.toString();
+    window.history.replaceState(null, '', `${window.location.pathname}${q ? `?${q}` : ''}${window.location.hash}`);
+  }
+}
+
+function writeUrl() {
+  const p = new URLSearchParams();
+  if (state.run) p.set('run', state.run);
+  if (state.selected.size) p.set('sel', formatRanks(state.selected));
+  if (state.log) p.set('log', '1');
+  if (state.ema > 0) p.set('ema', String(state.ema));
+  if (state.view !== 'auto') p.set('view', state.view);
+  if (state.zoom) p.set('zoom', `${state.zoom.start}-${state.zoom.end}`);
+  if (state.heatMetric) p.set('heat', state.heatMetric);
+  const hash = `#${p.toString()}`;
+  if (hash !== window.location.hash) window.history.replaceState(null, '', hash);
+}
+
+// --- what the charts ask the app ---------------------------------------------------------
+
+const app = {
+  state,
+  highlighted() {
+    const out = new Set();
+    for (const ranks of state.divergent.values()) for (const r of ranks) out.add(r);
+    return out;
+  },
+  extent() {
+    let lo = Infinity;
+    let hi = -Infinity;
+    for (const c of charts.values()) {
+      const [a, b] = c.stepExtent();
+      lo = Math.min(lo, a);
+      hi = Math.max(hi, b);
+    }
+    return hi === lo ? [lo, hi + 1] : [lo, hi];
+  },
+  tableMetric() {
+    return state.metrics.includes('loss') ? 'loss' : state.metrics[0] || 'loss';
+  },
+  // end, crash and restart markers on the step axis, one line per (kind, step).
+  stepEvents() {
+    const groups = new Map();
+    const started = new Set();
+    for (const ev of state.events) {
+      const name = ev.event ?? ev.kind;
+      let kind = null;
+      if (name === 'crash' || name === 'end') kind = name;
+      else if (name === 'start') {
+        if (started.has(ev.rank) || (ev.step ?? 0) > 0) kind = 'restart';
+        started.add(ev.rank);
+      }
+      if (!kind || ev.step === null || ev.step === undefined) continue;
+      const key = `${kind}@${ev.step}`;
+      if (!groups.has(key)) groups.set(key, { kind, step: ev.step, ranks: [] });
+      groups.get(key).ranks.push(ev.rank);
+    }
+    return [...groups.values()].map((g) => ({
+      ...g,
+      label: g.ranks.length === 1 ? `${g.kind} r${g.ranks[0]}` : `${g.kind} ×${g.ranks.length}`,
+    }));
+  },
+  toggleRank(rank) {
+    if (rank === undefined || rank === null || Number.isNaN(rank)) return;
+    if (state.selected.has(rank)) state.selected.delete(rank);
+    else state.selected.add(rank);
+    selectionChanged();
+  },
+  onZoom(startPct, endPct, source) {
+    if (syncingZoom) return;
+    const [lo, hi] = app.extent();
+    if (!Number.isFinite(lo)) return;
+    state.zoom = startPct <= 0.01 && endPct >= 99.99 ? null : {
+      start: Math.floor(lo + ((hi - lo) * startPct) / 100),
+      end: Math.ceil(lo + ((hi - lo) * endPct) / 100),
+    };
+    syncingZoom = true;
+    try {
+      for (const c of charts.values()) {
+        if (c !== source) c.chart.dispatchAction({ type: 'dataZoom', start: startPct, end: endPct }, { silent: true });
+      }
+    } finally {
+      syncingZoom = false;
+    }
+    writeUrl();
+    refetchZoom();
+  },
+};
+
+// --- loading -----------------------------------------------------------------------------
+
+function maxPoints(chart) {
+  return Math.max(200, Math.min(4000, Math.round((chart.el.clientWidth || 800) * 1.5)));
+}
+
+async function loadSeries(chart, window = null) {
+  const params = {
+    metric: chart.metric,
+    view: state.view,
+    max_points: maxPoints(chart),
+    ranks: state.selected.size ? formatRanks(state.selected) : null,
+  };
+  if (window) Object.assign(params, { start: window.start, end: window.end });
+  const resp = await api(runPath(state.run, 'series'), params);
+  if (resp.run !== state.run || !charts.has(chart.metric)) return;
+  chart.load(resp, window);
+}
+
+async function withLiveBuffer(work) {
+  loading += 1;
+  try {
+    await work();
+  } finally {
+    loading -= 1;
+    if (!loading) {
+      const replay = buffered;
+      buffered = [];
+      for (const msg of replay) handle(msg);
+    }
+    scheduleRedraw();
+  }
+}
+
+async function reloadAllSeries() {
+  await withLiveBuffer(async () => {
+    await Promise.all([...charts.values()].map(async (c) => {
+      await loadSeries(c);
+      if (state.zoom) await loadSeries(c, state.zoom);
+    }));
+  });
+}
+
+async function loadMetrics() {
+  const resp = await api(runPath(state.run, 'metrics'));
+  state.metrics = resp.metrics;
+  const box = $('charts');
+  const added = [];
+  for (const metric of state.metrics) {
+    if (!charts.has(metric)) {
+      const chart = new MetricChart(metric, box, app);
+      charts.set(metric, chart);
+      added.push(chart);
+    }
+    box.append(charts.get(metric).card); // keep the server's chart order
+  }
+  $('empty').hidden = state.metrics.length > 0;
+  renderHeatPicker();
+  return added;
+}
+
+function applyRanks(ranks) {
+  state.ranks = ranks;
+  const divergent = new Map();
+  for (const r of ranks) {
+    for (const metric of r.divergent || []) {
+      if (!divergent.has(metric)) divergent.set(metric, new Set());
+      divergent.get(metric).add(r.rank);
+    }
+  }
+  const key = (m) => JSON.stringify([...m].map(([k, v]) => [k, [...v].sort((a, b) => a - b)]).sort());
+  if (key(divergent) !== key(state.divergent)) {
+    state.divergent = divergent;
+    for (const c of charts.values()) {
+      c.needsFull = true;
+      const missing = [...(divergent.get(c.metric) || [])].some((r) => !c.base.lines.has(r));
+      if (c.mode === 'band' && missing) loadSeries(c).then(scheduleRedraw).catch(showError);
+    }
+    scheduleRedraw();
+  }
+  renderPanels();
+}
+
+async function loadRanks() {
+  if (!state.run) return;
+  const resp = await api(runPath(state.run, 'ranks'));
+  if (resp.run === state.run) applyRanks(resp.ranks);
+}
+
+async function loadAlerts() {
+  if (!state.run) return;
+  const resp = await api('/api/alerts', { run: state.run });
+  state.firing = resp.firing;
+  panels.renderBanner($('banner'), state.firing, serverNow());
+}
+
+async function loadEvents() {
+  if (!state.run) return;
+  const resp = await api(runPath(state.run, 'events'));
+  state.events = resp.events;
+  for (const c of charts.values()) c.needsFull = true;
+  scheduleRedraw();
+}
+
+async function loadHeatmap() {
+  const metric = heatMetric();
+  if (!state.run || !metric) return;
+  lastHeatmap = Date.now();
+  const params = { metric };
+  if (state.zoom) Object.assign(params, { start: state.zoom.start, end: state.zoom.end });
+  const resp = await api(runPath(state.run, 'heatmap'), params);
+  if (resp.run === state.run && resp.metric === heatMetric()) heatmap.load(resp);
+}
+
+async function loadRuns() {
+  const resp = await api('/api/runs');
+  if (typeof resp.now === 'number') state.serverOffset = resp.now - Date.now() / 1000;
+  state.runs = resp.runs;
+  if (!state.run || !state.runs.some((r) => r.run === state.run)) {
+    const first = state.runs[0];
+    if (first && first.run !== state.run) return selectRun(first.run, false);
+  }
+  panels.renderRunPicker($('run'), state.runs, state.run);
+  tick();
+}
+
+async function selectRun(run, resetView = true) {
+  closeStream();
+  for (const c of charts.values()) c.dispose();
+  charts.clear();
+  heatmap.clear();
+  Object.assign(state, { run, metrics: [], ranks: [], divergent: new Map(), firing: [], events: [] });
+  if (resetView) Object.assign(state, { zoom: null, selected: new Set(), heatMetric: null });
+  window.rankwatch.ready = false;
+  writeUrl();
+  panels.renderRunPicker($('run'), state.runs, state.run);
+  if (!run) return;
+  openStream(); // before the first read, so nothing published meanwhile is missed
+  await withLiveBuffer(async () => {
+    await loadMetrics();
+    await Promise.all([loadRanks(), loadEvents(), loadAlerts(), reloadAllSeries()]);
+  });
+  await loadHeatmap();
+  clearTimeout(redrawTimer);
+  redraw(); // draw now, so "ready" means the charts show the data
+  window.rankwatch.ready = true;
+  tick();
+}
+
+// --- live stream -------------------------------------------------------------------------
+
+function closeStream() {
+  if (stream) stream.close();
+  stream = null;
+}
+
+function openStream() {
+  const es = new EventSource(`/api/stream?run=${encodeURIComponent(state.run)}`);
+  let hellos = 0;
+  stream = es;
+  es.addEventListener('hello', () => {
+    setConnected(true);
+    hellos += 1;
+    if (hellos > 1) reloadAllSeries().catch(showError); // reconnected: fill what we missed
+  });
+  es.addEventListener('feed', (e) => {
+    const messages = JSON.parse(e.data);
+    window.rankwatch.frames += 1;
+    for (const msg of messages) handle(msg);
+  });
+  es.addEventListener('resync', () => reloadAllSeries().catch(showError));
+  es.addEventListener('closed', () => setConnected(false));
+  es.onerror = () => setConnected(false);
+}
+
+function setConnected(on) {
+  state.connected = on;
+  const node = $('conn');
+  node.className = on ? 'conn on' : 'conn off';
+  node.title = on ? 'live: connected' : 'live: disconnected, retrying';
+}
+
+const refreshRanksSoon = throttle(() => loadRanks().catch(showError), 1000);
+const refreshAlertsSoon = throttle(() => loadAlerts().catch(showError), 1000);
+const refreshEventsSoon = throttle(() => { loadEvents().catch(showError); loadRuns().catch(showError); }, 1000);
+const refreshMetricsSoon = throttle(async () => {
+  const added = await loadMetrics();
+  await withLiveBuffer(() => Promise.all(added.map((c) => loadSeries(c))));
+}, 1000);
+
+function handle(msg) {
+  if (msg.run !== undefined && msg.run !== state.run) return;
+  if (loading) { // replayed once the reads in flight have landed, so nothing is overwritten
+    buffered.push(msg);
+    return;
+  }
+  switch (msg.type) {
+    case 'points': {
+      const chart = charts.get(msg.metric);
+      if (!chart) {
+        refreshMetricsSoon();
+        return;
+      }
+      chart.append(msg.points || []);
+      const run = currentRun();
+      if (run) run.last_time = Math.max(run.last_time || 0, serverNow());
+      maybeCompact(chart);
+      scheduleRedraw();
+      if (Date.now() - lastHeatmap > (state.ranks.length > MANY_RANKS ? HEATMAP_REFRESH_MANY_MS : HEATMAP_REFRESH_MS)) {
+        loadHeatmap().catch(showError);
+      }
+      break;
+    }
+    case 'ranks':
+      if (Array.isArray(msg.ranks) && msg.ranks.length === state.ranks.length) applyRanks(msg.ranks);
+      else refreshRanksSoon();
+      break;
+    case 'divergence':
+      refreshRanksSoon();
+      refreshAlertsSoon();
+      break;
+    case 'alert':
+      refreshAlertsSoon();
+      break;
+    case 'event':
+      refreshEventsSoon();
+      break;
+    default:
+      break;
+  }
+}
+
+function maybeCompact(chart) {
+  if (chart.pointCount() < COMPACT_FACTOR * maxPoints(chart)) return;
+  if (Date.now() - (lastCompact.get(chart.metric) || 0) < COMPACT_MIN_INTERVAL_MS) return;
+  lastCompact.set(chart.metric, Date.now());
+  withLiveBuffer(() => loadSeries(chart)).catch(showError);
+}
+
+// --- drawing -----------------------------------------------------------------------------
+
+function scheduleRedraw() {
+  if (redrawTimer) return;
+  const wait = Math.max(0, lastRedraw + REDRAW_INTERVAL_MS - Date.now());
+  redrawTimer = setTimeout(redraw, wait);
+}
+
+function redraw() {
+  redrawTimer = null;
+  lastRedraw = Date.now();
+  const [lo, hi] = app.extent();
+  const key = `${lo}:${hi}`;
+  const extentChanged = key !== extentKey;
+  extentKey = key;
+  for (const c of charts.values()) {
+    if (!c.needsFull && !c.dirty.size) {
+      if (extentChanged) c.chart.setOption({ xAxis: c.xAxis() });
+      continue;
+    }
+    const steps = c.render();
+    const seen = firstDrawn[c.metric] || (firstDrawn[c.metric] = {});
+    const now = Date.now();
+    for (const s of steps) if (!(s in seen)) seen[s] = now;
+  }
+}
+
+function renderPanels() {
+  panels.renderLegend($('legend'), app);
+  panels.renderTableHead($('rank-head'), app);
+  panels.renderTable($('rank-body'), app, serverNow());
+}
+
+function renderHeatPicker() {
+  const select = $('heat-metric');
+  const current = heatMetric();
+  select.replaceChildren(...state.metrics.map((m) => {
+    const opt = document.createElement('option');
+    opt.value = m;
+    opt.textContent = m;
+    return opt;
+  }));
+  if (current) select.value = current;
+}
+
+function heatMetric() {
+  return state.metrics.includes(state.heatMetric) ? state.heatMetric : app.tableMetric();
+}
+
+function tick() {
+  panels.renderFreshness($('freshness'), $('run-state'), currentRun(), serverNow());
+  panels.renderBanner($('banner'), state.firing, serverNow());
+}
+
+function showError(err) {
+  const node = $('error');
+  node.textContent = `Could not load: ${err.message || err}`;
+  node.hidden = false;
+  clearTimeout(showError.timer);
+  showError.timer = setTimeout(() => { node.hidden = true; }, 8000);
+}
+
+const refetchZoom = debounce(() => {
+  withLiveBuffer(() => Promise.all([...charts.values()].map((c) => {
+    if (!state.zoom) {
+      c.dropDetail();
+      return null;
+    }
+    return loadSeries(c, state.zoom);
+  }))).then(() => loadHeatmap()).catch(showError);
+}, ZOOM_REFETCH_DELAY_MS);
+
+const selectionChanged = debounce(() => {
+  writeUrl();
+  $('select-input').value = formatRanks(state.selected);
+  for (const c of charts.values()) {
+    c.needsFull = true;
+    const missing = [...state.selected].some((r) => !c.base.lines.has(r));
+    if (c.mode === 'band' && missing) withLiveBuffer(() => loadSeries(c)).catch(showError);
+  }
+  renderPanels();
+  scheduleRedraw();
+}, 50);
+
+// --- controls ----------------------------------------------------------------------------
+
+function bindControls() {
+  $('run').addEventListener('change', (e) => selectRun(e.target.value).catch(showError));
+  $('log').addEventListener('change', (e) => {
+    state.log = e.target.checked;
+    for (const c of charts.values()) c.needsFull = true;
+    writeUrl();
+    scheduleRedraw();
+  });
+  const emaOut = $('ema-out');
+  $('ema').addEventListener('input', (e) => {
+    state.ema = Number(e.target.value);
+    emaOut.textContent = state.ema ? state.ema.toFixed(2) : 'off';
+    for (const c of charts.values()) c.needsFull = true;
+    writeUrl();
+    scheduleRedraw();
+  });
+  $('view').addEventListener('change', (e) => {
+    state.view = e.target.value;
+    writeUrl();
+    reloadAllSeries().catch(showError);
+  });
+  $('select-input').addEventListener('change', (e) => {
+    state.selected = parseRanks(e.target.value);
+    selectionChanged();
+  });
+  $('clear-sel').addEventListener('click', () => {
+    state.selected = new Set();
+    selectionChanged();
+  });
+  $('reset-zoom').addEventListener('click', () => {
+    for (const c of charts.values()) c.chart.dispatchAction({ type: 'dataZoom', start: 0, end: 100 }, { silent: true });
+    state.zoom = null;
+    writeUrl();
+    refetchZoom();
+  });
+  $('heat-metric').addEventListener('change', (e) => {
+    state.heatMetric = e.target.value;
+    writeUrl();
+    loadHeatmap().catch(showError);
+  });
+  $('legend').addEventListener('click', (e) => {
+    const chip = e.target.closest('[data-rank]');
+    if (chip) app.toggleRank(Number(chip.dataset.rank));
+  });
+  $('rank-body').addEventListener('click', (e) => {
+    const row = e.target.closest('tr[data-rank]');
+    if (row) app.toggleRank(Number(row.dataset.rank));
+  });
+  $('rank-head').addEventListener('click', (e) => {
+    const th = e.target.closest('th[data-key]');
+    if (!th) return;
+    const key = th.dataset.key;
+    state.sort = { key, dir: state.sort.key === key ? -state.sort.dir : key === 'z' ? -1 : 1 };
+    renderPanels();
+  });
+  window.addEventListener('resize', debounce(() => {
+    for (const c of charts.values()) c.chart.resize();
+    heatmap.chart.resize();
+  }, 150));
+  window.addEventListener('hashchange', () => {
+    const before = state.run;
+    readUrl();
+    syncControls();
+    if (state.run !== before) selectRun(state.run, false).catch(showError);
+    else {
+      for (const c of charts.values()) c.needsFull = true;
+      reloadAllSeries().catch(showError);
+      renderPanels();
+    }
+  });
+}
+
+function syncControls() {
+  $('log').checked = state.log;
+  $('ema').value = String(state.ema);
+  $('ema-out').textContent = state.ema ? state.ema.toFixed(2) : 'off';
+  $('view').value = state.view;
+  $('select-input').value = formatRanks(state.selected);
+}
+
+async function main() {
+  window.rankwatch = { state, charts, firstDrawn, app, ready: false, frames: 0, get heatmap() { return heatmap; } };
+  readUrl();
+  syncControls();
+  bindControls();
+  heatmap = new Heatmap($('heatmap'), app);
+  setInterval(tick, 1000);
+  setInterval(() => loadRuns().catch(showError), RUNS_POLL_MS);
+  setInterval(() => loadRanks().catch(showError), RANKS_POLL_MS);
+  setInterval(() => loadAlerts().catch(showError), ALERTS_POLL_MS);
+  const resp = await api('/api/runs');
+  if (typeof resp.now === 'number') state.serverOffset = resp.now - Date.now() / 1000;
+  state.runs = resp.runs;
+  const wanted = state.runs.some((r) => r.run === state.run) ? state.run : state.runs[0]?.run ?? null;
+  await selectRun(wanted, false);
+  if (!wanted) window.rankwatch.ready = true;
+}
+
+main().catch(showError);

@@ -1,0 +1,478 @@
+// One ECharts line chart per metric, every rank overlaid (or, past 32 ranks, a median with
+// min–max and p5–p95 bands plus the outlier and selected ranks drawn one by one).
+//
+// Data per chart: `base` covers the whole run at screen resolution; `detail` covers the zoom
+// window at finer resolution once the user zoomed. What is drawn is base outside the window
+// and detail inside it, so the slider still shows the whole run. Live points are appended to
+// both; the app redraws at most a few times a second with only the changed series.
+
+import { esc, fmt, fmtZ, lowerBound, median, num } from './util.js';
+
+const HEALTHY = { color: '#9aa5b1', width: 1, opacity: 0.75 };
+const DIVERGENT_COLORS = ['#d62728', '#ff7f0e', '#e377c2', '#8c564b', '#bcbd22', '#f59e0b'];
+const SELECTED_COLORS = ['#1f77b4', '#17becf', '#2ca02c', '#9467bd', '#0ea5e9', '#059669'];
+const MARKER_COLOR = '#7c3aed';
+const TOOLTIP_MAX_ROWS = 16;
+const MAD_TO_SIGMA = 1.4826;
+const P5_P95_TO_SIGMA = 3.29; // p95 - p5 of a normal distribution, in standard deviations
+const MAX_MARKERS = 20; // NaN/Inf markers per series: the first of each run of bad values
+const EVENT_STYLE = {
+  crash: { color: '#dc2626', type: 'solid' },
+  end: { color: '#6b7280', type: 'dashed' },
+  restart: { color: '#ea580c', type: 'dashed' },
+};
+
+function emptyLines() {
+  return new Map(); // rank -> {steps: number[], values: number[]}
+}
+
+function emptyBand() {
+  return { steps: [], median: [], p5: [], p95: [], min: [], max: [] };
+}
+
+function insertPoint(line, step, value) {
+  const n = line.steps.length;
+  if (!n || step > line.steps[n - 1]) {
+    line.steps.push(step);
+    line.values.push(value);
+    return;
+  }
+  const i = lowerBound(line.steps, step);
+  if (line.steps[i] === step) line.values[i] = value; // a resend: newer wins
+  else {
+    line.steps.splice(i, 0, step);
+    line.values.splice(i, 0, value);
+  }
+}
+
+function linesFrom(series) {
+  const lines = emptyLines();
+  for (const [rank, data] of Object.entries(series || {})) {
+    lines.set(Number(rank), { steps: data.step.slice(), values: data.value.map(num) });
+  }
+  return lines;
+}
+
+function bandFrom(band) {
+  if (!band || !band.step) return emptyBand();
+  const pick = (k) => (band[k] || []).map(num);
+  return { steps: band.step.slice(), median: pick('median'), p5: pick('p5'), p95: pick('p95'), min: pick('min'), max: pick('max') };
+}
+
+// Base outside [start, end], detail inside: a zoomed window at finer resolution.
+function spliced(base, detail, start, end) {
+  if (!detail) return base;
+  const a = lowerBound(base.steps, start);
+  const b = lowerBound(base.steps, end + 1);
+  const out = {};
+  for (const key of Object.keys(base)) {
+    out[key] = base[key].slice(0, a).concat(detail[key] || [], base[key].slice(b));
+  }
+  return out;
+}
+
+// Exponential moving average, debiased like TensorBoard's so the start is not pulled to 0.
+export function ema(values, weight) {
+  const out = new Array(values.length);
+  let last = 0;
+  let n = 0;
+  for (let i = 0; i < values.length; i++) {
+    const v = values[i];
+    if (v === null || !Number.isFinite(v)) {
+      out[i] = v;
+      continue;
+    }
+    n += 1;
+    last = last * weight + (1 - weight) * v;
+    out[i] = last / (1 - weight ** n);
+  }
+  return out;
+}
+
+export class MetricChart {
+  constructor(metric, container, app) {
+    this.metric = metric;
+    this.app = app;
+    this.mode = 'ranks';
+    this.ranksTotal = 0;
+    this.outliers = new Set();
+    this.base = { lines: emptyLines(), band: emptyBand() };
+    this.detail = null; // {start, end, lines, band}
+    this.dirty = new Set(); // series ids with new data since the last draw
+    this.needsFull = true;
+    this.pendingSteps = new Set(); // steps appended live, not yet drawn (freshness hook)
+
+    this.card = document.createElement('section');
+    this.card.className = 'card chart-card';
+    const head = document.createElement('h2');
+    head.textContent = metric;
+    this.info = document.createElement('span');
+    this.info.className = 'chart-info';
+    head.append(' ', this.info);
+    this.el = document.createElement('div');
+    this.el.className = 'chart';
+    this.card.append(head, this.el);
+    container.append(this.card);
+    this.chart = echarts.init(this.el, null, { renderer: 'canvas' });
+    this.chart.on('datazoom', (e) => {
+      const b = e.batch ? e.batch[0] : e;
+      if (b.start !== undefined) app.onZoom(b.start, b.end, this);
+    });
+    this.chart.on('click', (p) => {
+      const id = String(p.seriesId || '');
+      if (id.startsWith('r:')) app.toggleRank(Number(id.slice(2)));
+    });
+  }
+
+  dispose() {
+    this.chart.dispose();
+    this.card.remove();
+  }
+
+  load(resp, window) {
+    this.mode = resp.mode;
+    this.ranksTotal = resp.ranks_total;
+    this.outliers = new Set(resp.outliers);
+    const data = { lines: linesFrom(resp.series), band: bandFrom(resp.band) };
+    if (window) this.detail = { start: window.start, end: window.end, ...data };
+    else {
+      this.base = data;
+      this.detail = null;
+    }
+    this.needsFull = true;
+  }
+
+  dropDetail() {
+    if (this.detail) this.needsFull = true;
+    this.detail = null;
+  }
+
+  pointCount() {
+    let n = 0;
+    for (const line of this.base.lines.values()) n = Math.max(n, line.steps.length);
+    return Math.max(n, this.base.band.steps.length);
+  }
+
+  stepExtent() {
+    let lo = Infinity;
+    let hi = -Infinity;
+    const see = (steps) => {
+      if (steps.length) {
+        lo = Math.min(lo, steps[0]);
+        hi = Math.max(hi, steps[steps.length - 1]);
+      }
+    };
+    for (const line of this.base.lines.values()) see(line.steps);
+    see(this.base.band.steps);
+    return [lo, hi];
+  }
+
+  // Live points of one feed message: [[rank, step, value], ...] for this metric.
+  append(points) {
+    const byStep = new Map();
+    for (const [rank, step, raw] of points) {
+      const value = num(raw);
+      if (!byStep.has(step)) byStep.set(step, []);
+      byStep.get(step).push(value);
+      const drawn = this.mode === 'ranks' || this.base.lines.has(rank);
+      if (!drawn) continue;
+      for (const target of [this.base, this.detail]) {
+        if (!target) continue;
+        if (target !== this.base && (step < target.start || step > target.end)) continue;
+        if (!target.lines.has(rank)) {
+          target.lines.set(rank, { steps: [], values: [] });
+          this.needsFull = true; // a new series: structure changed
+        }
+        insertPoint(target.lines.get(rank), step, value);
+      }
+      this.dirty.add(`r:${rank}`);
+      this.pendingSteps.add(step);
+    }
+    if (this.mode !== 'band') return;
+    for (const [step, values] of byStep) {
+      const finite = values.filter(Number.isFinite).sort((a, b) => a - b);
+      if (!finite.length) continue;
+      const q = (p) => finite[Math.min(finite.length - 1, Math.floor(p * finite.length))];
+      const col = { median: median(finite), p5: q(0.05), p95: q(0.95), min: finite[0], max: finite[finite.length - 1] };
+      for (const band of [this.base.band, this.detail && this.detail.band]) {
+        if (!band) continue;
+        const i = lowerBound(band.steps, step);
+        if (band.steps[i] !== step) {
+          band.steps.splice(i, 0, step);
+          for (const k of Object.keys(col)) band[k].splice(i, 0, col[k]);
+        } else for (const k of Object.keys(col)) band[k][i] = col[k];
+      }
+      this.pendingSteps.add(step);
+    }
+    this.dirty.add('band');
+  }
+
+  visibleLine(rank) {
+    const base = this.base.lines.get(rank) || { steps: [], values: [] };
+    const det = this.detail && this.detail.lines.get(rank);
+    return det ? spliced(base, det, this.detail.start, this.detail.end) : base;
+  }
+
+  visibleBand() {
+    return this.detail ? spliced(this.base.band, this.detail.band, this.detail.start, this.detail.end) : this.base.band;
+  }
+
+  // Which ranks get a line: every rank in rank mode; outliers, divergent and selected in band mode.
+  drawnRanks() {
+    return [...this.base.lines.keys()].sort((a, b) => a - b);
+  }
+
+  rankStyle(rank) {
+    const st = this.app.state;
+    const divergent = (st.divergent.get(this.metric) || new Set()).has(rank) || this.outliers.has(rank);
+    if (divergent) {
+      const order = [...this.app.highlighted()].sort((a, b) => a - b);
+      const color = DIVERGENT_COLORS[Math.max(0, order.indexOf(rank)) % DIVERGENT_COLORS.length];
+      return { kind: 'divergent', color, width: 2.6, opacity: 1, z: 6 };
+    }
+    if (st.selected.has(rank)) {
+      const order = [...st.selected].sort((a, b) => a - b);
+      return { kind: 'selected', color: SELECTED_COLORS[order.indexOf(rank) % SELECTED_COLORS.length], width: 2, opacity: 1, z: 5 };
+    }
+    return { kind: 'healthy', ...HEALTHY, z: 2 };
+  }
+
+  yValue(v) {
+    if (v === null || !Number.isFinite(v)) return null;
+    if (this.app.state.log && v <= 0) return null; // no place for it on a log axis
+    return v;
+  }
+
+  markers(line) {
+    const data = [];
+    let lastFinite = null;
+    for (let i = 0; i < line.steps.length && data.length < MAX_MARKERS; i++) {
+      const v = line.values[i];
+      if (v !== null && Number.isFinite(v)) {
+        lastFinite = v;
+        continue;
+      }
+      if (v === null || (i > 0 && !Number.isFinite(line.values[i - 1]) && line.values[i - 1] !== null)) continue;
+      let y = lastFinite;
+      for (let j = i + 1; y === null && j < line.values.length; j++) if (Number.isFinite(line.values[j])) y = line.values[j];
+      if (y === null || (this.app.state.log && y <= 0)) y = this.app.state.log ? 1 : 0;
+      const label = Number.isNaN(v) ? 'NaN' : v > 0 ? '+Inf' : '-Inf';
+      data.push({ name: label, value: label, coord: [line.steps[i], y] });
+    }
+    return {
+      symbol: 'pin',
+      symbolSize: 38,
+      silent: true,
+      itemStyle: { color: MARKER_COLOR },
+      label: { color: '#fff', fontSize: 10, formatter: (p) => p.name },
+      data,
+    };
+  }
+
+  rankSeries(rank) {
+    const st = this.app.state;
+    const style = this.rankStyle(rank);
+    const line = this.visibleLine(rank);
+    const shown = st.ema > 0 ? ema(line.values, st.ema) : line.values;
+    const data = line.steps.map((s, i) => [s, this.yValue(shown[i])]);
+    const out = [{
+      id: `r:${rank}`,
+      name: `rank ${rank}`,
+      type: 'line',
+      data,
+      showSymbol: false,
+      triggerLineEvent: true,
+      connectNulls: false,
+      z: style.z,
+      color: style.color,
+      lineStyle: { width: style.width, color: style.color, opacity: style.opacity },
+      emphasis: { focus: 'none', lineStyle: { width: style.width + 1 } },
+      endLabel: {
+        show: style.kind !== 'healthy',
+        formatter: () => `rank ${rank}`,
+        color: style.color,
+        fontWeight: 'bold',
+        distance: 4,
+      },
+      labelLayout: { moveOverlap: 'shiftY' },
+      markPoint: this.markers(line),
+    }];
+    if (st.ema > 0) {
+      out.push({
+        id: `raw:${rank}`,
+        name: `rank ${rank} (raw)`,
+        type: 'line',
+        data: line.steps.map((s, i) => [s, this.yValue(line.values[i])]),
+        showSymbol: false,
+        silent: true,
+        z: 1,
+        lineStyle: { width: 1, color: style.color, opacity: 0.22 },
+        tooltip: { show: false },
+      });
+    }
+    return out;
+  }
+
+  bandSeries() {
+    const band = this.visibleBand();
+    const pair = (lo, hi) => band.steps.map((s, i) => {
+      const a = this.yValue(band[lo][i]);
+      const b = this.yValue(band[hi][i]);
+      return a === null || b === null ? [s, null, null] : [s, a, b - a];
+    });
+    const stacked = (id, name, lo, hi, color) => [
+      { id: `${id}:lo`, name, type: 'line', stack: id, data: pair(lo, hi).map(([s, a]) => [s, a]), showSymbol: false, silent: true, lineStyle: { opacity: 0 }, z: 0, tooltip: { show: false } },
+      { id: `${id}:hi`, name, type: 'line', stack: id, data: pair(lo, hi).map(([s, , d]) => [s, d]), showSymbol: false, silent: true, lineStyle: { opacity: 0 }, areaStyle: { color }, z: 0, tooltip: { show: false } },
+    ];
+    return [
+      ...stacked('band:mm', 'min–max', 'min', 'max', 'rgba(100, 116, 139, 0.13)'),
+      ...stacked('band:p', 'p5–p95', 'p5', 'p95', 'rgba(100, 116, 139, 0.28)'),
+      {
+        id: 'band:median',
+        name: 'median',
+        type: 'line',
+        data: band.steps.map((s, i) => [s, this.yValue(band.median[i])]),
+        showSymbol: false,
+        z: 3,
+        lineStyle: { width: 1.6, color: '#475569' },
+        color: '#475569',
+        endLabel: { show: true, formatter: () => 'median', color: '#475569' },
+      },
+    ];
+  }
+
+  eventSeries() {
+    const data = [];
+    for (const ev of this.app.stepEvents()) {
+      const style = EVENT_STYLE[ev.kind];
+      if (!style) continue;
+      data.push({ xAxis: ev.step, name: ev.label, lineStyle: { ...style, width: 1.2 }, label: { color: style.color } });
+    }
+    return {
+      id: 'events',
+      name: 'events',
+      type: 'line',
+      data: [],
+      markLine: { symbol: 'none', silent: true, animation: false, label: { formatter: (p) => p.name, position: 'insideEndTop', fontSize: 10 }, data },
+    };
+  }
+
+  allSeries() {
+    const out = this.mode === 'band' ? this.bandSeries() : [];
+    for (const rank of this.drawnRanks()) out.push(...this.rankSeries(rank));
+    out.push(this.eventSeries());
+    return out;
+  }
+
+  zoomOption() {
+    const z = this.app.state.zoom;
+    const range = z ? { startValue: z.start, endValue: z.end } : { start: 0, end: 100 };
+    return [
+      { type: 'inside', xAxisIndex: 0, filterMode: 'none', ...range },
+      { type: 'slider', xAxisIndex: 0, filterMode: 'none', height: 16, bottom: 6, showDetail: false, ...range },
+    ];
+  }
+
+  xAxis() {
+    const [lo, hi] = this.app.extent();
+    return { type: 'value', min: Number.isFinite(lo) ? lo : null, max: Number.isFinite(hi) ? hi : null, minInterval: 1, name: 'step', nameGap: 4, splitLine: { show: false } };
+  }
+
+  yAxis() {
+    const base = { scale: true, splitLine: { lineStyle: { color: '#eef0f3' } } };
+    // A little room above and below, so a line that sits on the extreme is not hidden by the axis.
+    return this.app.state.log ? { ...base, type: 'log' } : { ...base, type: 'value', boundaryGap: ['4%', '4%'] };
+  }
+
+  fullOption() {
+    return {
+      animation: false,
+      grid: { left: 58, right: 64, top: 16, bottom: 48 },
+      tooltip: { trigger: 'axis', confine: true, formatter: (p) => this.tooltip(p), axisPointer: { type: 'line', snap: true }, transitionDuration: 0 },
+      xAxis: this.xAxis(),
+      yAxis: this.yAxis(),
+      dataZoom: this.zoomOption(),
+      series: this.allSeries(),
+    };
+  }
+
+  // Draw what changed; returns the steps that became visible (for the freshness hook).
+  render() {
+    if (this.needsFull) {
+      this.chart.setOption(this.fullOption(), { replaceMerge: ['series'], lazyUpdate: false });
+      this.needsFull = false;
+    } else if (this.dirty.size) {
+      const series = [];
+      for (const id of this.dirty) {
+        if (id === 'band' && this.mode === 'band') series.push(...this.bandSeries().map((s) => ({ id: s.id, data: s.data })));
+        else if (id.startsWith('r:')) {
+          for (const s of this.rankSeries(Number(id.slice(2)))) series.push({ id: s.id, data: s.data, markPoint: s.markPoint });
+        }
+      }
+      const opt = { xAxis: this.xAxis(), series };
+      if (this.app.state.zoom) opt.dataZoom = this.zoomOption();
+      this.chart.setOption(opt, { lazyUpdate: false });
+    }
+    this.dirty.clear();
+    const shown = [...this.pendingSteps];
+    this.pendingSteps.clear();
+    const drawn = this.drawnRanks().length;
+    this.info.textContent = this.mode === 'band'
+      ? `${this.ranksTotal} ranks: median, p5–p95, min–max; ${drawn} drawn one by one`
+      : `${drawn} ranks`;
+    return shown;
+  }
+
+  // Tooltip at a step: ranks sorted by value, with robust z against the others (or the band).
+  tooltip(params) {
+    if (!params.length) return '';
+    const step = Number(params[0].axisValue);
+    const rows = [];
+    for (const rank of this.drawnRanks()) {
+      const line = this.visibleLine(rank);
+      const i = lowerBound(line.steps, step);
+      if (line.steps[i] === step) rows.push({ rank, v: line.values[i] });
+    }
+    let center = NaN;
+    let scale = NaN;
+    let bandText = '';
+    const band = this.visibleBand();
+    const bi = lowerBound(band.steps, step);
+    if (this.mode === 'band' && band.steps[bi] === step) {
+      center = band.median[bi];
+      scale = (band.p95[bi] - band.p5[bi]) / P5_P95_TO_SIGMA;
+      bandText = `median ${fmt(center)} · p5–p95 ${fmt(band.p5[bi])} – ${fmt(band.p95[bi])} · ${this.ranksTotal} ranks`;
+    } else {
+      const finite = rows.map((r) => r.v).filter(Number.isFinite).sort((a, b) => a - b);
+      center = median(finite);
+      const mad = median(finite.map((v) => Math.abs(v - center)).sort((a, b) => a - b));
+      scale = MAD_TO_SIGMA * mad;
+    }
+    scale = Math.max(scale, 1e-3 * Math.abs(center), 1e-12);
+    rows.sort((a, b) => (Number.isFinite(b.v) ? b.v : Infinity) - (Number.isFinite(a.v) ? a.v : Infinity));
+    const lines = [`<div class="tt-head">${esc(this.metric)} · step ${esc(step)}</div>`];
+    if (bandText) lines.push(`<div class="tt-band">${esc(bandText)}</div>`);
+    let shownRows = rows;
+    let skipped = 0;
+    if (rows.length > TOOLTIP_MAX_ROWS) {
+      const half = TOOLTIP_MAX_ROWS / 2;
+      skipped = rows.length - TOOLTIP_MAX_ROWS;
+      shownRows = [...rows.slice(0, half), null, ...rows.slice(-half)];
+    }
+    for (const row of shownRows) {
+      if (row === null) {
+        lines.push(`<div class="tt-more">… ${esc(skipped)} more</div>`);
+        continue;
+      }
+      const style = this.rankStyle(row.rank);
+      const z = Number.isFinite(row.v) ? (row.v - center) / scale : row.v;
+      const cls = style.kind === 'healthy' ? 'tt-row' : `tt-row tt-${style.kind}`;
+      lines.push(
+        `<div class="${cls}"><span class="tt-swatch" style="background:${esc(style.color)}"></span>` +
+        `<span class="tt-rank">rank ${esc(row.rank)}</span><span class="tt-val">${esc(fmt(row.v))}</span>` +
+        `<span class="tt-z">z ${esc(fmtZ(z))}</span></div>`,
+      );
+    }
+    return lines.join('');
+  }
+}

@@ -1,0 +1,160 @@
+// The page's plain-DOM parts: run picker, freshness, alert banner, rank legend, rank table.
+// All text goes in through textContent (util.el): a run called "<img src=x onerror=...>"
+// is shown as those characters, never parsed.
+
+import { ago, el, fmt, fmtZ, num } from './util.js';
+
+const STALE_AFTER_S = 30; // "last record" turns red past this while the run is not finished
+const BANNER_MAX_ALERTS = 3;
+const LEGEND_MAX_CHIPS = 64; // past this the legend lists only the ranks drawn one by one
+
+export function renderRunPicker(select, runs, current) {
+  const names = runs.map((r) => r.run);
+  const have = [...select.options].map((o) => o.value);
+  if (names.length === have.length && names.every((n, i) => n === have[i])) {
+    select.value = current ?? '';
+    return;
+  }
+  select.replaceChildren(...runs.map((r) => {
+    const opt = el('option', {}, `${r.run} (${r.state ?? '?'}, ${r.world_size ?? '?'} ranks)`);
+    opt.value = r.run;
+    return opt;
+  }));
+  select.value = current ?? '';
+}
+
+export function renderFreshness(node, stateNode, run, serverNow) {
+  if (!run) {
+    node.textContent = 'no runs yet: start a job with the rankwatch agent';
+    node.className = 'fresh';
+    stateNode.textContent = '';
+    return;
+  }
+  const age = run.last_time != null ? serverNow - run.last_time : null;
+  const finished = run.state === 'finished' || run.state === 'crashed';
+  node.textContent = age === null ? 'no records yet' : `last record ${ago(age)} ago`;
+  node.className = age !== null && age > STALE_AFTER_S && !finished ? 'fresh stale' : 'fresh';
+  stateNode.textContent = run.state ?? '';
+  stateNode.className = `pill state-${String(run.state ?? 'unknown').replace(/[^a-z]/g, '')}`;
+}
+
+function alertLine(alert, serverNow) {
+  let who = 'run';
+  if (alert.rank !== null && alert.rank !== undefined) who = `rank ${alert.rank}`;
+  else if (Array.isArray(alert.ranks) && alert.ranks.length) {
+    const listed = alert.ranks.slice(0, 5).join(', ');
+    who = `${alert.ranks.length} ranks (${listed}${alert.ranks.length > 5 ? ', …' : ''})`;
+  }
+  const what = alert.metric ? ` · ${alert.metric}` : '';
+  const since = [];
+  if (alert.since_step !== null && alert.since_step !== undefined) since.push(`step ${alert.since_step}`);
+  if (alert.since_time) since.push(`${ago(serverNow - alert.since_time)} ago`);
+  const line = el('div', { class: `alert sev-${String(alert.severity || 'warning').replace(/[^a-z]/g, '')}` });
+  line.append(
+    el('strong', {}, `${who}${what}`),
+    el('span', { class: 'since' }, since.length ? ` since ${since.join(', ')}` : ''),
+    el('span', { class: 'msg' }, alert.message ? ` — ${alert.message}` : ''),
+  );
+  return line;
+}
+
+export function renderBanner(node, firing, serverNow) {
+  if (!firing.length) {
+    node.hidden = true;
+    node.replaceChildren();
+    return;
+  }
+  node.hidden = false;
+  const lines = firing.slice(0, BANNER_MAX_ALERTS).map((a) => alertLine(a, serverNow));
+  if (firing.length > BANNER_MAX_ALERTS) lines.push(el('div', { class: 'more' }, `+${firing.length - BANNER_MAX_ALERTS} more alerts`));
+  node.replaceChildren(...lines);
+}
+
+export function renderLegend(node, app) {
+  const st = app.state;
+  const all = st.ranks.map((r) => r.rank);
+  const highlighted = app.highlighted();
+  const many = all.length > LEGEND_MAX_CHIPS;
+  const shown = many ? [...new Set([...highlighted, ...st.selected])].sort((a, b) => a - b) : all;
+  const chips = shown.map((rank) => {
+    const chip = el('button', { type: 'button', class: 'chip', title: `rank ${rank}: click to select` }, `rank ${rank}`);
+    chip.dataset.rank = String(rank);
+    if (highlighted.has(rank)) chip.classList.add('divergent');
+    if (st.selected.has(rank)) chip.classList.add('selected');
+    return chip;
+  });
+  const note = many
+    ? el('span', { class: 'legend-note' }, `${all.length} ranks: median and bands, plus the ranks listed here. Pick more in the table or heatmap.`)
+    : el('span', { class: 'legend-note' }, 'click a rank to select it');
+  node.replaceChildren(...chips, note);
+}
+
+const COLUMNS = [
+  { key: 'rank', label: 'rank', get: (r) => r.rank },
+  { key: 'host', label: 'host', get: (r) => r.host ?? '' },
+  { key: 'state', label: 'state', get: (r) => r.state ?? '' },
+  { key: 'last_step', label: 'last step', get: (r) => r.last_step },
+  { key: 'loss', label: 'last loss', get: (r, m) => num((r.values || {})[m]) },
+  { key: 'z', label: 'z', get: (r, m) => num((r.z || {})[m]) },
+  { key: 'throughput', label: 'throughput', get: (r) => num(r.throughput) },
+  { key: 'last_seen', label: 'last seen', get: (r) => r.last_seen },
+];
+
+export function renderTableHead(thead, app) {
+  const st = app.state;
+  const row = el('tr');
+  for (const col of COLUMNS) {
+    const label = col.key === 'loss' ? `last ${app.tableMetric()}` : col.key === 'z' ? `z (${app.tableMetric()})` : col.label;
+    const th = el('th', { scope: 'col' }, label);
+    th.dataset.key = col.key;
+    if (st.sort.key === col.key) th.classList.add(st.sort.dir > 0 ? 'asc' : 'desc');
+    row.append(th);
+  }
+  thead.replaceChildren(row);
+}
+
+const missing = (v) => v === null || v === undefined || (typeof v === 'number' && Number.isNaN(v));
+
+export function renderTable(tbody, app, serverNow) {
+  const st = app.state;
+  const metric = app.tableMetric();
+  const col = COLUMNS.find((c) => c.key === st.sort.key) || COLUMNS[0];
+  // z sorts by distance from the others, whichever side; missing values always go last.
+  const key = (r) => {
+    const v = col.get(r, metric);
+    return col.key === 'z' && typeof v === 'number' ? Math.abs(v) : v;
+  };
+  const rows = st.ranks.map((r) => [key(r), r]).sort(([va, a], [vb, b]) => {
+    if (missing(va) || missing(vb)) return missing(va) - missing(vb) || a.rank - b.rank;
+    const c = typeof va === 'string' ? va.localeCompare(vb) : va - vb;
+    return c === 0 ? a.rank - b.rank : c * st.sort.dir;
+  }).map(([, r]) => r);
+  const highlighted = app.highlighted();
+  const frag = document.createDocumentFragment();
+  for (const r of rows) {
+    const tr = el('tr');
+    tr.dataset.rank = String(r.rank);
+    if (highlighted.has(r.rank)) tr.classList.add('divergent');
+    if (st.selected.has(r.rank)) tr.classList.add('selected');
+    const z = num((r.z || {})[metric]);
+    const cells = [
+      r.rank,
+      r.host ?? '',
+      r.state ?? '',
+      r.last_step ?? '–',
+      fmt(num((r.values || {})[metric])),
+      fmtZ(z),
+      fmt(num(r.throughput)),
+      r.last_seen ? `${ago(serverNow - r.last_seen)} ago` : '–',
+    ];
+    cells.forEach((text, i) => {
+      const td = el('td', {}, text);
+      if (i === 2) td.className = `state-${String(r.state ?? '').replace(/[^a-z]/g, '')}`;
+      if (i === 5 && z !== null && Math.abs(z) >= 3) td.className = 'zbad';
+      tr.append(td);
+    });
+    if (r.message) tr.title = String(r.message);
+    frag.append(tr);
+  }
+  tbody.replaceChildren(frag);
+}

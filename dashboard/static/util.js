@@ -1,0 +1,156 @@
+// Small helpers shared by the page's modules. Everything from the wire is text: the page
+// builds DOM with textContent, and the one place HTML is made (ECharts tooltips) goes
+// through esc().
+
+const NONFINITE = { NaN: NaN, Infinity: Infinity, '-Infinity': -Infinity };
+
+// A number from the API: NaN and ±Inf travel as the strings "NaN", "Infinity", "-Infinity"
+// (the JSONL convention); null stays null (no value).
+export function num(x) {
+  if (typeof x === 'number') return x;
+  if (x === null || x === undefined) return null;
+  if (Object.hasOwn(NONFINITE, x)) return NONFINITE[x];
+  const v = Number(x);
+  return Number.isNaN(v) ? null : v;
+}
+
+export function esc(text) {
+  return echarts.format.encodeHTML(String(text));
+}
+
+export function fmt(v) {
+  if (v === null || v === undefined) return '–';
+  if (Number.isNaN(v)) return 'NaN';
+  if (v === Infinity) return '+Inf';
+  if (v === -Infinity) return '-Inf';
+  const a = Math.abs(v);
+  if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(3);
+  return String(Number(v.toPrecision(5)));
+}
+
+export function fmtZ(z) {
+  if (z === null || z === undefined) return '–';
+  if (!Number.isFinite(z)) return fmt(z);
+  return (z >= 0 ? '+' : '') + z.toFixed(1);
+}
+
+export function ago(seconds) {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) return '–';
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 90) return `${s} s`;
+  if (s < 5400) return `${Math.round(s / 60)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
+
+// "0,3,8-11" <-> Set of ints: how selected ranks travel in the URL and the API.
+export function parseRanks(text) {
+  const out = new Set();
+  for (const part of String(text || '').split(',')) {
+    const m = part.trim().match(/^(\d+)(?:-(\d+))?$/);
+    if (!m) continue;
+    const lo = Number(m[1]);
+    const hi = m[2] === undefined ? lo : Number(m[2]);
+    for (let r = lo; r <= hi && r - lo < 4096; r++) out.add(r);
+  }
+  return out;
+}
+
+export function formatRanks(set) {
+  const sorted = [...set].sort((a, b) => a - b);
+  const parts = [];
+  for (let i = 0; i < sorted.length; ) {
+    let j = i;
+    while (j + 1 < sorted.length && sorted[j + 1] === sorted[j] + 1) j++;
+    parts.push(j > i ? `${sorted[i]}-${sorted[j]}` : String(sorted[i]));
+    i = j + 1;
+  }
+  return parts.join(',');
+}
+
+export function median(sorted) {
+  const n = sorted.length;
+  if (!n) return NaN;
+  const mid = n >> 1;
+  return n % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+}
+
+export function quantile(sorted, q) {
+  if (!sorted.length) return NaN;
+  const pos = (sorted.length - 1) * q;
+  const lo = Math.floor(pos);
+  const hi = Math.ceil(pos);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
+}
+
+// Index of the first element >= x in a sorted array.
+export function lowerBound(arr, x) {
+  let lo = 0;
+  let hi = arr.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (arr[mid] < x) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+export class ApiError extends Error {}
+
+export async function api(path, params = {}) {
+  const url = new URL(path, window.location.origin);
+  for (const [k, v] of Object.entries(params)) {
+    if (v !== null && v !== undefined && v !== '') url.searchParams.set(k, String(v));
+  }
+  const res = await fetch(url, { credentials: 'same-origin', headers: { Accept: 'application/json' } });
+  if (!res.ok) {
+    let detail = res.statusText;
+    try {
+      const body = await res.json();
+      detail = typeof body.detail === 'string' ? body.detail : JSON.stringify(body.detail);
+    } catch (_) { /* not JSON: keep the status text */ }
+    throw new ApiError(`${res.status} ${detail}`);
+  }
+  return res.json();
+}
+
+export function runPath(run, tail) {
+  return `/api/runs/${encodeURIComponent(run)}/${tail}`;
+}
+
+// Calls fn at most once per `ms`, always with the latest arguments, trailing call included.
+export function throttle(fn, ms) {
+  let last = 0;
+  let timer = null;
+  return function throttled() {
+    const wait = last + ms - Date.now();
+    if (wait <= 0 && !timer) {
+      last = Date.now();
+      fn();
+    } else if (!timer) {
+      timer = setTimeout(() => {
+        timer = null;
+        last = Date.now();
+        fn();
+      }, Math.max(0, wait));
+    }
+  };
+}
+
+export function debounce(fn, ms) {
+  let timer = null;
+  return (...args) => {
+    clearTimeout(timer);
+    timer = setTimeout(() => fn(...args), ms);
+  };
+}
+
+export function el(tag, attrs = {}, text) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === 'class') node.className = v;
+    else if (k === 'dataset') Object.assign(node.dataset, v);
+    else node.setAttribute(k, v);
+  }
+  if (text !== undefined) node.textContent = String(text);
+  return node;
+}

@@ -1,0 +1,197 @@
+"""What the demo reads back from the aggregator's HTTP API, and what it tells the user.
+
+``Reporter`` polls ``/api/status`` (``Aggregator.snapshot()``) and ``/api/alerts`` and remembers
+every flag it saw: a divergence can resolve between two polls, and the summary at the end must
+still name it. Plain ``urllib``: the demo adds no client dependency.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+HTTP_TIMEOUT_S = 3.0
+TERMINAL_STATES = ("finished", "crashed", "lost")
+TELLING_STATES = ("crashed", "lost", "stalled", "paused")  # states whose message is worth showing
+
+
+def get_json(url: str, timeout_s: float = HTTP_TIMEOUT_S) -> Any | None:
+    """The decoded JSON body, or None when the server is not (yet) answering with 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            if response.status != 200:
+                return None
+            return json.loads(response.read())
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+
+
+@dataclass(frozen=True)
+class Flag:
+    """The first sighting of one (rank, kind, metric) the aggregator flagged."""
+
+    rank: int
+    kind: str  # a divergence kind (outlier, nonfinite, straggler) or an alert rule
+    metric: str | None
+    since_step: int | None
+    step: int | None  # the step at which it was reported (for alerts: None)
+    message: str
+
+
+class Reporter:
+    """Polls the aggregator for one run and reports what changed through ``say``."""
+
+    def __init__(self, http: str, run: str, say: Callable[[str], None]) -> None:
+        self.http = http.rstrip("/")
+        self.run = run
+        self.say = say
+        self.entry: dict[str, Any] = {}
+        self.flags: dict[tuple[int, str], Flag] = {}
+        self.states: dict[int, str] = {}
+        self.messages: dict[int, str] = {}
+        self.last_step: int | None = None
+
+    def poll(self) -> None:
+        query = urllib.parse.urlencode({"run": self.run})
+        self.ingest(
+            get_json(self.http + "/api/status"), get_json(f"{self.http}/api/alerts?{query}")
+        )
+
+    def ingest(self, snapshot: Any, alerts: Any) -> None:
+        """Take in one ``/api/status`` and one ``/api/alerts`` answer (None: not answered)."""
+        if isinstance(snapshot, Mapping):
+            for entry in snapshot.get("runs") or []:
+                if isinstance(entry, Mapping) and entry.get("run") == self.run:
+                    self.entry = dict(entry)
+                    self._ranks(entry.get("ranks") or [])
+                    for div in entry.get("divergences") or []:
+                        self._flag(div, div.get("kind") if isinstance(div, Mapping) else None)
+                    if isinstance(entry.get("last_step"), int):
+                        self.last_step = entry["last_step"]
+        if isinstance(alerts, Mapping):
+            for alert in [*(alerts.get("firing") or []), *(alerts.get("history") or [])]:
+                if isinstance(alert, Mapping) and alert.get("run") == self.run:
+                    self._flag(alert, alert.get("rule"))
+
+    def _ranks(self, ranks: list[Any]) -> None:
+        for row in ranks:
+            if not isinstance(row, Mapping) or type(row.get("rank")) is not int:
+                continue
+            rank, state = row["rank"], str(row.get("state"))
+            if self.states.get(rank) == state:
+                continue
+            first_sight = rank not in self.states
+            self.states[rank] = state
+            message = str(row.get("message") or "") if state in TELLING_STATES else ""
+            if message:
+                self.messages[rank] = message
+            if first_sight and state == "alive":
+                continue  # a rank joining is not news; leaving the healthy state is
+            step = row.get("last_step")
+            at = f" at step {step}" if step is not None else ""
+            suffix = f": {_first_line(message)}" if message else ""
+            self.say(f"  rank {rank}: {state}{at}{suffix}")
+
+    def _flag(self, item: Any, kind: Any) -> None:
+        """Remember the first sighting per (rank, metric), or per (rank, rule) for health."""
+        if not isinstance(item, Mapping) or type(item.get("rank")) is not int:
+            return  # run-wide alerts carry no rank
+        metric = item.get("metric") if isinstance(item.get("metric"), str) else None
+        key = (item["rank"], metric or str(kind))
+        since, step = item.get("since_step"), item.get("step")
+        flag = Flag(
+            rank=item["rank"],
+            kind=str(kind),
+            metric=metric,
+            since_step=since if type(since) is int else None,
+            step=step if type(step) is int else None,
+            message=str(item.get("message") or ""),
+        )
+        known = self.flags.get(key)
+        if known is None:
+            self.flags[key] = flag
+            self.say(f"  FLAG rank {flag.rank}: {_describe(flag)}")
+        elif known.step is None and flag.step is not None:
+            self.flags[key] = replace(known, step=flag.step)  # an alert came before its divergence
+
+    def rank_state(self, rank: int) -> str | None:
+        return self.states.get(rank)
+
+    def all_settled(self, ranks: int) -> bool:
+        """Every rank finished, crashed or lost (so the summary is final)."""
+        if len(self.states) < ranks:
+            return False
+        return all(state in TERMINAL_STATES for state in self.states.values())
+
+    def flagged_ranks(self) -> list[int]:
+        return sorted({flag.rank for flag in self.flags.values()})
+
+    def first_flag_step(self, rank: int) -> int | None:
+        """The earliest step at which ``rank`` was reported (else the earliest since_step)."""
+        flags = [f for f in self.flags.values() if f.rank == rank]
+        steps = [f.step if f.step is not None else f.since_step for f in flags]
+        known = [s for s in steps if s is not None]
+        return min(known) if known else None
+
+    def summary(self, fault: str, fault_rank: int, fault_step: int) -> dict[str, Any]:
+        """Machine-readable summary (printed as JSON and written next to the job logs)."""
+        flagged = self.flagged_ranks()
+        return {
+            "run": self.run,
+            "state": self.entry.get("state"),
+            "last_step": self.last_step,
+            "ranks": {str(rank): state for rank, state in sorted(self.states.items())},
+            "messages": {str(r): m for r, m in sorted(self.messages.items()) if m},
+            "fault": fault,
+            "fault_rank": fault_rank if fault != "none" else None,
+            "fault_step": fault_step if fault != "none" else None,
+            "flagged": flagged,
+            "first_flag_step": {str(r): self.first_flag_step(r) for r in flagged},
+            "flags": [asdict(flag) for flag in self.flags.values()],
+        }
+
+    def summary_lines(self, fault: str, fault_rank: int, fault_step: int) -> list[str]:
+        data = self.summary(fault, fault_rank, fault_step)
+        lines = [f"summary of run {self.run} (state {data['state']}, last step {self.last_step}):"]
+        states = ", ".join(f"{r} {s}" for r, s in data["ranks"].items())
+        lines.append(f"  ranks: {states or 'none seen'}")
+        for rank, message in data["messages"].items():
+            lines.append(f"  rank {rank}: {_first_line(message)}")
+        if not data["flagged"]:
+            lines.append("  flagged: no rank")
+        for flag in sorted(self.flags.values(), key=lambda f: (f.rank, f.since_step or 0)):
+            lines.append(f"  flagged rank {flag.rank}: {_describe(flag)}")
+        if fault != "none":
+            first = self.first_flag_step(fault_rank)
+            if first is None:
+                verdict = f"rank {fault_rank} was not flagged"
+            else:
+                verdict = f"rank {fault_rank} flagged at step {first}"
+            state = self.states.get(fault_rank)
+            if state in TELLING_STATES:
+                verdict += f", and it is {state}"
+            others = [r for r in data["flagged"] if r != fault_rank]
+            tail = f"; also flagged: ranks {others}" if others else "; no other rank flagged"
+            lines.append(
+                f"  injected {fault} on rank {fault_rank} at step {fault_step}: {verdict}{tail}"
+            )
+        lines.append("summary-json: " + json.dumps(data, sort_keys=True))
+        return lines
+
+
+def _describe(flag: Flag) -> str:
+    metric = f"{flag.metric} " if flag.metric else ""
+    since = f" since step {flag.since_step}" if flag.since_step is not None else ""
+    at = f", reported at step {flag.step}" if flag.step is not None else ""
+    message = f": {_first_line(flag.message)}" if flag.message else ""
+    return f"{metric}{flag.kind}{since}{at}{message}"
+
+
+def _first_line(text: Any) -> str:
+    lines = str(text).strip().splitlines()
+    return lines[0][:200] if lines else ""

@@ -1,0 +1,142 @@
+"""Config: TOML file over defaults, flags over the file, clear errors naming file and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rankwatch.aggregator.config import (
+    ConfigError,
+    load_config,
+    parse_webhook_flag,
+    with_overrides,
+)
+from rankwatch.aggregator.service import ServeConfig
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "rankwatch.toml"
+    path.write_text(text)
+    return path
+
+
+def test_no_file_gives_useful_defaults() -> None:
+    cfg = load_config(None)
+    assert cfg == ServeConfig()
+    assert (cfg.host, cfg.port, cfg.ingest_host, cfg.ingest_port) == ("127.0.0.1", 8670, "*", 8671)
+    assert cfg.data_dir == Path("rankwatch_data") and cfg.token is None and cfg.webhooks == []
+    assert cfg.alerts.enabled("divergence") and cfg.divergence.z_threshold > 0
+
+
+def test_a_full_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RW_TOKEN", "s3cret")
+    monkeypatch.setenv("DING_URL", "https://oapi.dingtalk.com/robot/send?access_token=abc")
+    monkeypatch.setenv("DING_SECRET", "SECxyz")
+    path = write(
+        tmp_path,
+        """
+        [serve]
+        data = "/srv/rw"
+        port = 9000
+        ingest_port = 9001
+        token_env = "RW_TOKEN"
+        lost_after_s = 30
+        console_alerts = false
+
+        [alerts]
+        disabled = ["plateau"]
+        severity = { straggler = "critical" }
+        thresholds = [{ metric = "loss", op = ">", value = 10.0 }]
+
+        [divergence]
+        z_threshold = 4.0
+        rules.grad_norm = { direction = "high" }
+
+        [[webhooks]]
+        kind = "dingtalk"
+        url_env = "DING_URL"
+        secret_env = "DING_SECRET"
+        min_severity = "warning"
+
+        [[webhooks]]
+        kind = "lark"
+        url = "https://open.feishu.cn/open-apis/bot/v2/hook/x"
+        rate_per_min = 5
+        """,
+    )
+    cfg = load_config(path)
+    assert cfg.data_dir == Path("/srv/rw") and (cfg.port, cfg.ingest_port) == (9000, 9001)
+    assert cfg.token == "s3cret" and cfg.lost_after_s == 30 and not cfg.console_alerts
+    assert not cfg.alerts.enabled("plateau") and cfg.alerts.severity_of("straggler") == "critical"
+    assert cfg.alerts.thresholds[0].metric == "loss"
+    assert cfg.divergence.z_threshold == 4.0
+    assert cfg.divergence.rule("grad_norm").direction == "high"
+    ding, lark = cfg.webhooks
+    assert ding.kind == "dingtalk" and ding.secret == "SECxyz" and ding.min_severity == "warning"
+    assert lark.kind == "feishu" and lark.rate_per_min == 5
+    assert "s3cret" not in repr(cfg) and "abc" not in repr(cfg.webhooks)
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, '[serve]\nport = 9000\nhost = "0.0.0.0"\n')
+    cfg = with_overrides(
+        load_config(path), port=9100, data="x", webhooks=["slack=https://hooks.slack.com/a"]
+    )
+    assert (cfg.port, cfg.host, cfg.data_dir) == (9100, "0.0.0.0", Path("x"))
+    assert [w.kind for w in cfg.webhooks] == ["slack"]
+    assert with_overrides(cfg) == cfg  # flags not given change nothing
+
+
+BAD_FILES = [
+    ("[serve]\nprot = 1\n", "unknown key 'serve.prot'"),
+    ("[serve]\nport = '8670'\n", "'serve.port' must be an integer"),
+    ("[serve]\nport = 70000\n", "port 70000 is not a TCP port"),
+    ("[serve]\nconsole_alerts = 1\n", "'serve.console_alerts' must be true/false"),
+    ("[serve]\nlost_after_s = 0\n", "lost_after_s must be > 0"),
+    ("[serve]\ntoken_env = 'RW_NOT_SET_ANYWHERE'\n", "RW_NOT_SET_ANYWHERE is not set"),
+    ("[sever]\nport = 1\n", "unknown section or key 'sever'"),
+    ("serve = 3\n", "'serve' must be a table"),
+    ("[alerts]\ngroup_rank = 3\n", "[alerts]"),
+    ("[alerts]\ndisabled = ['nope']\n", "'nope' is not one of"),
+    ("[divergence]\nz_threshld = 3\n", "unknown divergence setting 'z_threshld'"),
+    ("[divergence]\nz_threshold = -1\n", "z_threshold=-1 is out of range"),
+    ("[[webhooks]]\nkind = 'slack'\n", "webhooks[0]: 'url' is missing"),
+    ("[[webhooks]]\nkind = 'teams'\nurl = 'https://x.y/z'\n", "unknown webhook kind 'teams'"),
+    ("[[webhooks]]\nkind = 'slack'\nurl = 'https://x.y/z'\nretries = 3\n", "unknown key 'retries'"),
+    ("[[webhooks]]\nkind = 'slack'\nurl = 'https://x.y/z'\nattempts = 'x'\n", "'attempts' must"),
+    ("webhooks = 'https://x.y'\n", "array of tables"),
+    ("[serve\nport = 1\n", "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_FILES)
+def test_bad_files_name_the_file_and_the_key(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert message in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("/nonexistent/rankwatch.toml")
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("slack", "KIND=URL"),
+        ("=https://x.y", "KIND=URL"),
+        ("teams=https://x.y/z", "unknown webhook kind 'teams'"),
+        ("slack=hooks.slack.com/x", "must be http"),
+    ],
+)
+def test_bad_webhook_flags(flag: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_webhook_flag(flag)
+
+
+def test_flag_errors_name_the_command_line() -> None:
+    with pytest.raises(ConfigError, match="command line: ingest_port -1"):
+        with_overrides(ServeConfig(), ingest_port=-1)

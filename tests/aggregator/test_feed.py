@@ -1,0 +1,123 @@
+"""Feed: publish from a plain thread, consume on an asyncio loop, bounded with drop-oldest."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from rankwatch.aggregator.feed import Feed, FeedClosed
+
+
+def test_messages_cross_from_a_thread_to_an_asyncio_consumer_in_order() -> None:
+    feed = Feed()
+
+    async def consume() -> list[int]:
+        sub = feed.subscribe()
+        producer = threading.Thread(
+            target=lambda: [feed.publish({"i": i}) for i in range(500)], daemon=True
+        )
+        producer.start()
+        got = [(await asyncio.wait_for(sub.get(), 5))["i"] for _ in range(500)]
+        producer.join()
+        sub.close()
+        return got
+
+    assert asyncio.run(consume()) == list(range(500))
+    assert feed.dropped == 0
+    assert feed.published == 500
+
+
+def test_a_waiting_consumer_is_woken_by_a_later_publish() -> None:
+    feed = Feed()
+
+    async def main() -> dict[str, int]:
+        sub = feed.subscribe()
+        timer = threading.Timer(0.05, feed.publish, args=({"late": 1},))
+        timer.start()
+        message = await asyncio.wait_for(sub.get(), 5)
+        timer.join()
+        return message
+
+    assert asyncio.run(main()) == {"late": 1}
+
+
+def test_slow_subscriber_drops_oldest_and_counts_without_blocking_publish() -> None:
+    feed = Feed(queue_max=10)
+    slow = feed.subscribe()
+    fast = feed.subscribe(maxsize=1000)
+    for i in range(25):
+        feed.publish({"i": i})
+    assert [m["i"] for m in slow.drain()] == list(range(15, 25))  # newest kept
+    assert slow.dropped == 15
+    assert len(fast.drain()) == 25 and fast.dropped == 0
+    assert feed.dropped == 15
+    slow.close()
+    assert feed.dropped == 15  # still counted after the subscriber left
+    assert feed.subscribers == 1
+
+
+def test_close_wakes_waiting_consumers_and_later_publishes_are_ignored() -> None:
+    feed = Feed()
+
+    async def main() -> str:
+        sub = feed.subscribe()
+        threading.Timer(0.05, feed.close).start()
+        try:
+            await asyncio.wait_for(sub.get(), 5)
+        except FeedClosed:
+            return "closed"
+        return "message"
+
+    assert asyncio.run(main()) == "closed"
+    feed.publish({"after": True})
+    late = feed.subscribe()
+    assert late.closed
+    with pytest.raises(FeedClosed):
+        late.get_nowait()
+
+
+def test_cancelled_get_loses_no_message() -> None:
+    feed = Feed()
+
+    async def main() -> dict[str, int]:
+        sub = feed.subscribe()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(sub.get(), 0.02)
+        feed.publish({"n": 7})
+        return await asyncio.wait_for(sub.get(), 5)
+
+    assert asyncio.run(main()) == {"n": 7}
+
+
+def test_async_iteration_and_blocking_get() -> None:
+    feed = Feed()
+    sub = feed.subscribe()
+    assert sub.get_blocking(0.01) is None
+    feed.publish({"a": 1})
+    assert sub.get_blocking(1) == {"a": 1}
+    for i in range(3):
+        feed.publish({"i": i})
+
+    async def main() -> list[int]:
+        got = []
+        async for message in sub:
+            got.append(message["i"])
+            if len(got) == 3:
+                sub.close()
+        return got
+
+    assert asyncio.run(main()) == [0, 1, 2]
+    assert not feed.has_subscribers
+
+
+def test_get_many_batches_what_is_queued() -> None:
+    feed = Feed()
+
+    async def main() -> list[dict[str, int]]:
+        sub = feed.subscribe()
+        for i in range(5):
+            feed.publish({"i": i})
+        return await sub.get_many(3)
+
+    assert [m["i"] for m in asyncio.run(main())] == [0, 1, 2]

@@ -1,0 +1,190 @@
+"""SeqTracker and StepMerger: duplicates, gaps, completion, grace, late values, memory bounds."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from rankwatch.agent.records import StepRecord
+from rankwatch.aggregator.merge import SeqTracker, StepMerger, StepValues
+
+
+def rec(rank: int, step: int, world: int = 4, run: str = "r", **metrics: float) -> StepRecord:
+    return StepRecord(run, rank, step, 0.0, world, "h", 1, step, None, metrics or {"loss": 1.0})
+
+
+# --- SeqTracker ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seqs", "accepted", "gaps", "max_seq"),
+    [
+        ([1, 2, 3], [True, True, True], [], 3),
+        ([1, 2, 2, 3, 1], [True, True, False, True, False], [], 3),
+        ([1, 5, 3], [True, True, True], [(2, 2), (4, 4)], 5),
+        ([3, 4], [True, True], [(1, 2)], 4),
+        ([1, 5, 3, 2, 4, 4], [True, True, True, True, True, False], [], 5),
+        ([10, 8, 9, 1], [True, True, True, True], [(2, 7)], 10),
+    ],
+)
+def test_seq_tracker_table(
+    seqs: list[int], accepted: list[bool], gaps: list[tuple[int, int]], max_seq: int
+) -> None:
+    t = SeqTracker()
+    assert [t.accept("r", 0, s) for s in seqs] == accepted
+    assert t.gaps("r", 0) == gaps
+    assert t.max_seq("r", 0) == max_seq
+
+
+def test_seq_tracker_keys_are_per_run_and_rank() -> None:
+    t = SeqTracker()
+    assert t.accept("a", 0, 1)
+    assert t.accept("a", 1, 1)
+    assert t.accept("b", 0, 1)
+    assert not t.accept("a", 0, 1)
+    assert t.max_seq("nobody", 3) == 0
+    assert t.gaps("nobody", 3) == []
+
+
+def test_seq_tracker_memory_is_intervals_not_records() -> None:
+    t = SeqTracker()
+    for s in range(1, 100_001):
+        if s % 10_000 != 0:  # nine gaps in 100k records
+            t.accept("r", 0, s)
+    assert len(t.intervals("r", 0)) == 10
+    assert t.gaps("r", 0) == [(k, k) for k in range(10_000, 100_000, 10_000)]
+
+
+def test_seq_tracker_random_order_matches_a_set() -> None:
+    rng = random.Random(7)
+    seqs = [rng.randint(1, 300) for _ in range(2_000)]
+    t, seen = SeqTracker(), set()
+    for s in seqs:
+        assert t.accept("r", 0, s) == (s not in seen)
+        seen.add(s)
+    missing = sorted(set(range(1, max(seen) + 1)) - seen)
+    flat = [s for lo, hi in t.gaps("r", 0) for s in range(lo, hi + 1)]
+    assert flat == missing
+
+
+def test_seq_tracker_load_rebuilds_after_restart() -> None:
+    t = SeqTracker()
+    t.load("r", 0, 5, 9)
+    t.load("r", 0, 1, 2)
+    t.load("r", 0, 8, 12)  # overlapping ranges from the store merge
+    assert t.intervals("r", 0) == [(1, 2), (5, 12)]
+    assert t.gaps("r", 0) == [(3, 4)]
+    assert not t.accept("r", 0, 7)
+    assert t.accept("r", 0, 3)
+    with pytest.raises(ValueError, match="empty"):
+        t.load("r", 0, 4, 3)
+
+
+def test_seq_tracker_caps_intervals_and_counts_what_it_gave_up() -> None:
+    t = SeqTracker(max_intervals=3)
+    for s in (1, 3, 5, 7, 9):
+        t.accept("r", 0, s)
+    assert len(t.intervals("r", 0)) == 3
+    assert t.given_up == 2
+    assert t.max_seq("r", 0) == 9
+
+
+# --- StepMerger ----------------------------------------------------------------------------
+
+
+def test_group_is_returned_when_every_rank_reported() -> None:
+    m = StepMerger()
+    assert m.add(rec(0, 1, loss=1.0), 0.0) == []
+    assert m.add(rec(1, 1, loss=2.0), 0.1) == []
+    assert m.add(rec(2, 1, loss=3.0), 0.2) == []
+    out = m.add(rec(3, 1, loss=4.0), 0.3)
+    assert out == [StepValues("r", "loss", 1, {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0}, 4, True)]
+    assert m.open_groups() == 1  # kept until grace to catch late values
+    assert m.expire(10.0) == []  # nothing partial left
+    assert m.open_groups() == 0
+
+
+def test_each_metric_completes_on_its_own() -> None:
+    m = StepMerger()
+    m.add(rec(0, 5, world=2, loss=1.0, lr=0.1), 0.0)
+    out = m.add(rec(1, 5, world=2, loss=1.5), 0.0)
+    assert [(sv.metric, sv.complete) for sv in out] == [("loss", True)]
+    out = m.add(rec(1, 5, world=2, lr=0.1), 0.0)  # a second log() call for the same step
+    assert [(sv.metric, sv.values) for sv in out] == [("lr", {0: 0.1, 1: 0.1})]
+
+
+@pytest.mark.parametrize(
+    ("now", "expected"),
+    [
+        (4.9, []),
+        (5.0, [("loss", 7, {0: 1.0, 2: 3.0}, False)]),
+        (60.0, [("loss", 7, {0: 1.0, 2: 3.0}, False)]),
+    ],
+)
+def test_partial_groups_expire_after_grace(now: float, expected: list) -> None:
+    m = StepMerger(grace_s=5.0)
+    m.add(rec(0, 7, loss=1.0), 0.0)
+    m.add(rec(2, 7, loss=3.0), 1.0)
+    got = [(sv.metric, sv.step, sv.values, sv.complete) for sv in m.expire(now)]
+    assert got == expected
+
+
+def test_late_values_are_counted_not_scored() -> None:
+    m = StepMerger(grace_s=5.0)
+    m.add(rec(0, 1, world=2), 0.0)
+    m.expire(6.0)  # step 1 handed out partial
+    assert m.add(rec(1, 1, world=2, loss=2.0, acc=0.5), 7.0) == []
+    assert m.late == 2
+    m.add(rec(0, 2, world=2), 7.0)
+    m.add(rec(1, 2, world=2), 7.0)
+    assert m.add(rec(1, 2, world=2), 7.1) == []  # resent after completion
+    assert m.late == 3
+
+
+def test_nonfinite_values_pass_through() -> None:
+    m = StepMerger()
+    m.add(rec(0, 1, world=2, loss=math.nan), 0.0)
+    (sv,) = m.add(rec(1, 1, world=2, loss=math.inf), 0.0)
+    assert math.isnan(sv.values[0]) and sv.values[1] == math.inf
+
+
+def test_out_of_range_ranks_never_make_a_group_complete() -> None:
+    m = StepMerger()
+    m.add(rec(0, 1, world=2), 0.0)
+    (sv,) = m.add(rec(5, 1, world=2), 0.0)  # rank 5 in a world of 2: misconfigured launcher
+    assert not sv.complete
+
+
+def test_memory_is_bounded_by_the_step_window() -> None:
+    m = StepMerger(grace_s=1e9, max_step_window=100)
+    for step in range(1, 1_001):  # rank 1 is dead: nothing ever completes
+        m.add(rec(0, step, world=2), float(step))
+    assert m.open_groups() <= 101
+    evicted = m.expire(1_001.0)
+    assert len(evicted) == m.evicted == 1_000 - m.open_groups()
+    assert all(not sv.complete for sv in evicted)
+
+
+def test_memory_is_bounded_by_open_steps() -> None:
+    m = StepMerger(grace_s=1e9, max_open_steps=10, max_step_window=10**9)
+    for step in range(0, 1_000_000, 10_000):
+        m.add(rec(0, step, world=2), 0.0)
+    assert m.open_groups() == 10
+
+
+def test_runs_are_independent_and_forget_drops_one() -> None:
+    m = StepMerger()
+    m.add(rec(0, 1, world=2, run="a"), 0.0)
+    m.add(rec(0, 1, world=2, run="b"), 0.0)
+    (sv,) = m.add(rec(1, 1, world=2, run="b"), 0.0)
+    assert sv.run == "b"
+    m.forget("a")
+    assert m.open_groups() == 1
+
+
+def test_bad_arguments_are_rejected() -> None:
+    with pytest.raises(ValueError, match="grace_s"):
+        StepMerger(grace_s=-1)
+    with pytest.raises(ValueError, match="max_intervals"):
+        SeqTracker(max_intervals=1)

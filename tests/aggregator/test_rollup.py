@@ -1,0 +1,154 @@
+"""Rollup levels against a brute-force numpy computation, on a real DuckDB file."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+from rankwatch.aggregator import rollup
+
+
+def _fold_batches(con: duckdb.DuckDBPyConnection, batches: list[dict[str, np.ndarray]]) -> None:
+    for batch in batches:
+        con.register("src", batch)
+        con.execute("BEGIN TRANSACTION")
+        # numpy NaN reaches DuckDB as NULL; the store restores it the same way
+        rollup.fold(
+            con,
+            "series",
+            "SELECT 'r' AS run, 'loss' AS metric, key, step, coalesce(value, 'nan'::DOUBLE) "
+            "AS value FROM src",
+            [],
+        )
+        con.execute("COMMIT")
+        con.unregister("src")
+
+
+def _expected(keys: np.ndarray, steps: np.ndarray, values: np.ndarray, width: int) -> dict:
+    out = {}
+    for k, b in sorted({(int(k), int(s) // width) for k, s in zip(keys, steps, strict=True)}):
+        sel = (keys == k) & (steps // width == b)
+        v = values[sel]
+        out[(k, b)] = (int(sel.sum()), float(np.min(v)), float(np.max(v)), float(np.sum(v)))
+    return out
+
+
+def _read_level(con: duckdb.DuckDBPyConnection, level: int) -> dict:
+    rows = con.execute(
+        rollup.bucket_sql("series", level, "run = $run AND metric = $metric", -(2**40), 2**40),
+        {"run": "r", "metric": "loss"},
+    ).fetchall()
+    return {(k, b): (n, mn, mx, s) for k, b, n, s, mn, _, mx, _, _, _ in rows}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_level_matches_brute_force_with_late_rows(tmp_path: Path, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    ranks, steps = 3, 9000
+    keys = np.repeat(np.arange(ranks), steps)
+    step = np.tile(np.arange(steps), ranks)
+    value = rng.normal(size=len(step))
+    # Deliver in step order in uneven flushes, holding some rows back to arrive late.
+    order = np.argsort(step, kind="stable")
+    late = rng.random(len(order)) < 0.01
+    on_time, held = order[~late], order[late]
+    cuts = np.sort(rng.choice(len(on_time), size=40, replace=False))
+    batches = [
+        {"key": keys[i].astype(np.int32), "step": step[i], "value": value[i]}
+        for i in np.split(on_time, cuts)
+    ]
+    batches.append({"key": keys[held].astype(np.int32), "step": step[held], "value": value[held]})
+    con = duckdb.connect(str(tmp_path / "r.duckdb"))
+    rollup.create_tables(con)
+    _fold_batches(con, batches)
+    for level, width in enumerate(rollup.LEVELS):
+        got, want = _read_level(con, level), _expected(keys, step, value, width)
+        assert got.keys() == want.keys()
+        for key, (n, mn, mx, s) in want.items():
+            assert got[key][:3] == (n, mn, mx)
+            assert got[key][3] == pytest.approx(s)
+
+
+def test_nan_and_inf_survive_every_level(tmp_path: Path) -> None:
+    step = np.arange(10_000)
+    value = np.ones(len(step))
+    value[5000], value[7000], value[9000] = math.nan, math.inf, -math.inf
+    con = duckdb.connect(str(tmp_path / "r.duckdb"))
+    rollup.create_tables(con)
+    _fold_batches(con, [{"key": np.zeros(len(step), np.int32), "step": step, "value": value}])
+    for level, width in enumerate(rollup.LEVELS):
+        rows = _read_level(con, level)
+        assert math.isnan(rows[(0, 5000 // width)][2])  # NaN is the bucket's maximum
+        assert rows[(0, 9000 // width)][1] == -math.inf
+        if width < 2000:  # a coarser bucket also holds the NaN, which outranks +inf
+            assert rows[(0, 7000 // width)][2] == math.inf
+
+
+@pytest.mark.parametrize(
+    ("rows_per_key", "span", "max_points", "keys", "level"),
+    [
+        (1000, 1000, 2000, 1024, -1),  # fits raw
+        (100_000, 100_000, 2000, 1024, 1),  # 391 buckets of 256 -> 782 points
+        (10_000, 10_000, 2000, 1024, 0),  # 627 buckets of 16
+        (5000, 5000, 2000, 1024, 0),
+        (100_000, 100_000, 2000, 1, 0),  # one rank: level 16 read, then reduced
+        (10_000, 10_000, 2000, 1, -1),  # one rank: raw read, then reduced
+        (10**7, 10**7, 2000, 1024, 2),  # beyond the coarsest level: reduced afterwards
+        (90, 100_000, 100, 1024, -1),  # sparse logging: raw points fit
+        (200, 100_000, 100, 1024, 2),  # 26 buckets of 4096
+    ],
+)
+def test_choose_level(rows_per_key: int, span: int, max_points: int, keys: int, level: int) -> None:
+    assert rollup.choose_level(rows_per_key, span, max_points, 2, keys) == level
+
+
+def test_bucket_points_orders_min_and_max_and_drops_out_of_range() -> None:
+    out = rollup.bucket_points(
+        key=np.array([0, 0, 1]),
+        mn=np.array([1.0, 2.0, 5.0]),
+        mn_step=np.array([3, 20, 7]),
+        mx=np.array([9.0, 2.0, 6.0]),
+        mx_step=np.array([1, 20, 40]),
+        start=0,
+        end=30,
+    )
+    assert out[0] == {
+        "step": [1, 3, 20],
+        "value": [9.0, 1.0, 2.0],
+        "min": [1.0, 1.0, 2.0],
+        "max": [9.0, 9.0, 2.0],
+    }
+    assert out[1]["step"] == [7]  # its maximum lies outside [0, 30]
+
+
+def test_minmax_reduce_keeps_spikes_and_budget() -> None:
+    step = list(range(10_000))
+    value = [0.0] * 10_000
+    value[1234], value[8765] = 50.0, -50.0
+    out = rollup.minmax_reduce({"step": step, "value": value, "min": value, "max": value}, 100)
+    assert len(out["step"]) <= 100
+    assert 50.0 in out["value"] and -50.0 in out["value"]
+    assert out["step"] == sorted(out["step"])
+    assert out["step"][out["value"].index(50.0)] == 1234
+
+
+def test_band_reduce_envelope() -> None:
+    n = 1000
+    band = {
+        "step": list(range(n)),
+        "median": [1.0] * n,
+        "p5": [0.5] * n,
+        "p95": [1.5] * n,
+        "min": [0.0] * n,
+        "max": [2.0] * n,
+    }
+    band["max"][500] = 99.0
+    band["median"][10] = math.nan
+    out = rollup.band_reduce(band, 50)
+    assert len(out["step"]) == 50
+    assert max(out["max"]) == 99.0
+    assert out["median"] == [1.0] * 50  # the NaN is ignored, not propagated
+    assert out["step"][:2] == [0, 20]

@@ -1,0 +1,336 @@
+"""The page in real headless Chromium, against a real `rankwatch serve` fed by real agents.
+
+Assertions read ECharts' own options through ``window.rankwatch`` (series names, line widths,
+markers) rather than pixels; screenshots go to test-artifacts/ (or $RANKWATCH_ARTIFACTS) for a
+person to look at.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from rankwatch.agent.records import StepRecord, to_wire
+
+from .conftest import fixture_rows
+from .procs import Rank, Server
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]  # fmt: skip
+READY_TIMEOUT_MS = 30_000
+LIVE_BUDGET_S = 2.0  # a logged step must be on the chart this soon, without a reload
+
+try:
+    from playwright.sync_api import Browser, Page, sync_playwright
+except ImportError:  # pragma: no cover - the skip below says why
+    sync_playwright = None
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed"),
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}"),
+]
+
+# Every series of a chart as the test needs it: name, width, points, end label, markers.
+SERIES_JS = """(metric) => {
+  const chart = window.rankwatch.charts.get(metric);
+  if (!chart) return null;
+  return chart.chart.getOption().series.map((s) => ({
+    id: s.id, name: s.name,
+    width: s.lineStyle ? s.lineStyle.width : null,
+    color: s.lineStyle ? s.lineStyle.color : null,
+    steps: (s.data || []).map((p) => p[0]),
+    endLabel: !!(s.endLabel && s.endLabel.show),
+    markers: ((s.markPoint && s.markPoint.data) || []).map((m) => [m.name, m.coord[0]]),
+  }));
+}"""
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> Path:
+    root = Path(__file__).resolve().parents[2]
+    path = Path(os.environ.get("RANKWATCH_ARTIFACTS", root / "test-artifacts"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, artifacts: Path) -> Iterator[Server]:
+    srv = Server(tmp_path_factory.mktemp("serve") / "data")
+    yield srv
+    srv.stop()
+    shutil.copy(srv.log_path, artifacts / "browser-serve.log")
+
+
+@pytest.fixture(scope="module")
+def browser(server: Server) -> Iterator[Browser]:  # closes before the server stops
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Watched:
+    """A page with every dialog and page error recorded (an XSS would show up here)."""
+
+    def __init__(self, page: Page) -> None:
+        self.page = page
+        self.dialogs: list[str] = []
+        self.errors: list[str] = []
+        page.on("dialog", self._dialog)
+        page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+
+    def _dialog(self, dialog: Any) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+
+@pytest.fixture
+def watched(browser: Browser) -> Iterator[Watched]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    w = Watched(context.new_page())
+    yield w
+    context.close()
+    assert w.errors == [], f"errors on the page: {w.errors}"
+
+
+def open_run(w: Watched, server: Server, run: str, extra: str = "") -> Page:
+    w.page.goto(f"{server.url}/#run={quote(run, safe='')}{extra}")
+    w.page.wait_for_function(
+        "() => window.rankwatch && window.rankwatch.ready", timeout=READY_TIMEOUT_MS
+    )
+    return w.page
+
+
+def series(page: Page, metric: str) -> dict[str, dict[str, Any]]:
+    return {s["name"]: s for s in page.evaluate(SERIES_JS, metric) or []}
+
+
+def start_ranks(server: Server, run: str, world: int, log_dir: Path) -> list[Rank]:
+    return [Rank(server, run, rank, world, log_dir) for rank in range(world)]
+
+
+def firing(server: Server, run: str) -> list[dict[str, Any]]:
+    return server.get("/api/alerts", run=run)["firing"]
+
+
+def test_every_rank_on_one_chart_bad_rank_named_and_live(
+    server: Server, watched: Watched, artifacts: Path, tmp_path: Path
+) -> None:
+    run = "msrun4-rank2-shifted"
+    trace: dict[int, dict[int, float]] = {}
+    for step, rank, loss in fixture_rows():
+        trace.setdefault(step, {})[rank] = loss
+    ranks = start_ranks(server, run, 4, tmp_path)
+    try:
+        for step in range(1, 60):
+            for rank, agent in enumerate(ranks):
+                agent.log(step, loss=trace[step][rank])
+        server.wait_for(
+            "the divergence alert on rank 2",
+            lambda: [a for a in firing(server, run) if a["rank"] == 2 and a["metric"] == "loss"],
+        )
+        page = open_run(watched, server, run)
+        loss = series(page, "loss")
+        drawn = {name: s for name, s in loss.items() if name.startswith("rank ")}
+        assert sorted(drawn) == ["rank 0", "rank 1", "rank 2", "rank 3"]
+        for s in drawn.values():
+            assert s["steps"] == list(range(1, 60))
+        assert drawn["rank 2"]["width"] > max(drawn[f"rank {r}"]["width"] for r in (0, 1, 3))
+        assert drawn["rank 2"]["endLabel"]
+        assert not any(drawn[f"rank {r}"]["endLabel"] for r in (0, 1, 3))
+        banner = page.inner_text("#banner")
+        assert "rank 2 · loss" in banner and "since step" in banner
+        page.screenshot(path=artifacts / "four-ranks-rank2-flagged.png", full_page=True)
+
+        # Live: step 60 reaches the chart without a reload, within the budget.
+        page.evaluate("() => { window.__sameDocument = true; }")
+        logged_at = [agent.log(60, loss=trace[60][rank]) for rank, agent in enumerate(ranks)]
+        page.wait_for_function(
+            "() => { const c = window.rankwatch.charts.get('loss');"
+            " return c && c.base.lines.get(3) && c.base.lines.get(3).steps.includes(60)"
+            " && window.rankwatch.firstDrawn.loss && window.rankwatch.firstDrawn.loss[60]; }",
+            timeout=LIVE_BUDGET_S * 1000 + 3000,
+        )
+        drawn_ms = page.evaluate("() => window.rankwatch.firstDrawn.loss[60]")
+        latency = drawn_ms / 1000 - max(logged_at)
+        assert latency < LIVE_BUDGET_S, f"step 60 took {latency:.2f} s to be drawn"
+        assert page.evaluate("() => window.__sameDocument") is True
+        assert series(page, "loss")["rank 3"]["steps"][-1] == 60
+
+        # Tooltip at step 40: ranks sorted by value, with z; rank 2 first and far off.
+        page.evaluate(
+            "() => { const c = window.rankwatch.charts.get('loss');"
+            " const [x, y] = c.chart.convertToPixel({gridIndex: 0}, [40, 1]);"
+            " c.chart.dispatchAction({type: 'showTip', x, y}); }"
+        )
+        tip = page.locator(".tt-head").first
+        tip.wait_for()
+        rows = page.locator(".tt-row").all_inner_texts()
+        assert rows[0].split()[:2] == ["rank", "2"]
+        assert float(rows[0].split("z")[-1]) > 3
+        page.screenshot(path=artifacts / "four-ranks-tooltip.png")
+
+        # Select rank 1 in the table: it is drawn bold and blue, and the URL keeps it.
+        page.click("#rank-body tr[data-rank='1']")
+        page.wait_for_function("() => location.hash.includes('sel=1')")
+        page.wait_for_function(
+            "() => window.rankwatch.charts.get('loss').chart.getOption().series"
+            ".find((s) => s.name === 'rank 1').lineStyle.width === 2"
+        )
+        link = page.url
+        other = watched.page.context.new_page()
+        other.goto(link)
+        other.wait_for_function("() => window.rankwatch && window.rankwatch.ready")
+        assert other.evaluate("() => [...window.rankwatch.state.selected]") == [1]
+        assert series(other, "loss")["rank 1"]["width"] == 2
+        other.close()
+    finally:
+        for agent in ranks:
+            agent.close()
+
+
+def test_markup_in_names_stays_inert(
+    server: Server, watched: Watched, artifacts: Path, tmp_path: Path
+) -> None:
+    run = "<img src=x onerror=alert(1)>"
+    metric = "<img src=x onerror=alert(2)>"
+    ranks = start_ranks(server, run, 2, tmp_path)
+    try:
+        for step in range(1, 16):
+            for rank, agent in enumerate(ranks):
+                agent.log(step, loss=1.0 + 0.01 * rank, **{metric: step * (1 + rank)})
+        ranks[1].send(
+            {"event": "crash", "step": 15, "info": {"message": "<img src=x onerror=alert(3)>"}}
+        )
+        server.wait_for(
+            "both metrics stored",
+            lambda: len(server.get(f"/api/runs/{quote(run, safe='')}/metrics")["metrics"]) == 3,
+        )
+        page = open_run(watched, server, run)
+        page.wait_for_function("(m) => window.rankwatch.charts.has(m)", arg=metric)
+        assert page.locator("#run option:checked").inner_text().startswith(run)
+        titles = page.locator(".chart-card h2").all_inner_texts()
+        assert any(t.startswith(metric) for t in titles)
+        page.evaluate(
+            "(m) => { const c = window.rankwatch.charts.get(m);"
+            " const [x, y] = c.chart.convertToPixel({gridIndex: 0}, [8, 10]);"
+            " c.chart.dispatchAction({type: 'showTip', x, y}); }",
+            metric,
+        )
+        page.locator(".tt-head", has_text=metric).wait_for()
+        page.wait_for_timeout(300)
+        page.screenshot(path=artifacts / "markup-names-inert.png", full_page=True)
+        assert page.evaluate("() => document.querySelectorAll('img').length") == 0
+        assert watched.dialogs == []
+        assert metric in page.inner_text("body")  # shown, as text
+    finally:
+        for agent in ranks:
+            agent.close()
+
+
+def test_nan_and_inf_drawn_as_markers(
+    server: Server, watched: Watched, artifacts: Path, tmp_path: Path
+) -> None:
+    run = "nan-run"
+    ranks = start_ranks(server, run, 3, tmp_path)
+    try:
+        for step in range(1, 13):
+            for rank, agent in enumerate(ranks):
+                value = 2.0 / step + 0.01 * rank
+                if rank == 1 and step == 5:
+                    value = math.nan
+                if rank == 1 and step == 8:
+                    value = math.inf
+                agent.log(step, loss=value)
+        server.wait_for("step 12 stored", lambda: server.get(
+            f"/api/runs/{run}/series", metric="loss")["series"].get("2", {}).get("step", [])[-1:]
+            == [12])  # fmt: skip
+        page = open_run(watched, server, run)
+        loss = series(page, "loss")
+        assert loss["rank 1"]["markers"] == [["NaN", 5], ["+Inf", 8]]
+        assert loss["rank 0"]["markers"] == []
+        heat = page.evaluate(
+            "() => window.rankwatch.heatmap.chart.getOption().series[0].data"
+            ".filter((d) => d[2] > 50).map((d) => [d[0], d[1]])"
+        )
+        assert heat, "the heatmap shows the non-finite cells"
+        page.screenshot(path=artifacts / "nan-run-markers.png", full_page=True)
+    finally:
+        for agent in ranks:
+            agent.close()
+
+
+def _ingest(server: Server, records: list[StepRecord]) -> None:
+    body = {"records": [to_wire(r) for r in records]}
+    res = httpx.post(f"{server.url}/api/ingest", json=body, timeout=120)
+    res.raise_for_status()
+    assert res.json()["rejected"] == 0
+
+
+def test_1024_ranks_band_mode_stays_responsive(
+    server: Server, watched: Watched, artifacts: Path
+) -> None:
+    run, world, bad = "big-1024", 1024, 777
+    seq: dict[int, int] = {}
+    t0 = time.time() - 1000
+
+    def steps(lo: int, hi: int) -> list[StepRecord]:
+        out = []
+        for step in range(lo, hi):
+            for rank in range(world):
+                seq[rank] = seq.get(rank, 0) + 1
+                noise = 0.02 * math.sin(rank * 12.9898 + step * 78.233)
+                loss = (2.0 * math.exp(-step / 60) + 0.3) * (1 + noise)
+                if rank == bad and step >= 40:
+                    loss *= 2.5
+                out.append(StepRecord(
+                    run=run, rank=rank, seq=seq[rank], time=t0 + step, world_size=world,
+                    host=f"node{rank // 8:03d}", pid=100 + rank, step=step, epoch=None,
+                    metrics={"loss": loss},
+                ))  # fmt: skip
+        return out
+
+    for lo in range(1, 81, 10):
+        _ingest(server, steps(lo, lo + 10))
+    server.wait_for("rank 777 flagged", lambda: [
+        a for a in firing(server, run) if a["rank"] == bad])  # fmt: skip
+    page = watched.page
+    page.add_init_script(
+        "window.__longTasks = []; new PerformanceObserver((l) => l.getEntries()"
+        ".forEach((e) => window.__longTasks.push(e.duration))).observe({type: 'longtask'});"
+    )
+    started = time.monotonic()
+    open_run(watched, server, run)
+    load_s = time.monotonic() - started
+    loss = series(page, "loss")
+    assert "median" in loss and "min–max" in loss and "p5–p95" in loss
+    lines = [n for n in loss if n.startswith("rank ")]
+    assert f"rank {bad}" in lines and len(lines) <= 25
+    assert loss[f"rank {bad}"]["width"] > 2
+    assert page.evaluate("() => window.rankwatch.heatmap.ranks.length") == world
+    assert page.locator("#rank-body tr").count() == world
+    # Live steps keep arriving; the page must keep answering quickly.
+    for lo in range(81, 86):
+        _ingest(server, steps(lo, lo + 1))
+        t = time.monotonic()
+        page.evaluate("() => 1")
+        assert time.monotonic() - t < 1.0
+    page.wait_for_function(
+        "() => window.rankwatch.charts.get('loss').base.band.steps.includes(85)", timeout=10_000
+    )
+    longest = max(page.evaluate("() => window.__longTasks") or [0])
+    page.screenshot(path=artifacts / "band-1024-ranks.png", full_page=False)
+    assert load_s < 20, f"page took {load_s:.1f} s to load"
+    assert longest < 2000, f"a {longest:.0f} ms task blocked the page"

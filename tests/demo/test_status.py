@@ -1,0 +1,95 @@
+"""The demo's reading of /api/status and /api/alerts answers (pure: answers are passed in)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rankwatch.demo.status import Reporter
+
+RUN = "demo-20260101-000000"
+
+
+def rank_row(rank: int, state: str, message: str = "", last_step: int = 30) -> dict[str, Any]:
+    return {"rank": rank, "state": state, "message": message, "last_step": last_step}
+
+
+def divergence(rank: int, metric: str, since: int, step: int) -> dict[str, Any]:
+    return {
+        "run": RUN, "metric": metric, "rank": rank, "kind": "outlier", "direction": "high",
+        "since_step": since, "step": step, "message": f"rank {rank} {metric} 3.0x the median",
+    }  # fmt: skip
+
+
+def snapshot(ranks: list[dict[str, Any]], divs: list[dict[str, Any]]) -> dict[str, Any]:
+    other = {"run": "another", "ranks": [rank_row(0, "crashed", "boom")], "divergences": []}
+    entry = {"run": RUN, "state": "running", "last_step": 30, "ranks": ranks, "divergences": divs}
+    return {"now": 0.0, "runs": [other, entry]}
+
+
+def reporter() -> tuple[Reporter, list[str]]:
+    said: list[str] = []
+    return Reporter("http://127.0.0.1:1", RUN, said.append), said
+
+
+def test_flags_are_remembered_after_they_resolve() -> None:
+    rep, said = reporter()
+    alive = [rank_row(r, "alive") for r in range(4)]
+    rep.ingest(snapshot(alive, [divergence(2, "loss", 20, 22)]), None)
+    rep.ingest(
+        snapshot(alive, [divergence(2, "loss", 20, 23), divergence(2, "grad_norm", 20, 21)]), None
+    )
+    rep.ingest(snapshot(alive, []), None)  # resolved meanwhile
+    assert rep.flagged_ranks() == [2]
+    assert rep.first_flag_step(2) == 21
+    assert len([line for line in said if "FLAG" in line]) == 2  # each reported once
+    summary = rep.summary("labels", 2, 20)
+    assert summary["flagged"] == [2] and summary["first_flag_step"] == {"2": 21}
+
+
+def test_alerts_add_flags_and_other_runs_are_ignored() -> None:
+    rep, _ = reporter()
+    alerts = {
+        "firing": [{"run": RUN, "rank": 1, "rule": "stalled", "metric": None, "since_step": 12}],
+        "history": [
+            {"run": "another", "rank": 3, "rule": "divergence", "metric": "loss"},
+            {"run": RUN, "rank": None, "rule": "run_stalled"},  # run-wide: no rank to blame
+        ],
+    }
+    rep.ingest(None, alerts)
+    assert rep.flagged_ranks() == [1]
+    assert rep.first_flag_step(1) == 12
+
+
+def test_states_settle_and_summary_names_the_crash() -> None:
+    rep, said = reporter()
+    rep.ingest(snapshot([rank_row(r, "alive") for r in range(4)], []), None)
+    assert not rep.all_settled(4)
+    rows = [
+        rank_row(0, "lost"),
+        rank_row(1, "lost"),
+        rank_row(2, "crashed", "RuntimeError: injected fault\nmore"),
+        rank_row(3, "lost"),
+    ]
+    rep.ingest(snapshot(rows, []), None)
+    assert rep.all_settled(4)
+    assert rep.rank_state(2) == "crashed"
+    assert any("rank 2: crashed" in line and "injected fault" in line for line in said)
+    lines = rep.summary_lines("crash", 2, 15)
+    data = json.loads(lines[-1].removeprefix("summary-json: "))
+    assert data["ranks"] == {"0": "lost", "1": "lost", "2": "crashed", "3": "lost"}
+    assert "injected fault" in data["messages"]["2"]
+    assert any("rank 2 was not flagged, and it is crashed" in line for line in lines)
+
+
+def test_unanswered_or_malformed_answers_change_nothing() -> None:
+    rep, said = reporter()
+    for bad in (
+        None,
+        [],
+        {"runs": None},
+        {"runs": [None, {"run": RUN, "ranks": [None, {"rank": "x"}]}]},
+    ):
+        rep.ingest(bad, {"firing": [None, {"run": RUN, "rank": True}]})
+    assert rep.flagged_ranks() == [] and rep.states == {} and said == []
+    assert not rep.all_settled(1)
