@@ -111,6 +111,22 @@ class JsonlWriter:
             self._failed(exc)
             return False
 
+    @property
+    def fd(self) -> int | None:
+        """The open descriptor, for callers that write on their own hot path."""
+        return self._fd
+
+    def finish(self, data: bytes, written: int) -> None:
+        """After ``os.write`` wrote only ``written`` bytes of ``data`` (-1: no descriptor)."""
+        if written < 0:
+            self.errors += 1
+        else:
+            self.write(data[written:])
+
+    def failed(self, exc: OSError) -> None:
+        """Count (and the first time, log) a write that raised ``exc``."""
+        self._failed(exc)
+
     def close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:

@@ -58,6 +58,7 @@ TRACEBACK_CHARS = 8192  # tail of a crash traceback kept in the event
 _NAN, _INF, _NINF = (json.dumps(NONFINITE_TO_JSON[k]) for k in ("nan", "inf", "-inf"))
 _said_jsonl_only = False
 _now = time.time
+_write = os.write
 _COMPACT = (",", ":")
 
 
@@ -79,7 +80,12 @@ class _Pause:
 
 
 class Monitor:
-    """One rank's agent; see ``docs/architecture.md`` and ``identity`` for the arguments."""
+    """One rank's agent; see ``docs/architecture.md`` and ``identity`` for the arguments.
+
+    Attributes: ``run``, ``rank``, ``world_size``, ``addr`` (ZeroMQ endpoint or None),
+    ``jsonl_path``, ``dropped``, ``write_errors``, ``batch_size`` (settable), ``enabled``.
+    ``stage(**metrics)`` adds values to the next ``log()`` (for hooks such as the DDP one).
+    """
 
     def __init__(
         self,
@@ -129,6 +135,7 @@ class Monitor:
         if not enabled:
             return
         self._writer = JsonlWriter(self.jsonl_path)
+        self._fd = self._writer.fd  # log() writes to it directly; None once closed
         self._seq = itertools.count(self._writer.start_seq + 1)
         # The constant part of every step line, serialised once; % fields: seq, time, step,
         # epoch, then (in a cached template) one %r per metric.
@@ -198,13 +205,8 @@ class Monitor:
                     if type(v) is not float or v - v != 0.0:
                         template = None
                         break
-            seq = next(self._seq)
-            epoch_text = "null" if epoch is None else epoch
-            if template is not None:
-                line = template % (seq, now, step, epoch_text, *metrics.values())
-            else:
-                body, metrics = self._convert(metrics)
-                line = self._head % (seq, now, step, epoch_text) + body
+            # The automatic step time (and throughput) go last in the metrics map.
+            extra = ""
             prev = self._prev
             if prev is None or step < prev[0]:  # first step, after a pause, or a new count
                 self._prev = (step, now)
@@ -212,14 +214,36 @@ class Monitor:
                 self._prev = (step, now)
                 if "step_time" not in metrics:
                     step_time = (now - prev[1]) / (step - prev[0])
-                    line += f'{"," if metrics else ""}"step_time":{step_time!r}'
-                    metrics["step_time"] = step_time
+                    extra = f'"step_time":{step_time!r}'
                     batch = self._batch_size
                     if batch is not None and step_time > 0 and "throughput" not in metrics:
                         throughput = batch / step_time
-                        metrics["throughput"] = throughput
-                        line += f',"throughput":{throughput!r}'
-            self._writer.write((line + "}}\n").encode())
+                        extra += f',"throughput":{throughput!r}'
+                    else:
+                        throughput = None
+            seq = next(self._seq)
+            epoch_text = "null" if epoch is None else epoch
+            if template is not None:
+                line = template % (seq, now, step, epoch_text, *metrics.values())
+            else:
+                body, metrics = self._convert(metrics)
+                line = self._head % (seq, now, step, epoch_text) + body
+            if extra:
+                line += f",{extra}}}}}\n" if metrics else f"{extra}}}}}\n"
+                metrics["step_time"] = step_time
+                if throughput is not None:
+                    metrics["throughput"] = throughput
+            else:
+                line += "}}\n"
+            # JsonlWriter.write, inlined: one os.write of the whole line before returning.
+            data = line.encode()
+            fd = self._fd
+            try:
+                written = -1 if fd is None else _write(fd, data)
+                if written != len(data):
+                    self._writer.finish(data, written)
+            except OSError as exc:
+                self._writer.failed(exc)
             self._last_step = step
             queue = self._queue
             if queue is not None:
@@ -428,6 +452,7 @@ class Monitor:
                 log.warning("rankwatch: could not record the end event: %r", exc)
             if self._sender is not None and not self._sender.close(CLOSE_TIMEOUT_S):
                 log.warning("rankwatch: sender did not stop within %.1f s", CLOSE_TIMEOUT_S)
+            self._fd = None
             self._writer.close()
             _live.discard(self)
 

@@ -36,7 +36,7 @@ log = logging.getLogger("rankwatch.agent")
 
 FLUSH_INTERVAL_S = 0.02  # how often queued records are sent (latency on the dashboard)
 MAX_BATCH_RECORDS = 2000  # records per frame before size splitting
-SNDHWM_FRAMES = 1000  # frames ZeroMQ holds for an absent aggregator before zmq.Again
+SNDHWM_FRAMES = 256  # frames ZeroMQ holds for an absent aggregator before zmq.Again
 LINGER_MS = 1000  # how long close lets ZeroMQ flush
 RECONNECT_IVL_MS = 200
 RECONNECT_IVL_MAX_MS = 5000

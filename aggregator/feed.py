@@ -1,19 +1,35 @@
-"""In-process live feed: the service thread publishes, dashboard websockets consume.
+"""In-process live feed: the service thread publishes, dashboard streams consume.
 
 ``publish()`` is called from the aggregator's service thread and never blocks: each
 subscriber has a bounded queue, and when a slow browser lags the oldest messages are dropped
 (and counted) instead of slowing ingest. Subscribers are asyncio consumers on the uvicorn
 loop (``await sub.get()``); a plain thread can use ``sub.get_blocking(timeout)``.
+
+The second half of the module builds the messages (and the snapshot's rank entries): small,
+JSON-ready dicts with NaN and ±Inf written as "NaN", "Infinity", "-Infinity", as in JSONL.
+
+    {"type": "points", "run", "metric", "points": [[rank, step, value], ...], "sampled"?}
+    {"type": "ranks", "run", "ranks": [rank entry, ...]}    (see ``rank_entry``)
+    {"type": "divergence", "state": "new" | "resolved", **Divergence fields}
+    {"type": "alert", **Alert fields}
+    {"type": "event", "run", "rank", "event", "step", "time", "info"}
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import math
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from rankwatch.agent.records import EventRecord, StepRecord, json_value
+
+if TYPE_CHECKING:
+    from rankwatch.aggregator.health import RankHealth
 
 SUBSCRIBER_QUEUE_MAX = 1000  # messages buffered per subscriber before the oldest is dropped
 
@@ -229,3 +245,95 @@ class Feed:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+# --- message shapes ------------------------------------------------------------------------
+
+
+def num(value: float | None) -> float | str | None:
+    """A float as strict JSON allows it: NaN and ±Inf as strings, like JSONL."""
+    if value is None or math.isfinite(value):
+        return value
+    return json_value(value)
+
+
+def jsonable(value: Any) -> Any:
+    """Dataclasses, enums and non-finite floats made JSON-ready (recursively)."""
+    if isinstance(value, float):
+        return num(value)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(getattr(value, "value", None), str):
+        return value.value  # str enums (RankState)
+    return value
+
+
+def points_messages(
+    steps: Sequence[StepRecord], max_points: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """One ``points`` message per (run, metric); beyond ``max_points`` values the records are
+    sampled (a browser cannot draw more per tick; it re-reads the store when it zooms)."""
+    total = sum(len(r.metrics) for r in steps)
+    sampled = total > max_points
+    if sampled:
+        steps = steps[:: math.ceil(total / max_points)]
+    by_metric: dict[tuple[str, str], list[list[Any]]] = {}
+    for rec in steps:
+        run, rank, step = rec.run, rec.rank, rec.step
+        for metric, value in rec.metrics.items():
+            points = by_metric.get((run, metric))
+            if points is None:
+                points = by_metric[(run, metric)] = []
+            points.append([rank, step, value if math.isfinite(value) else json_value(value)])
+    messages = []
+    for (run, metric), points in by_metric.items():
+        message = {"type": "points", "run": run, "metric": metric, "points": points}
+        if sampled:
+            message["sampled"] = True
+        messages.append(message)
+    return messages, sampled
+
+
+def event_message(ev: EventRecord) -> dict[str, Any]:
+    return {
+        "type": "event",
+        "run": ev.run,
+        "rank": ev.rank,
+        "event": ev.event,
+        "step": ev.step,
+        "time": ev.time,
+        "info": jsonable(ev.info),
+    }
+
+
+def rank_entry(
+    h: RankHealth,
+    values: Mapping[str, float],
+    z: Mapping[str, float],
+    divergent: list[str],
+    gaps: Sequence[tuple[int, int]],
+) -> dict[str, Any]:
+    """One rank as the snapshot, ``ranks`` messages and ``rankwatch status`` show it."""
+    return {
+        "rank": h.rank,
+        "state": h.state.value,
+        "host": h.host,
+        "pid": h.pid,
+        "world_size": h.world_size,
+        "last_step": h.last_step,
+        "last_seen": h.last_seen,
+        "first_seen": h.first_seen,
+        "since": h.since,
+        "message": h.message,
+        "step_time": num(h.step_time),
+        "divergent": divergent,
+        "z": {m: num(v) for m, v in z.items()},
+        "values": {m: num(v) for m, v in values.items()},
+        "throughput": num(values.get("throughput")),
+        "dropped": h.dropped,
+        "gaps": [list(g) for g in gaps],
+    }

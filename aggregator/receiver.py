@@ -248,12 +248,14 @@ class Receiver:
 
     def counters(self) -> dict[str, Any]:
         """JSON-ready totals, problems by reason, and per-sender counts (by run/rank label)."""
+        # Called from other threads while the receiving thread updates these dicts: each is
+        # copied in one C-level call (atomic under the GIL) before it is iterated.
         by_label: dict[str, dict[str, Any]] = {}
-        for stats in (*self._retired.values(), *self._senders.values()):
+        for stats in [*self._retired.values(), *self._senders.values()]:
             entry = by_label.setdefault(stats.label, {"messages": 0, "records": 0, "bad": {}})
             entry["messages"] += stats.messages
             entry["records"] += stats.records
-            for reason, count in stats.bad.items():
+            for reason, count in dict(stats.bad).items():
                 entry["bad"][reason] = entry["bad"].get(reason, 0) + count
         return {**self.totals, "reasons": dict(self.reasons), "senders": by_label}
 

@@ -9,15 +9,15 @@ Per level there are two tables: ``<src>_l<w>`` holds closed buckets and ``<src>_
 at most one open (latest) bucket per key. A bucket closes as soon as a row of a later bucket of
 the same key arrives (ranks report steps in order); its aggregate is then folded into the next
 level, so a level only ever sees closed buckets of the level below. Rows that arrive late for a
-closed bucket are written as an extra partial row for it; readers merge rows with GROUP BY.
-Reading level ``w`` therefore means: closed rows of ``w`` + the open rows of every level ``<= w``
-re-bucketed to ``w``. Everything happens inside the caller's transaction, so rollups can never
-disagree with the raw rows after a crash.
+closed bucket (a resend, a rank restarted from a checkpoint) are merged into it, so closed rows
+stay unique per bucket and are read without aggregation. Reading level ``w`` means: closed rows
+of ``w`` + the open rows of every level ``<= w`` re-bucketed to ``w`` (which never share a
+bucket with a closed row). Everything happens inside the caller's transaction, so rollups can
+never disagree with the raw rows after a crash.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -74,29 +74,40 @@ def fold(cur: duckdb.DuckDBPyConnection, src: str, source_sql: str, params: Sequ
     for i, width in enumerate(LEVELS):
         open_t, closed_t = table(src, width, True), table(src, width)
         cur.execute(
-            "CREATE OR REPLACE TEMP TABLE rw_keys AS SELECT DISTINCT run, metric, key FROM rw_part"
+            f"""CREATE OR REPLACE TEMP TABLE rw_old AS SELECT o.* FROM {open_t} o
+            SEMI JOIN rw_part k ON o.run = k.run AND o.metric = k.metric AND o.key = k.key"""
         )
-        # The latest bucket per key stays open; every earlier one is complete (or a late partial).
+        # The latest bucket per key stays open; every earlier one is complete (or a late delta).
         cur.execute(
             f"""CREATE OR REPLACE TEMP TABLE rw_comb AS
-            WITH u AS (
-                SELECT {COLUMNS} FROM rw_part
-                UNION ALL
-                SELECT o.* FROM {open_t} o SEMI JOIN rw_keys k
-                    ON o.run = k.run AND o.metric = k.metric AND o.key = k.key
-            )
+            WITH u AS (SELECT {COLUMNS} FROM rw_part UNION ALL SELECT * FROM rw_old)
             SELECT u.run, u.metric, u.key, u.b, {_MERGE_AGG},
                    u.b = max(u.b) OVER (PARTITION BY u.run, u.metric, u.key) AS is_open
             FROM u GROUP BY u.run, u.metric, u.key, u.b"""
         )
         cur.execute(
-            f"DELETE FROM {open_t} USING rw_keys k "
+            f"DELETE FROM {open_t} USING rw_old k "
             f"WHERE {open_t}.run = k.run AND {open_t}.metric = k.metric AND {open_t}.key = k.key"
         )
         cur.execute(f"INSERT INTO {open_t} SELECT {COLUMNS} FROM rw_comb WHERE is_open")
-        cur.execute(f"INSERT INTO {closed_t} SELECT {COLUMNS} FROM rw_comb WHERE NOT is_open")
+        # Below the old open bucket a bucket may be closed already: merge those deltas into it.
+        cur.execute(
+            """CREATE OR REPLACE TEMP TABLE rw_late AS SELECT c.* EXCLUDE (is_open)
+            FROM rw_comb c JOIN rw_old o ON c.run = o.run AND c.metric = o.metric
+            AND c.key = o.key WHERE NOT c.is_open AND c.b < o.b"""
+        )
+        late = cur.execute("SELECT count(*) FROM rw_late").fetchone()
+        if late and late[0]:
+            _merge_late(cur, closed_t)
+        cur.execute(
+            f"""INSERT INTO {closed_t} SELECT {COLUMNS} FROM rw_comb c WHERE NOT is_open
+            AND NOT EXISTS (SELECT 1 FROM rw_late l WHERE l.run = c.run AND l.metric = c.metric
+                            AND l.key = c.key AND l.b = c.b)
+            ORDER BY key, b"""
+        )
         if i + 1 == len(LEVELS):
             break
+        # Deltas (not merged totals) go up, so a coarser bucket counts each row once.
         cur.execute(
             f"""CREATE OR REPLACE TEMP TABLE rw_part AS
             SELECT u.run, u.metric, u.key, u.b // {FANOUT} AS b, {_MERGE_AGG}
@@ -106,6 +117,19 @@ def fold(cur: duckdb.DuckDBPyConnection, src: str, source_sql: str, params: Sequ
         row = cur.execute("SELECT count(*) FROM rw_part").fetchone()
         if not row or row[0] == 0:
             break
+
+
+def _merge_late(cur: duckdb.DuckDBPyConnection, closed_t: str) -> None:
+    match = "c.run = l.run AND c.metric = l.metric AND c.key = l.key AND c.b = l.b"
+    cur.execute(
+        f"""CREATE OR REPLACE TEMP TABLE rw_merged AS
+        SELECT u.run, u.metric, u.key, u.b, {_MERGE_AGG} FROM (
+            SELECT * FROM rw_late
+            UNION ALL SELECT c.* FROM {closed_t} c SEMI JOIN rw_late l ON {match}
+        ) u GROUP BY u.run, u.metric, u.key, u.b"""
+    )
+    cur.execute(f"DELETE FROM {closed_t} c USING rw_late l WHERE {match}")
+    cur.execute(f"INSERT INTO {closed_t} SELECT {COLUMNS} FROM rw_merged")
 
 
 def clear(cur: duckdb.DuckDBPyConnection, src: str, run: str, from_step: int) -> int:
@@ -186,32 +210,42 @@ def choose_level(
 def bucket_sql(
     src: str, level: int, where: str, b_lo: int, b_hi: int, tail_sql: str | None = None
 ) -> str:
-    """SQL merging closed rows, the open rows of all finer levels and an optional raw tail.
+    """SQL for one row per (key, b) of level ``level`` in [b_lo, b_hi]: closed rows as they are
+    stored (read without aggregation) plus the merged open rows of all finer levels and an
+    optional raw tail. Rows come unsorted (``sort_buckets``).
 
     ``where`` filters on run/metric/key with named parameters (``$run``...) bound by the caller;
-    ``tail_sql`` yields raw long rows (key, step, value) not yet in any table. The result is one
-    row per (key, b), sorted.
+    ``tail_sql`` yields raw long rows (key, step, value) not yet in any table.
     """
     width = LEVELS[level]
-    parts = [
-        f"SELECT key, b, n, s, mn, mn_step, mx, mx_step, lo, hi FROM {table(src, width)} "
-        f"WHERE {where} AND b BETWEEN {b_lo} AND {b_hi}"
+    cols = "key, b, n, s, mn, mn_step, mx, mx_step, lo, hi"
+    opens = [
+        f"SELECT key, b // {width // finer} AS b, n, s, mn, mn_step, mx, mx_step, lo, hi "
+        f"FROM {table(src, finer, True)} WHERE {where}"
+        for finer in LEVELS[: level + 1]
     ]
-    for finer in LEVELS[: level + 1]:
-        div = width // finer
-        parts.append(
-            f"SELECT key, b // {div} AS b, n, s, mn, mn_step, mx, mx_step, lo, hi "
-            f"FROM {table(src, finer, True)} WHERE {where} AND b // {div} BETWEEN {b_lo} AND {b_hi}"
-        )
     if tail_sql is not None:
-        parts.append(
+        opens.append(
             f"SELECT key, step // {width} AS b, {_RAW_AGG} FROM ({tail_sql}) "
             f"WHERE value IS NOT NULL GROUP BY key, step // {width}"
         )
-    union = " UNION ALL ".join(parts)
     return (
-        f"SELECT u.key, u.b, {_MERGE_AGG} FROM ({union}) u GROUP BY u.key, u.b ORDER BY u.key, u.b"
+        f"SELECT {cols} FROM {table(src, width)} WHERE {where} AND b BETWEEN {b_lo} AND {b_hi} "
+        f"UNION ALL SELECT u.key, u.b, {_MERGE_AGG} FROM ({' UNION ALL '.join(opens)}) u "
+        f"WHERE u.b BETWEEN {b_lo} AND {b_hi} GROUP BY u.key, u.b"
     )
+
+
+def sort_buckets(res: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Order rows by (key, b). Closed rows are stored per flush in (key, b) order and open rows
+    come last, so a stable sort on the key (a radix sort for int16) usually suffices."""
+    key, b = np.asarray(res["key"]), np.asarray(res["b"])
+    small = len(key) == 0 or (key.min() >= -(2**15) and key.max() < 2**15)
+    order = np.argsort(key.astype(np.int16) if small else key, kind="stable")
+    k, bb = key[order], b[order]
+    if np.any((np.diff(bb) <= 0) & (np.diff(k) == 0)):
+        order = np.lexsort((b, key))
+    return {name: np.asarray(col)[order] for name, col in res.items()}
 
 
 # --- turning rows into the points the dashboard draws ----------------------------------------
@@ -235,35 +269,54 @@ def bucket_points(
     n = len(key)
     first_is_min = mn_step <= mx_step
     step = np.empty(2 * n, dtype=np.int64)
-    value = np.empty(2 * n, dtype=np.float64)
     step[0::2] = np.where(first_is_min, mn_step, mx_step)
     step[1::2] = np.where(first_is_min, mx_step, mn_step)
-    value[0::2] = np.where(first_is_min, mn, mx)
-    value[1::2] = np.where(first_is_min, mx, mn)
-    keys = np.repeat(key, 2)
-    lows = np.repeat(mn, 2)
-    highs = np.repeat(mx, 2)
+    # Each float becomes a Python object once; value/min/max then share those objects, which
+    # is cheaper than three conversions of 2n floats (this is most of an overlay query's time).
+    objs = np.empty(2 * n, dtype=object)
+    objs[:n] = mn.tolist()
+    objs[n:] = mx.tolist()
+    i = np.arange(n)
+    pick = np.empty(2 * n, dtype=np.int64)
+    pick[0::2] = np.where(first_is_min, i, i + n)
+    pick[1::2] = np.where(first_is_min, i + n, i)
     keep = (step >= start) & (step <= end)
     keep[1::2] &= mn_step != mx_step  # a one-point bucket is drawn once
-    return split_by_key(keys[keep], step[keep], value[keep], lows[keep], highs[keep])
+    pairs = np.repeat(i, 2)[keep]
+    return split_by_key(
+        np.repeat(key, 2)[keep], step[keep], objs[pick[keep]], objs[pairs], objs[pairs + n]
+    )
 
 
 def split_by_key(
     keys: np.ndarray, step: np.ndarray, value: np.ndarray, lows: np.ndarray, highs: np.ndarray
 ) -> dict[int, dict[str, list]]:
-    """Rows sorted by key -> {key: {"step", "value", "min", "max"}} of plain Python lists."""
-    out: dict[int, dict[str, list]] = {}
+    """Rows sorted by key -> {key: {"step", "value", "min", "max"}} of plain Python lists.
+
+    ``lows``/``highs`` may be ``value`` itself (raw rows): the lists are then shallow copies
+    of the value list, which is much cheaper than converting the array again.
+    """
     if len(keys) == 0:
-        return out
+        return {}
     cuts = np.flatnonzero(np.diff(keys)) + 1
-    bounds = [0, *cuts.tolist(), len(keys)]
-    step_l, value_l, low_l, high_l = step.tolist(), value.tolist(), lows.tolist(), highs.tolist()
-    for a, b in itertools.pairwise(bounds):
-        out[int(keys[a])] = {
-            "step": step_l[a:b],
-            "value": value_l[a:b],
-            "min": low_l[a:b],
-            "max": high_l[a:b],
+    firsts = np.r_[0, cuts]
+    same = lows is value and highs is value
+    out: dict[int, dict[str, list]] = {}
+    pieces = zip(
+        keys[firsts].tolist(),
+        np.split(step, cuts),
+        np.split(value, cuts),
+        np.split(lows, cuts),
+        np.split(highs, cuts),
+        strict=True,
+    )
+    for key, st, v, lo, hi in pieces:
+        values = v.tolist()
+        out[key] = {
+            "step": st.tolist(),
+            "value": values,
+            "min": list(values) if same else lo.tolist(),
+            "max": list(values) if same else hi.tolist(),
         }
     return out
 

@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rankwatch.agent.records import EventRecord, Record, StepRecord, json_value
+from rankwatch.agent.records import EventRecord, Record, StepRecord
 from rankwatch.aggregator.alerts import Alert, AlertConfig, AlertEngine
 from rankwatch.aggregator.console import ConsoleSink
 from rankwatch.aggregator.divergence import DivergenceConfig, DivergenceDetector, StepResult
-from rankwatch.aggregator.feed import Feed
+from rankwatch.aggregator.feed import Feed, event_message, jsonable, points_messages, rank_entry
 from rankwatch.aggregator.health import HealthTracker, RankHealth, run_state
 from rankwatch.aggregator.merge import SeqTracker, StepMerger, StepValues
 from rankwatch.aggregator.receiver import DEFAULT_INGEST_PORT, Receiver
@@ -45,7 +45,13 @@ RESEND_RETRY_S = 10.0  # a gap is asked for again after this long ...
 RESEND_MAX_TRIES = 3  # ... this many times, then left to `rankwatch import`
 MAX_FEED_POINTS = 20_000  # points per tick on the live feed; beyond, records are sampled
 MAX_GAPS_REPORTED = 20  # seq gaps per rank in the snapshot
+LIVE_RETENTION_S = 6 * 3600.0  # a run over (finished, crashed, lost) this long leaves the
+# live state; the store and the dashboard's run list keep it
+IMPORT_LIVE_WINDOW_S = 600.0  # imported records newer than this also update the live state
 STOP_TIMEOUT_S = 5.0
+RECORD_COUNTERS = ("received", "accepted", "duplicates", "imported")
+INGEST_COUNTERS = ("messages", "records", "bad_messages", "bad_records", "connections",
+                   "disconnects")  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -68,28 +74,6 @@ class ServeConfig:
     def __repr__(self) -> str:  # never print the token
         token = "set" if self.token else None
         return f"ServeConfig(data_dir={self.data_dir!s}, port={self.port}, token={token})"
-
-
-def _num(value: float | None) -> float | str | None:
-    """A float as strict JSON allows it: NaN and ±Inf as strings, like JSONL."""
-    if value is None or math.isfinite(value):
-        return value
-    return json_value(value)
-
-
-def jsonable(value: Any) -> Any:
-    """Dataclasses, enums and non-finite floats made JSON-ready (recursively)."""
-    if isinstance(value, float):
-        return _num(value)
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [jsonable(v) for v in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(getattr(value, "value", None), str):
-        return value.value
-    return value
 
 
 class Aggregator:
@@ -234,25 +218,34 @@ class Aggregator:
 
     # --- the pipeline --------------------------------------------------------------------
 
-    def add(self, records: Sequence[Record], *, imported: bool = True) -> int:
+    def add(
+        self, records: Sequence[Record], *, imported: bool = True, now: float | None = None
+    ) -> int:
         """Accept records from the wire or an import; returns how many were new (the rest
-        were duplicates). The importer's sinks follow the same contract."""
-        now = time.time()
+        were duplicates). The importer's sinks follow the same contract.
+
+        Imported records older than ``IMPORT_LIVE_WINDOW_S`` only go to the store."""
+        now = time.time() if now is None else now
         with self._lock:
             accept = self.seqs.accept
             fresh = [r for r in records if accept(r.run, r.rank, r.seq)]
+            accepted = len(fresh)
             n = self.n
             n["received"] += len(records)
-            n["accepted"] += len(fresh)
-            n["duplicates"] += len(records) - len(fresh)
+            n["duplicates"] += len(records) - accepted
             if imported:
-                n["imported"] += len(fresh)
+                n["imported"] += accepted
             if not fresh:
                 return 0
             try:
                 self.store.append(fresh)
             except StoreError as exc:  # only when closed: the process is stopping
                 log.error("rankwatch: records not stored: %s", exc)
+            if imported:
+                # An imported history is stored, not replayed: its ranks must not turn "lost"
+                # (and alert) ten seconds from now. A recent import (a live run's backfill)
+                # goes through the live path like traffic from the wire.
+                fresh = [r for r in fresh if r.time >= now - IMPORT_LIVE_WINDOW_S]
             observe = self.health.observe
             merge = self.merger.add
             values = self._values
@@ -280,7 +273,8 @@ class Aggregator:
                     self._tick_events.append(rec)
             for rec in newest.values():
                 observe(rec, now)
-        return len(fresh)
+            n["accepted"] += accepted  # counted once processed (benchmarks wait on it)
+        return accepted
 
     def _score(self, sv: StepValues) -> None:
         result = self.detector.update(sv)
@@ -293,10 +287,9 @@ class Aggregator:
                 self._z[(sv.run, sv.metric)] = dict(zip(ranks.tolist(), z.tolist(), strict=True))
             else:
                 self._z[(sv.run, sv.metric)] = {r: s.z for r, s in scores.items()}
-        if result.new or result.resolved:
-            for state, items in (("new", result.new), ("resolved", result.resolved)):
-                for d in items:
-                    self.feed.publish({"type": "divergence", "state": state, **jsonable(d)})
+        for state, items in (("new", result.new), ("resolved", result.resolved)):
+            for d in items:
+                self.feed.publish({"type": "divergence", "state": state, **jsonable(d)})
 
     def tick(self, now: float | None = None) -> list[Alert]:
         """Periodic work; returns the alert transitions (the service thread calls it)."""
@@ -316,6 +309,7 @@ class Aggregator:
             if self.config.resend_gaps and now >= self._next_resend_check:
                 self._next_resend_check = now + RESEND_CHECK_S
                 self._request_resends(health, now)
+            self._retire_runs(health, now)
         for alert in transitions:
             self.feed.publish({"type": "alert", **alert_dict(alert)})
             for sink in self.sinks:
@@ -326,35 +320,29 @@ class Aggregator:
                     log.exception("rankwatch: alert sink %r failed", sink)
         return transitions
 
+    def _retire_runs(self, health: dict[str, dict[int, RankHealth]], now: float) -> None:
+        """Forget the live state of runs over for a long while (the store keeps them, and the
+        seq tracker too, so a late duplicate is still recognised)."""
+        for run, ranks in health.items():
+            over = all(h.state.value in ("finished", "crashed", "lost") for h in ranks.values())
+            last = max((h.last_seen for h in ranks.values()), default=now)
+            if over and now - last > LIVE_RETENTION_S:
+                for part in (self.health, self.merger, self.detector):
+                    part.forget(run)
+                for table in (self._values, self._z):
+                    for key in [k for k in table if k[0] == run]:
+                        del table[key]
+                self._ranks_sent.pop(run, None)
+
     def _publish_points(self, steps: list[StepRecord]) -> None:
-        if not steps:
-            return
-        total = sum(len(r.metrics) for r in steps)
-        if total > MAX_FEED_POINTS:
-            # A browser cannot draw more anyway; it re-reads the store when it zooms.
-            stride = math.ceil(total / MAX_FEED_POINTS)
-            steps = steps[::stride]
-            self.n["feed_sampled_ticks"] += 1
-        by_metric: dict[tuple[str, str], list[list[Any]]] = {}
-        for rec in steps:
-            rank, step = rec.rank, rec.step
-            for metric, value in rec.metrics.items():
-                points = by_metric.get((rec.run, metric))
-                if points is None:
-                    points = by_metric[(rec.run, metric)] = []
-                points.append([rank, step, value if math.isfinite(value) else json_value(value)])
-        sampled = total > MAX_FEED_POINTS
-        for (run, metric), points in by_metric.items():
-            message = {"type": "points", "run": run, "metric": metric, "points": points}
-            if sampled:
-                message["sampled"] = True
+        messages, sampled = points_messages(steps, MAX_FEED_POINTS)
+        self.n["feed_sampled_ticks"] += sampled
+        for message in messages:
             self.feed.publish(message)
 
     def _publish_events(self, events: list[EventRecord]) -> None:
         for ev in events:
-            message = {"type": "event", "run": ev.run, "rank": ev.rank, "event": ev.event}
-            message.update(step=ev.step, time=ev.time, info=jsonable(dict(ev.info)))
-            self.feed.publish(message)
+            self.feed.publish(event_message(ev))
 
     def _publish_ranks(self, health: dict[str, dict[int, RankHealth]], now: float) -> None:
         changed = {h.run for h, _ in self.health.changes(now)}
@@ -391,36 +379,20 @@ class Aggregator:
     # --- reading -----------------------------------------------------------------------------
 
     def _rank_entries(self, run: str, ranks: dict[int, RankHealth]) -> list[dict[str, Any]]:
-        flagged: dict[int, list[str]] = {}
+        flagged: dict[int, set[str]] = {}
         for d in self.detector.active(run):
-            flagged.setdefault(d.rank, []).append(d.metric)
+            flagged.setdefault(d.rank, set()).add(d.metric)
         z_by_metric = {m: zs for (r, m), zs in self._z.items() if r == run}
-        out = []
-        for rank, h in ranks.items():
-            values = self._values.get((run, rank), {})
-            gaps = self.seqs.gaps(run, rank)
-            out.append(
-                {
-                    "rank": rank,
-                    "state": h.state.value,
-                    "host": h.host,
-                    "pid": h.pid,
-                    "world_size": h.world_size,
-                    "last_step": h.last_step,
-                    "last_seen": h.last_seen,
-                    "first_seen": h.first_seen,
-                    "since": h.since,
-                    "message": h.message,
-                    "step_time": _num(h.step_time),
-                    "divergent": sorted(set(flagged.get(rank, []))),
-                    "z": {m: _num(zs[rank]) for m, zs in z_by_metric.items() if rank in zs},
-                    "values": {m: _num(v) for m, v in values.items()},
-                    "throughput": _num(values.get("throughput")),
-                    "dropped": h.dropped,
-                    "gaps": [list(g) for g in gaps[:MAX_GAPS_REPORTED]],
-                }
+        return [
+            rank_entry(
+                h,
+                self._values.get((run, rank), {}),
+                {m: zs[rank] for m, zs in z_by_metric.items() if rank in zs},
+                sorted(flagged.get(rank, ())),
+                self.seqs.gaps(run, rank)[:MAX_GAPS_REPORTED],
             )
-        return out
+            for rank, h in ranks.items()
+        ]
 
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         """Live state of every run the aggregator has heard from, JSON-ready."""
@@ -446,32 +418,21 @@ class Aggregator:
     def counters(self) -> dict[str, Any]:
         """Flat-ish counters (Prometheus takes one level of nesting as a label)."""
         rx = self.receiver.counters() if self.receiver is not None else {}
-        out: dict[str, Any] = {f"records_{k}": v for k, v in self.n.items() if k in
-                               ("received", "accepted", "duplicates", "imported")}  # fmt: skip
+        n = dict(self.n)
+        out: dict[str, Any] = {f"records_{k}": n.pop(k) for k in RECORD_COUNTERS}
+        out.update({f"ingest_{k}": rx.get(k, 0) for k in INGEST_COUNTERS})
+        out.update(n)  # resend_requests, store_errors, sink_errors, internal_errors, ...
         out.update(
-            {
-                "ingest_messages": rx.get("messages", 0),
-                "ingest_records": rx.get("records", 0),
-                "ingest_bad_messages": rx.get("bad_messages", 0),
-                "ingest_bad_records": rx.get("bad_records", 0),
-                "ingest_errors": rx.get("reasons", {}),
-                "ingest_connections": rx.get("connections", 0),
-                "ingest_disconnects": rx.get("disconnects", 0),
-                "control_sent": rx.get("control_sent", 0),
-                "control_failed": rx.get("control_failed", 0),
-                "resend_requests": self.n["resend_requests"],
-                "merge_late": self.merger.late,
-                "merge_evicted": self.merger.evicted,
-                "feed_published": self.feed.published,
-                "feed_dropped": self.feed.dropped,
-                "feed_subscribers": self.feed.subscribers,
-                "feed_sampled_ticks": self.n["feed_sampled_ticks"],
-                "store_errors": self.n["store_errors"],
-                "store_failing": int(self._store_error is not None),
-                "sink_errors": self.n["sink_errors"],
-                "internal_errors": self.n["internal_errors"],
-                "webhooks": self.webhooks.counters(),
-                "senders": rx.get("senders", {}),
-            }
+            ingest_errors=rx.get("reasons", {}),
+            control_sent=rx.get("control_sent", 0),
+            control_failed=rx.get("control_failed", 0),
+            merge_late=self.merger.late,
+            merge_evicted=self.merger.evicted,
+            feed_published=self.feed.published,
+            feed_dropped=self.feed.dropped,
+            feed_subscribers=self.feed.subscribers,
+            store_failing=int(self._store_error is not None),
+            webhooks=self.webhooks.counters(),
+            senders=rx.get("senders", {}),  # per run/rank: nested, so not a Prometheus label
         )
         return out

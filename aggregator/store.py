@@ -433,17 +433,20 @@ class Store:
         cur = self._cur()
         if level < 0:
             res = cur.execute(
-                f"SELECT rank, step, value FROM steps WHERE {where.replace('key', 'rank')} "
-                "AND step BETWEEN $lo AND $hi ORDER BY rank, step, seq",
+                f"SELECT rank AS key, step, value FROM steps WHERE "
+                f"{where.replace('key', 'rank')} AND step BETWEEN $lo AND $hi",
                 {**params, "lo": lo, "hi": hi},
             ).fetchnumpy()
+            res = rollup.sort_buckets({**res, "b": res["step"]})
             v = res["value"]
-            out = rollup.split_by_key(res["rank"], res["step"], v, v, v)
+            out = rollup.split_by_key(res["key"], res["step"], v, v, v)
         else:
             width = rollup.LEVELS[level]
-            res = cur.execute(
-                rollup.bucket_sql("series", level, where, lo // width, hi // width), params
-            ).fetchnumpy()
+            res = rollup.sort_buckets(
+                cur.execute(
+                    rollup.bucket_sql("series", level, where, lo // width, hi // width), params
+                ).fetchnumpy()
+            )
             out = rollup.bucket_points(
                 res["key"], res["mn"], res["mn_step"], res["mx"], res["mx_step"], lo, hi
             )

@@ -1,9 +1,10 @@
 """Per-step cost of ``Monitor.log`` with 6 metrics, side by side with the alternatives.
 
-    python bench/agent_log.py [--steps 3000] [--pace-ms 1.0]
+    python bench/agent_log.py [--steps 3000] [--pace-ms 1.0] [--busy]
 
 Each variant logs the same 6 metrics per step in a loop paced like training (one step every
-``--pace-ms``), after a warm-up; only the logging call is timed. Variants:
+``--pace-ms``, sleeping in between, or spinning with ``--busy``), after a warm-up; only the
+logging call is timed. Variants:
 
 * naive: ``json.dumps(record)`` + ``f.write`` + ``f.flush`` per step (the baseline);
 * msgpack + ZeroMQ: ``msgpack.packb(record)`` + DEALER ``send(NOBLOCK)``;
@@ -14,8 +15,10 @@ Each variant logs the same 6 metrics per step in a loop paced like training (one
   waking the sender for every record);
 * TensorBoard ``add_scalar`` x6 (``torch.utils.tensorboard``; needs the ``tensorboard`` package).
 
-"CPU/step over loop" is the process CPU time per step, background threads included (the
-sender thread, TensorBoard's writer thread), minus that of the same loop without logging.
+"thread CPU" is the median CPU time of the calling thread inside the call: close to the wall
+time means the noise is not descheduling but caches and clocks. "CPU/step over loop" is the
+process CPU time per step, background threads included (the sender thread, TensorBoard's
+writer thread), minus that of the same loop without logging.
 Variants run in rounds of rotating order so the machine's noise falls on all of them alike.
 """
 
@@ -85,11 +88,13 @@ class Timing:
 
     def __init__(self) -> None:
         self.samples: list[int] = []
+        self.thread_samples: list[int] = []  # CPU time of the calling thread in the call
         self.cpu_s = 0.0
 
     def summary(self) -> dict[str, float]:
         samples = sorted(self.samples)
         return {
+            "thread": statistics.median(self.thread_samples) / 1e3,
             "median": statistics.median(samples) / 1e3,
             "p99": samples[int(len(samples) * 0.99)] / 1e3,
             "mean": statistics.fmean(samples) / 1e3,
@@ -97,20 +102,29 @@ class Timing:
         }
 
 
-def measure(log: LogFn, first: int, steps: int, pace_s: float, timing: Timing) -> None:
-    clock = time.perf_counter_ns
+def measure(
+    log: LogFn, first: int, steps: int, pace_s: float, timing: Timing, busy: bool = False
+) -> None:
+    clock, thread_clock = time.perf_counter_ns, time.thread_time_ns
     next_tick = time.perf_counter()
     cpu0 = time.process_time()
     for i in range(first, first + steps):
         values = metrics(i)
+        c0 = thread_clock()
         t0 = clock()
         log(i, values)
         t1 = clock()
+        c1 = thread_clock()
         timing.samples.append(t1 - t0)
+        timing.thread_samples.append(c1 - c0)
         next_tick += pace_s  # the rest of a "training step"
-        delay = next_tick - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
+        if busy:
+            while time.perf_counter() < next_tick:
+                pass
+        else:
+            delay = next_tick - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
     timing.cpu_s += time.process_time() - cpu0
 
 
@@ -175,6 +189,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--pace-ms", type=float, default=1.0)
+    parser.add_argument(
+        "--busy", action="store_true", help="spin between steps instead of sleeping"
+    )
     args = parser.parse_args()
     pace = args.pace_ms / 1000
     drain_proc, addr = start_drain()
@@ -203,13 +220,13 @@ def main() -> None:
             # Rounds in rotating order spread the machine's noise over all variants alike.
             per_round = max(1, args.steps // ROUNDS)
             for log, _ in variants.values():
-                measure(log, 0, WARMUP_STEPS, pace, Timing())
+                measure(log, 0, WARMUP_STEPS, pace, Timing(), args.busy)
             for r in range(ROUNDS):
                 names = list(variants)
                 names = names[r % len(names) :] + names[: r % len(names)]
                 for name in names:
                     first = WARMUP_STEPS + r * per_round
-                    measure(variants[name][0], first, per_round, pace, timings[name])
+                    measure(variants[name][0], first, per_round, pace, timings[name], args.busy)
             for _, close in variants.values():
                 close()
     finally:
@@ -217,21 +234,32 @@ def main() -> None:
         drain_proc.wait()
     results = {name: t.summary() for name, t in timings.items()}
     steps = per_round * ROUNDS
-    print(f"\n{steps} steps, 6 metrics, one step every {args.pace_ms} ms; microseconds")
+    between = "spinning" if args.busy else "sleeping"
+    print(f"\n{steps} steps, 6 metrics, a step every {args.pace_ms} ms ({between}); microseconds")
     loop_cpu = results["no logging (the loop alone)"]["cpu"]
-    print(f"{'variant':34} {'median':>8} {'p99':>8} {'mean':>8} {'CPU/step over loop':>19}")
+    print(
+        f"{'variant':34} {'median':>8} {'p99':>8} {'mean':>8} {'thread CPU':>10} "
+        f"{'CPU/step over loop':>19}"
+    )
     for name, r in results.items():
         cpu = r["cpu"] - loop_cpu
-        print(f"{name:34} {r['median']:8.2f} {r['p99']:8.2f} {r['mean']:8.2f} {cpu:19.1f}")
+        print(
+            f"{name:34} {r['median']:8.2f} {r['p99']:8.2f} {r['mean']:8.2f} {r['thread']:10.2f} "
+            f"{cpu:19.1f}"
+        )
     naive_r = results["naive json.dumps+write+flush"]
     mon_r = results["Monitor + aggregator"]
     print(f"\nMonitor+aggregator / naive, median: {mon_r['median'] / naive_r['median']:.2f}")
+    thread_ratio = mon_r["thread"] / naive_r["thread"]
+    print(f"Monitor+aggregator / naive, thread CPU median: {thread_ratio:.2f}")
     print(f"Monitor+aggregator / naive, p99:    {mon_r['p99'] / naive_r['p99']:.2f}")
     jsonl = results["Monitor, JSONL only"]
     print(f"Monitor JSONL only / naive, median: {jsonl['median'] / naive_r['median']:.2f}")
     if "TensorBoard add_scalar x6" in results:
         tb = results["TensorBoard add_scalar x6"]
         print(f"TensorBoard / Monitor+aggregator, median: {tb['median'] / mon_r['median']:.1f}")
+        tb_thread = tb["thread"] / mon_r["thread"]
+        print(f"TensorBoard / Monitor+aggregator, thread CPU median: {tb_thread:.1f}")
 
 
 if __name__ == "__main__":

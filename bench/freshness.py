@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
-from tests.dashboard.procs import Rank, Server  # noqa: E402
+from tests.dashboard.procs import Rank, Server
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -33,7 +33,7 @@ from rankwatch.aggregator.receiver import RCVHWM_MESSAGES
 from rankwatch.aggregator.service import Aggregator, ServeConfig
 
 METRICS = ("loss", "lr", "grad_norm", "step_time", "throughput", "loss_scale", "acc", "tokens")
-POLL_S = 0.001  # how often the aggregator's counters are read while waiting
+POLL_S = 0.005  # how often the aggregator's counters are read while waiting
 
 
 def make_frames(
@@ -58,7 +58,7 @@ def make_frames(
                 "step": s,
                 "epoch": None,
                 "metrics": {m: 1.0 / s + 0.001 * rank + i for i, m in enumerate(names)},
-            }  # fmt: skip
+            }
             for s in range(1, steps + 1)
         ]
         out.append([records.encode_frame(wire[i : i + batch]) for i in range(0, steps, batch)])

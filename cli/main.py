@@ -22,6 +22,7 @@ COMMANDS = (
     "importing",
     "export",
     "demo",
+    "relay",
 )
 
 

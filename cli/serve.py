@@ -123,4 +123,9 @@ def _banner(config: ServeConfig, ingest_port: int, port: int) -> None:
         "  and call mon.log(step, loss=loss) each step "
         f"(or export RANKWATCH_ADDR={head}:{ingest_port} and use Monitor())",
     ]
+    if host not in ("127.0.0.1", "localhost", "::1") and not config.token:
+        lines.append(
+            f"rankwatch: warning: the dashboard on {host} has no token: anyone who can reach "
+            f"it can read every run (set {TOKEN_ENV} or --token)"
+        )
     print("\n".join(lines), flush=True)

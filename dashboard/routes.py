@@ -59,6 +59,19 @@ def _require_run(agg: Any, run: str) -> tuple[dict[str, Any], dict[str, Any] | N
     return snapshot, entry
 
 
+def _require_metric(agg: Any, run: str, entry: dict[str, Any] | None, metric: str) -> None:
+    if metric not in _metrics(agg, run, entry):
+        raise HTTPException(status_code=404, detail=f"run {run!r} has no metric {metric!r}")
+
+
+def _metrics(agg: Any, run: str, entry: dict[str, Any] | None) -> set[str]:
+    """Stored metrics plus those only live so far (seen, not flushed to the store yet)."""
+    names = set(agg.store.metrics(run))
+    for rank in (entry or {}).get("ranks") or []:
+        names.update(rank.get("values") or {})
+    return names
+
+
 def _parse_ranks(text: str | None) -> list[int]:
     try:
         return views.parse_ranks(text)
@@ -94,8 +107,8 @@ def list_runs(request: Request) -> StrictJSONResponse:
 @api.get("/runs/{run:path}/metrics", summary="Metric names a run has logged, in chart order")
 def run_metrics(request: Request, run: str) -> StrictJSONResponse:
     agg = _agg(request)
-    _require_run(agg, run)
-    return _json({"run": run, "metrics": views.order_metrics(agg.store.metrics(run))})
+    _, entry = _require_run(agg, run)
+    return _json({"run": run, "metrics": views.order_metrics(_metrics(agg, run, entry))})
 
 
 @api.get("/runs/{run:path}/series", summary="One metric of a run, every rank or band + outliers")
@@ -116,8 +129,7 @@ def run_series(
     _check_window(start, end)
     selected = _parse_ranks(ranks)
     _, entry = _require_run(agg, run)
-    if metric not in agg.store.metrics(run):
-        raise HTTPException(status_code=404, detail=f"run {run!r} has no metric {metric!r}")
+    _require_metric(agg, run, entry, metric)
     total = views.rank_count(entry)
     band_mode = view == "band" or (view == "auto" and total > views.BAND_THRESHOLD_RANKS)
     outliers = views.outlier_ranks(entry, metric, _alerted(agg, run))
@@ -159,9 +171,8 @@ def run_heatmap(
 ) -> StrictJSONResponse:
     agg = _agg(request)
     _check_window(start, end)
-    _require_run(agg, run)
-    if metric not in agg.store.metrics(run):
-        raise HTTPException(status_code=404, detail=f"run {run!r} has no metric {metric!r}")
+    _, entry = _require_run(agg, run)
+    _require_metric(agg, run, entry, metric)
     series = agg.store.series(run, metric, start=start, end=end, max_points=buckets)
     steps, width, grid = views.bucket_series(series, buckets)
     z = views.robust_z_columns(grid, len(steps))

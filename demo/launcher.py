@@ -41,7 +41,9 @@ WHAT_TO_LOOK_FOR = {
     "step later, and the dashboard shows which rank went first.",
     "slow": "rank {r} sleeps extra from step {k}: step_time rises (in synchronous data "
     "parallelism every rank waits for it).",
-    "hang": "rank {r} hangs at step {k}: steps stop while heartbeats go on, health turns stalled.",
+    "hang": "rank {r} hangs at step {k}: its steps stop while its heartbeats go on (stalled); "
+    "in the msrun job the others wait in the all-reduce until it times out (they crash), then "
+    "msrun kills the hung rank (lost).",
     "crash": "rank {r} raises at step {k}: it shows crashed with its message; msrun kills the "
     "others, which show lost.",
     "none": "no fault: the ranks stay together and nothing is flagged.",
@@ -194,7 +196,10 @@ class Demo:
             if status.get_json(self.http + "/api/status") is not None:
                 return
             time.sleep(0.25)
-        raise RuntimeError(f"rankwatch serve did not answer on {self.http} within 60 s ({log})")
+        raise RuntimeError(
+            f"rankwatch serve did not answer on {self.http} within "
+            f"{SERVE_READY_TIMEOUT_S:g} s (see {log})"
+        )
 
     def job_env(self) -> dict[str, str]:
         return {
@@ -236,7 +241,7 @@ class Demo:
         cfg = self.cfg
         kind = "simulated ranks" if cfg.simulate else "MindSpore msrun job"
         self.say(f"rankwatch demo: run {self.run}, {cfg.ranks} ranks ({kind}), {cfg.steps} steps")
-        self.say(f"  dashboard:  {self.http}/?run={self.run}")
+        self.say(f"  dashboard:  {self.http}/#run={self.run}")
         self.say(f"  aggregator: tcp://{HOST}:{cfg.ingest_port}, data in {self.data}")
         self.say(f"  job logs:   {self.data / 'jobs' / self.run}")
         if cfg.fault != "none":
@@ -302,8 +307,8 @@ class Demo:
             return 0
         except (KeyboardInterrupt, _Stop):
             self.say("\nstopping...")
-            return 0 if self.job_code in (None, 0) or self.cfg.fault == "crash" else 1
-        except RuntimeError as exc:
+            return 0  # the user asked for it
+        except (RuntimeError, OSError) as exc:  # a port in use, serve or msrun failing to start
             self.say(f"rankwatch demo: {exc}")
             return 2
         finally:

@@ -176,7 +176,10 @@ class Reporter:
             if state in TELLING_STATES:
                 verdict += f", and it is {state}"
             others = [r for r in data["flagged"] if r != fault_rank]
+            later = [self.first_flag_step(r) for r in others]
             tail = f"; also flagged: ranks {others}" if others else "; no other rank flagged"
+            if others and first is not None and all(s is not None and s > first for s in later):
+                tail = f"; it went first, ranks {others} followed from step {min(later)}"
             lines.append(
                 f"  injected {fault} on rank {fault_rank} at step {fault_step}: {verdict}{tail}"
             )
@@ -193,5 +196,13 @@ def _describe(flag: Flag) -> str:
 
 
 def _first_line(text: Any) -> str:
-    lines = str(text).strip().splitlines()
-    return lines[0][:200] if lines else ""
+    """The gist of a message: its first two informative lines, without MindSpore's banners."""
+    keep = []
+    for line in str(text).splitlines():
+        line = line.strip()
+        if not line.strip("-= ") or (line.startswith("- ") and line.endswith(":")):
+            continue  # "-----" rulers and "- Kernel error:" headings
+        keep.append(line)
+        if len(keep) == 2 or not line.endswith(":"):
+            break
+    return " ".join(keep)[:200]

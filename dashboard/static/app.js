@@ -297,11 +297,14 @@ async function selectRun(run, resetView = true) {
   panels.renderRunPicker($('run'), state.runs, state.run);
   if (!run) return;
   openStream(); // before the first read, so nothing published meanwhile is missed
+  // One failed read (say the store has not flushed a brand-new run yet) must not leave the
+  // page half-built: report it and go on; the stream and the polls fill in the rest.
+  const attempt = (p) => p.catch(showError);
   await withLiveBuffer(async () => {
-    await loadMetrics();
-    await Promise.all([loadRanks(), loadEvents(), loadAlerts(), reloadAllSeries()]);
+    await attempt(loadMetrics());
+    await Promise.all([loadRanks(), loadEvents(), loadAlerts(), reloadAllSeries()].map(attempt));
   });
-  await loadHeatmap();
+  await attempt(loadHeatmap());
   clearTimeout(redrawTimer);
   redraw(); // draw now, so "ready" means the charts show the data
   window.rankwatch.ready = true;
@@ -373,7 +376,7 @@ function handle(msg) {
       break;
     }
     case 'ranks':
-      if (Array.isArray(msg.ranks) && msg.ranks.length === state.ranks.length) applyRanks(msg.ranks);
+      if (Array.isArray(msg.ranks)) applyRanks(msg.ranks); // the whole table, fresh
       else refreshRanksSoon();
       break;
     case 'divergence':
@@ -572,7 +575,8 @@ async function main() {
   heatmap = new Heatmap($('heatmap'), app);
   setInterval(tick, 1000);
   setInterval(() => loadRuns().catch(showError), RUNS_POLL_MS);
-  setInterval(() => loadRanks().catch(showError), RANKS_POLL_MS);
+  // The stream pushes the rank table every few seconds; poll only while it is down.
+  setInterval(() => { if (!state.connected) loadRanks().catch(showError); }, RANKS_POLL_MS);
   setInterval(() => loadAlerts().catch(showError), ALERTS_POLL_MS);
   const resp = await api('/api/runs');
   if (typeof resp.now === 'number') state.serverOffset = resp.now - Date.now() / 1000;

@@ -337,6 +337,7 @@ export class MetricChart {
         lineStyle: { width: 1.6, color: '#475569' },
         color: '#475569',
         endLabel: { show: true, formatter: () => 'median', color: '#475569' },
+        labelLayout: { moveOverlap: 'shiftY' },
       },
     ];
   }

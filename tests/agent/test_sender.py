@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import zmq
 from rankwatch.agent import records
+from rankwatch.agent import sender as sender_module
 from rankwatch.agent.sender import Sender
 
 Record = records.Record
@@ -93,6 +94,25 @@ def test_aggregator_appearing_mid_run_gets_later_records(
     assert mon.dropped == 0
     # ZeroMQ queued the early ones for the absent peer, so they arrive too.
     assert {r.step for r in steps(got)} == set(range(1, 101))
+    mon.close()
+
+
+def test_refused_frames_stay_pending_until_the_aggregator_comes(
+    make_monitor: Any, free_port: Any, router_at: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sender_module, "SNDHWM_FRAMES", 2)  # ZeroMQ holds almost nothing
+    monkeypatch.setattr(sender_module, "MAX_BATCH_RECORDS", 1)  # one record per frame
+    port = free_port()
+    mon = make_monitor(addr=f"127.0.0.1:{port}")
+    for step in range(1, 41):
+        mon.log(step, loss=1.0)
+    deadline = time.monotonic() + 5
+    while not mon._sender._pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert mon._sender._pending, "ZeroMQ never refused a frame"
+    late = router_at(port)
+    late.wait_for(lambda recs: {r.step for r in steps(recs)} == set(range(1, 41)))
+    assert mon.dropped == 0
     mon.close()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -102,14 +103,19 @@ print(json.dumps(out))
 """
 
 
-def test_ddp_hook_records_the_local_norm_before_the_all_reduce(tmp_path: Path) -> None:
+def _free_port() -> int:
     import zmq
 
-    script = tmp_path / "ddp_rank.py"
-    script.write_text(DDP_RANK)
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     sock.close(linger=0)
+    return port
+
+
+def test_ddp_hook_records_the_local_norm_before_the_all_reduce(tmp_path: Path) -> None:
+    script = tmp_path / "ddp_rank.py"
+    script.write_text(DDP_RANK)
+    port = _free_port()
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), str(rank), str(port), str(tmp_path)],
@@ -136,3 +142,40 @@ def test_ddp_hook_records_the_local_norm_before_the_all_reduce(tmp_path: Path) -
         # After the all-reduce both ranks hold the same gradients; before it, rank 1 stands out.
         assert results[0][step]["reduced"] == pytest.approx(results[1][step]["reduced"])
         assert results[1][step]["local"] > 2 * results[0][step]["local"]
+
+
+TORCHRUN_RANK = """
+from rankwatch.agent import Monitor
+with Monitor(log_dir="logs") as mon:  # everything from torchrun's environment
+    mon.log(1, loss=1.0)
+"""
+
+
+@pytest.mark.parametrize("standalone", [False, True])
+def test_torchrun_ranks_share_one_derived_run(tmp_path: Path, standalone: bool) -> None:
+    torchrun = Path(sys.executable).parent / "torchrun"
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed")
+    (tmp_path / "train.py").write_text(TORCHRUN_RANK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANKWATCH_", "MASTER_"))}
+    env["RANKWATCH_ADDR"] = "ipc://" + str(tmp_path / "nobody")
+    launch = ["--standalone"] if standalone else ["--master-port", str(_free_port())]
+
+    def run_once() -> set[Path]:
+        before = set((tmp_path / "logs").glob("*")) if (tmp_path / "logs").exists() else set()
+        proc = subprocess.run(
+            [str(torchrun), "--nproc-per-node=2", *launch, "train.py"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return set((tmp_path / "logs").glob("*")) - before
+
+    (first,) = run_once()  # one folder for both ranks
+    assert first.name.startswith("train-")
+    assert sorted(p.name for p in first.iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
+    for rank in (0, 1):
+        lines = (first / f"rank{rank}.jsonl").read_text().splitlines()
+        recs = [records.from_json_line(line) for line in lines]
+        assert {(r.rank, getattr(r, "world_size", 2)) for r in recs} == {(rank, 2)}
+    (second,) = run_once()  # a second launch never merges with the first
+    assert second != first

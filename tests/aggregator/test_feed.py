@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import threading
 
 import pytest
-from rankwatch.aggregator.feed import Feed, FeedClosed
+from rankwatch.agent.records import StepRecord
+from rankwatch.aggregator.feed import Feed, FeedClosed, points_messages
 
 
 def test_messages_cross_from_a_thread_to_an_asyncio_consumer_in_order() -> None:
@@ -121,3 +124,30 @@ def test_get_many_batches_what_is_queued() -> None:
         return await sub.get_many(3)
 
     assert [m["i"] for m in asyncio.run(main())] == [0, 1, 2]
+
+
+def _rec(rank: int, step: int, **metrics: float) -> StepRecord:
+    return StepRecord(
+        run="r", rank=rank, seq=step, time=0.0, world_size=2, host="h", pid=1, step=step,
+        epoch=None, metrics=metrics,
+    )  # fmt: skip
+
+
+def test_points_messages_group_by_metric_and_write_nonfinite_as_jsonl_does() -> None:
+    steps = [_rec(0, 1, loss=1.0, lr=0.1), _rec(1, 1, loss=math.nan, lr=0.1),
+             _rec(0, 2, loss=math.inf)]  # fmt: skip
+    messages, sampled = points_messages(steps, max_points=100)
+    assert not sampled
+    assert messages == [
+        {"type": "points", "run": "r", "metric": "loss",
+         "points": [[0, 1, 1.0], [1, 1, "NaN"], [0, 2, "Infinity"]]},
+        {"type": "points", "run": "r", "metric": "lr", "points": [[0, 1, 0.1], [1, 1, 0.1]]},
+    ]  # fmt: skip
+    json.dumps(messages, allow_nan=False)  # strict JSON
+
+
+def test_points_messages_sample_a_flood() -> None:
+    steps = [_rec(s % 2, s, loss=float(s)) for s in range(1, 1001)]
+    (message,), sampled = points_messages(steps, max_points=100)
+    assert sampled and message["sampled"] is True
+    assert 50 <= len(message["points"]) <= 100

@@ -41,7 +41,9 @@ def _read_level(con: duckdb.DuckDBPyConnection, level: int) -> dict:
         rollup.bucket_sql("series", level, "run = $run AND metric = $metric", -(2**40), 2**40),
         {"run": "r", "metric": "loss"},
     ).fetchall()
-    return {(k, b): (n, mn, mx, s) for k, b, n, s, mn, _, mx, _, _, _ in rows}
+    out = {(k, b): (n, mn, mx, s) for k, b, n, s, mn, _, mx, _, _, _ in rows}
+    assert len(out) == len(rows), "a bucket was returned twice"
+    return out
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

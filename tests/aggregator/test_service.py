@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import zmq
 from rankwatch.agent import records
 from rankwatch.agent.records import EventRecord, Heartbeat, Record, StepRecord
 from rankwatch.aggregator.alerts import Alert
-from rankwatch.aggregator.service import Aggregator, ServeConfig
+from rankwatch.aggregator.service import LIVE_RETENTION_S, Aggregator, ServeConfig
 from rankwatch.aggregator.store import Store, StoreError
 from rankwatch.aggregator.webhooks import WebhookConfig
 
@@ -325,3 +326,28 @@ def test_events_and_heartbeats_reach_health_in_order(agg: Aggregator) -> None:
     agg.tick()
     events = [m for m in sub.drain() if m["type"] == "event"]
     assert events and events[0]["event"] == "crash" and events[0]["info"]["value"] == "NaN"
+
+
+def test_an_old_imported_history_is_stored_but_not_made_live(agg: Aggregator) -> None:
+    old = [dataclasses.replace(step(0, s, 1.0, run="old", world=1), time=time.time() - 3600)
+           for s in range(1, 6)]  # fmt: skip
+    recent = [step(0, s, 1.0, run="recent", world=1) for s in range(1, 6)]
+    assert agg.add(old) == 5 and agg.add(recent) == 5
+    assert [r["run"] for r in agg.snapshot()["runs"]] == ["recent"]  # no "lost" alert later
+    wait_until(lambda: {r["run"] for r in agg.store.runs()} == {"old", "recent"})
+    assert agg.counters()["records_imported"] == 10
+
+
+def test_runs_over_for_long_leave_the_live_state_but_stay_deduped(agg: Aggregator) -> None:
+    end = EventRecord(
+        run="done", rank=0, seq=2, time=time.time(), world_size=1, host="h", pid=100,
+        event="end", step=1, info={"reason": "normal"},
+    )  # fmt: skip
+    agg.add([step(0, 1, 1.0, run="done", world=1), end, step(0, 1, 1.0, run="live", world=1)])
+    agg.tick(time.time() + 60)
+    assert {r["run"] for r in agg.snapshot()["runs"]} == {"done", "live"}
+    later = time.time() + LIVE_RETENTION_S + 60
+    agg.add([step(0, 2, 1.0, run="live", world=1)], imported=False, now=later - 1)
+    agg.tick(later)
+    assert {r["run"] for r in agg.snapshot(later)["runs"]} == {"live"}
+    assert agg.add([step(0, 1, 1.0, run="done", world=1)]) == 0

@@ -290,38 +290,51 @@ _FULL_DISK = textwrap.dedent(
     from rankwatch.agent.records import StepRecord
     from rankwatch.aggregator.store import Store, StoreError
 
+    def rec(q, n=1):
+        return StepRecord("r", 0, q, 1.0, 1, "h", 1, q, None, {f"m{i}": 1.0 for i in range(n)})
+
     store = Store(sys.argv[1])
-    store.append([StepRecord("r", 0, 1, 1.0, 1, "h", 1, 1, None, {"loss": 1.0})])
+    store.append([rec(1)])
     store.flush()
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1, 1))
-    big = [StepRecord("r", 0, q, 1.0, 1, "h", 1, q, None, {f"m{i}": 1.0 for i in range(50)})
-           for q in range(2, 3000)]
-    store.append(big)
-    try:
-        store.flush()
-    except StoreError as exc:
-        print("StoreError:", exc, flush=True)
-    store.append([StepRecord("r", 0, 3000, 1.0, 1, "h", 1, 3000, None, {"loss": 2.0})])
-    try:
-        store.flush()
-    except StoreError:
-        print("still failing, still buffered", flush=True)
+    # the disk fills up: writes past 1 byte fail with EFBIG instead of killing the process
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    unlimited = resource.RLIM_INFINITY
+    for batch in ([rec(q, 50) for q in range(2, 3000)], [rec(3000)]):  # big and small (WAL)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1, unlimited))
+        store.append(batch)
+        try:
+            store.flush()
+        except StoreError as exc:
+            print("StoreError:", exc, flush=True)
+        print("live queries:", store.seen_seqs(), flush=True)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (unlimited, unlimited))
+        store.flush()  # space again: everything buffered is written
+        print("recovered:", store.seen_seqs(), flush=True)
     """
 )
 
 
-def test_full_disk_raises_store_error_and_corrupts_nothing(tmp_path: Path) -> None:
+def test_full_disk_raises_store_error_then_recovers(tmp_path: Path) -> None:
     script = tmp_path / "child.py"
     script.write_text(_FULL_DISK)
     path = tmp_path / "s.duckdb"
     out = subprocess.run(
         [sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120
     )
-    assert "StoreError: cannot write to the store" in out.stdout, out.stderr
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 6, out.stdout
+    for i in (0, 3):
+        assert lines[i].startswith("StoreError: cannot write to the store"), lines[i]
+        assert "File too large" in lines[i]
+    assert lines[1] == "live queries: [('r', 0, 1, 1)]"
+    assert lines[2] == "recovered: [('r', 0, 1, 2999)]"
+    assert lines[4] == "live queries: [('r', 0, 1, 2999)]"
+    assert lines[5] == "recovered: [('r', 0, 1, 3000)]"
     with Store(path) as s:
-        assert s.seen_seqs()[0][:3] == ("r", 0, 1)
-        assert s.series("r", "loss")[0]["value"][0] == 1.0
+        assert s.seen_seqs() == [("r", 0, 1, 3000)]
+        assert s.runs()[0]["records"] == 3000
+        assert s.series("r", "m49", max_points=5000)[0]["step"] == list(range(2, 3000))
 
 
 def test_closed_store_refuses_use(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from rankwatch.agent.records import EventRecord, StepRecord
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SHIFTED = FIXTURES / "msrun4_rank2_labels_shifted_from_step20.csv"
-T0 = 1_700_000_000.0  # wall-clock origin of the synthetic records
+STEP_S = 0.01  # wall-clock seconds between synthetic steps
 
 
 class Records:
@@ -29,6 +30,9 @@ class Records:
 
     def __init__(self) -> None:
         self.seq: dict[tuple[str, int], int] = {}
+        # Recent, like live traffic: the aggregator keeps old imported history out of the
+        # live state (health, divergence, alerts), and these records stand for a live run.
+        self.t0 = time.time() - 60.0
 
     def _next(self, run: str, rank: int) -> int:
         self.seq[(run, rank)] = self.seq.get((run, rank), 0) + 1
@@ -47,7 +51,7 @@ class Records:
             run=run,
             rank=rank,
             seq=self._next(run, rank),
-            time=T0 + step if t is None else t,
+            time=self.t0 + step * STEP_S if t is None else t,
             world_size=world_size,
             host=f"node{rank // 8}",
             pid=1000 + rank,
@@ -63,7 +67,7 @@ class Records:
             run=run,
             rank=rank,
             seq=self._next(run, rank),
-            time=T0 + (step or 0),
+            time=self.t0 + (step or 0) * STEP_S,
             world_size=world_size,
             host=f"node{rank // 8}",
             pid=1000 + rank,

@@ -107,9 +107,13 @@ def watched(browser: Browser) -> Iterator[Watched]:
 
 def open_run(w: Watched, server: Server, run: str, extra: str = "") -> Page:
     w.page.goto(f"{server.url}/#run={quote(run, safe='')}{extra}")
-    w.page.wait_for_function(
-        "() => window.rankwatch && window.rankwatch.ready", timeout=READY_TIMEOUT_MS
-    )
+    try:
+        w.page.wait_for_function(
+            "() => window.rankwatch && window.rankwatch.ready", timeout=READY_TIMEOUT_MS
+        )
+    except Exception:
+        shown = w.page.evaluate("() => document.getElementById('error').textContent")
+        raise AssertionError(f"the page never got ready; it says: {shown!r}") from None
     return w.page
 
 
@@ -181,6 +185,24 @@ def test_every_rank_on_one_chart_bad_rank_named_and_live(
         assert rows[0].split()[:2] == ["rank", "2"]
         assert float(rows[0].split("z")[-1]) > 3
         page.screenshot(path=artifacts / "four-ranks-tooltip.png")
+
+        # Zoom to steps ~20-40: every chart follows, the window is re-read, the URL keeps it.
+        page.evaluate(
+            "() => window.rankwatch.charts.get('loss').chart"
+            ".dispatchAction({type: 'dataZoom', start: 30, end: 60})"
+        )
+        page.wait_for_function(
+            "() => [...window.rankwatch.charts.values()].every((c) => c.detail)"
+            " && location.hash.includes('zoom=')"
+        )
+        zoom = page.evaluate("() => window.rankwatch.state.zoom")
+        assert 15 <= zoom["start"] <= 22 and 33 <= zoom["end"] <= 40
+        detail = page.evaluate("() => window.rankwatch.charts.get('step_time').detail")
+        assert (detail["start"], detail["end"]) == (zoom["start"], zoom["end"])
+        page.click("#reset-zoom")
+        page.wait_for_function(
+            "() => !window.rankwatch.state.zoom && !location.hash.includes('zoom')"
+        )
 
         # Select rank 1 in the table: it is drawn bold and blue, and the URL keeps it.
         page.click("#rank-body tr[data-rank='1']")
@@ -284,7 +306,7 @@ def test_1024_ranks_band_mode_stays_responsive(
 ) -> None:
     run, world, bad = "big-1024", 1024, 777
     seq: dict[int, int] = {}
-    t0 = time.time() - 1000
+    t0 = time.time() - 100  # recent: an import this fresh joins the live state
 
     def steps(lo: int, hi: int) -> list[StepRecord]:
         out = []
@@ -296,7 +318,7 @@ def test_1024_ranks_band_mode_stays_responsive(
                 if rank == bad and step >= 40:
                     loss *= 2.5
                 out.append(StepRecord(
-                    run=run, rank=rank, seq=seq[rank], time=t0 + step, world_size=world,
+                    run=run, rank=rank, seq=seq[rank], time=t0 + step * 0.1, world_size=world,
                     host=f"node{rank // 8:03d}", pid=100 + rank, step=step, epoch=None,
                     metrics={"loss": loss},
                 ))  # fmt: skip
@@ -334,3 +356,36 @@ def test_1024_ranks_band_mode_stays_responsive(
     page.screenshot(path=artifacts / "band-1024-ranks.png", full_page=False)
     assert load_s < 20, f"page took {load_s:.1f} s to load"
     assert longest < 2000, f"a {longest:.0f} ms task blocked the page"
+
+
+HELPERS_JS = """async () => {
+  const u = await import('/static/util.js');
+  const c = await import('/static/charts.js');
+  const p = await import('/static/panels.js');
+  const node = document.createElement('span');
+  const state = document.createElement('span');
+  p.renderFreshness(node, state, {last_time: 100, state: 'running'}, 200);
+  const stale = node.className;
+  p.renderFreshness(node, state, {last_time: 100, state: 'finished'}, 200);
+  const finished = node.className;
+  p.renderFreshness(node, state, {last_time: 195, state: 'running'}, 200);
+  return {
+    num: ['NaN', 'Infinity', '-Infinity', 1.5, null, 'constructor'].map((x) => String(u.num(x))),
+    fmt: [NaN, Infinity, 0.5, 123456789, 0.0001].map(u.fmt),
+    ranks: u.formatRanks(u.parseRanks('7, 0-3,5,x,4')),
+    ema: c.ema([1, 1, NaN, 3], 0.5).map((v) => (Number.isNaN(v) ? 'NaN' : +v.toFixed(3))),
+    stale, finished, fresh: node.className, text: node.textContent,
+  };
+}"""
+
+
+def test_page_helpers(server: Server, watched: Watched) -> None:
+    watched.page.goto(server.url)
+    out = watched.page.evaluate(HELPERS_JS)
+    assert out["num"] == ["NaN", "Infinity", "-Infinity", "1.5", "null", "null"]
+    assert out["fmt"] == ["NaN", "+Inf", "0.5", "1.235e+8", "1.000e-4"]
+    assert out["ranks"] == "0-5,7"
+    assert out["ema"] == [1, 1, "NaN", 2.143]
+    assert out["stale"] == "fresh stale"  # 100 s without a record, still running: red
+    assert out["finished"] == "fresh"  # a finished run is not stale
+    assert out["fresh"] == "fresh" and out["text"] == "last record 5 s ago"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -103,3 +104,17 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_busy_port_is_named_and_nothing_is_left_running(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code = run_demo(DemoConfig(simulate=True, port=port, data=tmp_path / "demo"))
+    out = capsys.readouterr().out
+    assert code == 2
+    assert f"port {port} on 127.0.0.1 is in use: pick another with --port" in out
+    assert "stopped everything it started" in out

@@ -93,3 +93,15 @@ def test_unanswered_or_malformed_answers_change_nothing() -> None:
         rep.ingest(bad, {"firing": [None, {"run": RUN, "rank": True}]})
     assert rep.flagged_ranks() == [] and rep.states == {} and said == []
     assert not rep.all_settled(1)
+
+
+def test_messages_are_cut_to_their_gist() -> None:
+    rep, said = reporter()
+    message = (
+        "builtins.RuntimeError: \n----------\n- Kernel error:\n----------\n"
+        "Launch kernel failed: AllReduce-op2\n\n----------\n- The Function Call Stack:\n"
+    )
+    rep.ingest(snapshot([rank_row(0, "crashed", message)], []), None)
+    assert said == [
+        "  rank 0: crashed at step 30: builtins.RuntimeError: Launch kernel failed: AllReduce-op2"
+    ]

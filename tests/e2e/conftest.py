@@ -153,12 +153,16 @@ class Serve:
 
 
 def serve_command(
-    data: Path, port: int, ingest_port: int, host: str = HOST, extra: Sequence[str] = ()
+    data: Path,
+    port: int,
+    ingest_port: int,
+    host: str = HOST,
+    ingest_host: str = HOST,
+    extra: Sequence[str] = (),
 ) -> list[str]:
-    """`rankwatch serve` with the dashboard on ``host`` and ingest on all of the host's
-    addresses (as on a head node)."""
+    """`rankwatch serve`: dashboard on ``host``, ingest on ``ingest_host`` (``*``: all)."""
     cmd = [*rankwatch_command(), "serve", "--data", str(data), "--host", host]
-    cmd += ["--port", str(port), "--ingest-port", str(ingest_port)]
+    cmd += ["--port", str(port), "--ingest-host", ingest_host, "--ingest-port", str(ingest_port)]
     return [*cmd, *extra]
 
 
@@ -174,6 +178,7 @@ def start_serve(
     port: int | None = None,
     ingest_port: int | None = None,
     host: str = HOST,
+    ingest_host: str = HOST,
     extra: Sequence[str] = (),
     netns: str | None = None,
 ) -> Serve:
@@ -185,7 +190,7 @@ def start_serve(
     log = data / "serve.log"
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [*prefix, *serve_command(data, port, ingest_port, host, extra)],
+            [*prefix, *serve_command(data, port, ingest_port, host, ingest_host, extra)],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

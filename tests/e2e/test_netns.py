@@ -91,7 +91,7 @@ def test_ranks_on_two_hosts_reach_the_aggregator_by_master_addr(
     hosts: dict[str, str], serve_factory: Any, tmp_path: Path
 ) -> None:
     serve: Serve = serve_factory(
-        netns=hosts["agg"], ingest_port=DEFAULT_INGEST_PORT, port=8670, wait=False
+        netns=hosts["agg"], ingest_host="*", ingest_port=DEFAULT_INGEST_PORT, port=8670, wait=False
     )
     serve.wait_for("serve in its namespace", lambda: serve.get("/api/status"), READY_TIMEOUT_S)
     launch_id = f"netns-{os.getpid()}"

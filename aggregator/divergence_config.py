@@ -1,0 +1,137 @@
+"""Divergence settings: per-metric rules and the calibrated defaults (see docs/divergence.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+DIRECTIONS = ("both", "high", "low", "off")
+
+
+@dataclass(frozen=True)
+class MetricRule:
+    """How one metric is scored; ``None`` fields take the config's default."""
+
+    direction: str = "both"  # both | high | low | off
+    high_ratio: float | None = None
+    low_ratio: float | None = None
+    rel_floor: float | None = None
+    pair_ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"direction {self.direction!r} is not one of {DIRECTIONS}")
+
+
+DEFAULT_RULES: dict[str, MetricRule] = {
+    "throughput": MetricRule("low"),  # a fast rank is not a problem, a straggler is
+    "step_time": MetricRule("high"),
+    "loss_scale": MetricRule("off"),  # dynamic; its changes are not a rank fault
+    # Every rank follows the same schedule, so any difference is a bug: exact match, 0.01 %.
+    "lr": MetricRule(
+        "both", high_ratio=1.0001, low_ratio=0.9999, rel_floor=1e-6, pair_ratio=1.0001
+    ),
+}
+
+
+@dataclass(frozen=True)
+class DivergenceConfig:
+    """Calibrated defaults: see docs/divergence.md for how and their margins."""
+
+    z_threshold: float = 3.0  # |z| marking a per-step outlier (RankScore.outlier, display)
+    z_allowance: float = 1.5  # CUSUM reference: steps with |z| below this remove evidence
+    evidence_limit: float = 4.5  # CUSUM limit: flag when the evidence reaches this
+    confirm_steps: int = 2  # fewest consecutive steps that can confirm (caps one step's evidence)
+    small_n: int = 8  # below this many ranks the median and MAD are shaky: ...
+    small_confirm_steps: int = 3  # ... so confirmation takes at least this many steps
+    clear_steps: int = 5  # consecutive clean steps that resolve a flag
+    high_ratio: float = 1.05  # a rank must also be >= 5 % above the median ...
+    low_ratio: float = 0.95  # ... or >= 5 % below it (effect-size gate)
+    rel_floor: float = 0.01  # scale >= 1 % of |median|: identical ranks give finite z
+    abs_floor: float = 1e-12  # scale floor for metrics whose median is 0
+    spread_pool: float = 0.5  # scale >= this fraction of the recent typical relative spread
+    spread_alpha: float = 0.1  # EWMA weight of one step in the typical spread
+    history_alpha: float = 0.5  # EWMA weight of one step in a rank's own level (pairs)
+    pair_ratio: float = 1.5  # two ranks: one must be >= 1.5x the other (or <= 1/1.5)
+    pair_warmup_steps: int = 5  # clean steps a pair needs before it is scored
+    blame_factor: float = 2.0  # a pair names a rank when it moved this much more than the other
+    lag_steps: int = 20  # step_lag: a rank this many steps behind the median is a straggler
+    lag_mad_factor: float = 5.0  # ... or more, when ranks log asynchronously (x 1.4826 MAD)
+    rules: Mapping[str, MetricRule] = field(default_factory=lambda: dict(DEFAULT_RULES))
+
+    def __post_init__(self) -> None:
+        checks = {
+            "z_threshold": self.z_threshold > 0,
+            "z_allowance": self.z_allowance >= 0,
+            "evidence_limit": self.evidence_limit > 0,
+            "confirm_steps": self.confirm_steps >= 1,
+            "small_n": self.small_n >= 2,
+            "small_confirm_steps": self.small_confirm_steps >= 1,
+            "clear_steps": self.clear_steps >= 1,
+            "high_ratio": self.high_ratio >= 1,
+            "low_ratio": 0 <= self.low_ratio <= 1,
+            "rel_floor": self.rel_floor >= 0,
+            "abs_floor": self.abs_floor > 0,
+            "spread_pool": self.spread_pool >= 0,
+            "spread_alpha": 0 < self.spread_alpha <= 1,
+            "history_alpha": 0 < self.history_alpha <= 1,
+            "pair_ratio": self.pair_ratio >= 1,
+            "pair_warmup_steps": self.pair_warmup_steps >= 1,
+            "blame_factor": self.blame_factor >= 1,
+            "lag_steps": self.lag_steps >= 1,
+            "lag_mad_factor": self.lag_mad_factor >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(
+                    f"divergence setting {name}={getattr(self, name)!r} is out of range"
+                )
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> DivergenceConfig:
+        """Build from a parsed TOML table; ``rules`` maps metric -> {direction, high_ratio, ...}."""
+        known = {f.name: str(f.type) for f in fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key not in known:
+                raise ValueError(f"unknown divergence setting {key!r}; known: {sorted(known)}")
+            if key == "rules":
+                kwargs[key] = {**DEFAULT_RULES, **_parse_rules(value)}
+                continue
+            want = "an integer" if known[key] == "int" else "a number"
+            if type(value) not in ((int,) if known[key] == "int" else (int, float)):
+                raise ValueError(f"divergence setting {key!r} must be {want}, got {value!r}")
+            kwargs[key] = value
+        return cls(**kwargs)
+
+    def rule(self, metric: str) -> MetricRule:
+        """The rule for ``metric``, matching ``train/loss`` or ``train.loss`` by ``loss`` too."""
+        rule = self.rules.get(metric)
+        if rule is None:
+            base = metric.replace(".", "/").rsplit("/", 1)[-1]
+            rule = self.rules.get(base, MetricRule())
+        return MetricRule(
+            rule.direction,
+            self.high_ratio if rule.high_ratio is None else rule.high_ratio,
+            self.low_ratio if rule.low_ratio is None else rule.low_ratio,
+            self.rel_floor if rule.rel_floor is None else rule.rel_floor,
+            self.pair_ratio if rule.pair_ratio is None else rule.pair_ratio,
+        )
+
+
+def _parse_rules(raw: Any) -> dict[str, MetricRule]:
+    if not isinstance(raw, Mapping):
+        raise ValueError("divergence setting 'rules' must be a table of metric -> rule")
+    out = {}
+    allowed = {f.name for f in fields(MetricRule)}
+    for metric, spec in raw.items():
+        if isinstance(spec, str):
+            spec = {"direction": spec}
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"divergence rule for {metric!r} must be a table or a direction")
+        bad = set(spec) - allowed
+        if bad:
+            raise ValueError(f"unknown key {sorted(bad)[0]!r} in divergence rule for {metric!r}")
+        out[str(metric)] = MetricRule(**spec)
+    return out

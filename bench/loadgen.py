@@ -1,0 +1,386 @@
+"""Load generator: N simulated ranks sending real agent wire records to an aggregator or relays.
+
+    python bench/loadgen.py --ranks 1024 --rate 5 --duration 60 --addr tcp://127.0.0.1:8671 \\
+        --faults drift:17:3,nan:5,spike:9,slow:40:2,hang:77,lost:100@30
+
+A few worker processes (``bench/loadgen_worker.py``) each host a block of ranks. Every rank sends
+what an agent sends: a ``start`` event, one ``step`` record per step with ``loss``, ``lr``,
+``throughput``, ``step_time`` and ``grad_norm``, a heartbeat every ``--heartbeat-s`` (staggered
+across ranks) and an ``end`` event, all as ``records.encode_frame`` frames with per-rank ``seq``.
+
+``--sockets rank`` (default) gives every rank its own DEALER and one frame per rank per step, as
+real agents do (one record per frame at a few steps/s). ``--sockets process`` shares one DEALER
+per worker and batches a step's records into frames under ``MAX_FRAME_BYTES``. ``--addr`` may list
+several endpoints (relays): ranks are split into that many contiguous blocks, one per endpoint.
+
+Values are seeded and independent of how ranks are split across workers: step ``s`` draws the
+noise of every rank from ``default_rng([seed, s])``. The loss decays with 5 % relative per-rank
+noise (``LOSS_SIGMA``); a drift of ``k`` sigma adds ``k * LOSS_SIGMA * loss`` to one rank.
+
+Faults (``kind:rank[:magnitude][@step]``, onset default ``--fault-step``):
+
+=========  ==========================================================  ===============
+kind       effect from the onset step on                               magnitude
+=========  ==========================================================  ===============
+drift      loss += magnitude sigma                                     sigma (3)
+nan        loss is NaN                                                 -
+spike      loss += magnitude sigma, at the onset step only             sigma (20)
+slow       step_time x magnitude, throughput / magnitude               factor (2)
+hang       no more step records; heartbeats go on (last_step stuck)    -
+lost       silence: no steps, heartbeats or end event                  -
+=========  ==========================================================  ===============
+
+Prints progress every 5 s and a JSON summary (records and frames sent, schedule lag) at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+METRICS = ("loss", "lr", "throughput", "step_time", "grad_norm")
+LOSS_SIGMA = 0.05  # relative per-rank noise of the loss (the sigma of drift faults)
+GRAD_SIGMA = 0.10  # relative per-rank noise of grad_norm
+STEP_TIME_SIGMA = 0.02  # relative per-rank noise of step_time
+BATCH_SIZE = 32  # samples per step per rank (throughput = BATCH_SIZE / step_time)
+BASE_LR = 1e-3
+WARMUP_STEPS = 100  # lr warm-up
+FAULT_KINDS = ("drift", "nan", "spike", "slow", "hang", "lost")
+DEFAULT_MAGNITUDE = {"drift": 3.0, "spike": 20.0, "slow": 2.0}
+PROGRESS_S = 5.0  # progress line period of the CLI
+READY_TIMEOUT_S = 120.0  # workers must have their sockets within this
+START_DELAY_S = 0.5  # between "all workers ready" and step 1
+WORKER = Path(__file__).with_name("loadgen_worker.py")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int
+    magnitude: float | None
+    step: int  # onset
+
+
+def parse_faults(text: str, world: int, default_step: int) -> list[Fault]:
+    """``drift:17:3,nan:5@40,...``; ``ValueError`` names the bad item."""
+    out: list[Fault] = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        spec, _, at = item.partition("@")
+        parts = spec.split(":")
+        kind = parts[0]
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"fault {item!r}: kind must be one of {', '.join(FAULT_KINDS)}")
+        if len(parts) < 2 or len(parts) > 3:
+            raise ValueError(f"fault {item!r}: expected kind:rank[:magnitude][@step]")
+        try:
+            rank = int(parts[1])
+            magnitude = float(parts[2]) if len(parts) == 3 else DEFAULT_MAGNITUDE.get(kind)
+            step = int(at) if at else default_step
+        except ValueError:
+            raise ValueError(f"fault {item!r}: rank and step must be integers, magnitude a number")
+        if not 0 <= rank < world:
+            raise ValueError(f"fault {item!r}: rank {rank} is not in 0..{world - 1}")
+        if step < 1:
+            raise ValueError(f"fault {item!r}: onset step must be >= 1")
+        if magnitude is not None and not math.isfinite(magnitude):
+            raise ValueError(f"fault {item!r}: magnitude must be finite")
+        if kind == "slow" and magnitude is not None and magnitude <= 0:
+            raise ValueError(f"fault {item!r}: slow factor must be > 0")
+        out.append(Fault(kind, rank, magnitude, step))
+    return out
+
+
+class Model:
+    """Seeded metric values of every rank at a step (pure: no clock, no sockets)."""
+
+    def __init__(self, world: int, rate: float, seed: int, faults: Sequence[Fault]) -> None:
+        self.world, self.rate, self.seed = world, rate, seed
+        self.faults = list(faults)
+
+    def lr(self, step: int) -> float:
+        warm = min(1.0, step / WARMUP_STEPS)
+        return BASE_LR * warm * (0.5 + 0.5 * math.cos(min(step, 100_000) / 100_000 * math.pi))
+
+    def values(self, step: int) -> dict[str, np.ndarray]:
+        """metric -> float64 array over all ranks (slice it for a block of ranks)."""
+        rng = np.random.default_rng([self.seed, step])
+        noise = rng.standard_normal((3, self.world))
+        loss_level = 0.5 + 2.0 * math.exp(-step / 500)
+        loss = loss_level * (1 + LOSS_SIGMA * noise[0])
+        grad = (1.0 + 2.0 * math.exp(-step / 300)) * (1 + GRAD_SIGMA * noise[1])
+        step_time = (1.0 / self.rate) * (1 + STEP_TIME_SIGMA * noise[2])
+        for f in self.faults:
+            if step < f.step:
+                continue
+            mag = f.magnitude or 0.0
+            if f.kind == "drift":
+                loss[f.rank] += mag * LOSS_SIGMA * loss_level
+            elif f.kind == "nan":
+                loss[f.rank] = math.nan
+            elif f.kind == "spike" and step == f.step:
+                loss[f.rank] += mag * LOSS_SIGMA * loss_level
+            elif f.kind == "slow":
+                step_time[f.rank] *= mag
+        return {
+            "loss": loss,
+            "lr": np.full(self.world, self.lr(step)),  # a shared schedule: bit-identical
+            "throughput": BATCH_SIZE / step_time,
+            "step_time": step_time,
+            "grad_norm": grad,
+        }
+
+
+@dataclass
+class LoadConfig:
+    ranks: int = 1024
+    rate: float = 5.0  # steps per second
+    duration: float = 60.0  # seconds
+    addrs: list[str] = field(default_factory=lambda: ["tcp://127.0.0.1:8671"])
+    faults: list[Fault] = field(default_factory=list)
+    procs: int = 2
+    sockets: str = "rank"  # "rank": one DEALER per rank; "process": one per worker and address
+    seed: int = 0
+    run: str = "loadgen"
+    heartbeat_s: float = 5.0
+    ranks_per_node: int = 8  # simulated host names: node<rank // ranks_per_node>
+
+    @property
+    def steps(self) -> int:
+        return max(1, round(self.duration * self.rate))
+
+    def check(self) -> None:
+        if self.ranks < 1 or self.procs < 1 or self.ranks_per_node < 1:
+            raise ValueError("ranks, procs and ranks_per_node must be >= 1")
+        if not (self.rate > 0 and self.duration > 0 and self.heartbeat_s > 0):
+            raise ValueError("rate, duration and heartbeat_s must be > 0")
+        if self.sockets not in ("rank", "process"):
+            raise ValueError(f"sockets must be 'rank' or 'process', got {self.sockets!r}")
+        if not self.addrs or len(self.addrs) > self.ranks:
+            raise ValueError("need between 1 and --ranks addresses")
+
+    def segments(self) -> list[list[tuple[int, int, str]]]:
+        """Per worker: its (rank_lo, rank_hi, addr) blocks (address blocks split by worker)."""
+        n, k = self.ranks, len(self.addrs)
+        edges = [round(i * n / k) for i in range(k + 1)]
+        workers = [round(i * n / self.procs) for i in range(self.procs + 1)]
+        out: list[list[tuple[int, int, str]]] = []
+        for w in range(self.procs):
+            lo, hi = workers[w], workers[w + 1]
+            segs = []
+            for a in range(k):
+                s_lo, s_hi = max(lo, edges[a]), min(hi, edges[a + 1])
+                if s_lo < s_hi:
+                    segs.append((s_lo, s_hi, self.addrs[a]))
+            out.append(segs)
+        return out
+
+
+@dataclass
+class WorkerState:
+    proc: subprocess.Popen[str]
+    ranks: tuple[int, int]
+    step_time: dict[int, float] = field(default_factory=dict)  # step -> wall time created
+    sent: int = 0  # records handed to ZeroMQ so far
+    done: dict[str, Any] | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+    error: str = ""
+
+
+class LoadGen:
+    """Runs the workers; ``sent()`` and ``created(rank, step)`` are live while it runs."""
+
+    def __init__(
+        self, config: LoadConfig, on_step: Callable[[int, int, float], None] | None = None
+    ) -> None:
+        config.check()
+        self.config = config
+        self.workers: list[WorkerState] = []
+        self._on_step = on_step  # (worker index, step, created) from the reader threads
+        self._threads: list[threading.Thread] = []
+        self.start_at = 0.0
+
+    def start(self) -> None:
+        cfg = self.config
+        base = {k: v for k, v in asdict(cfg).items() if k not in ("addrs", "procs")}
+        for index, segs in enumerate(cfg.segments()):
+            spec = {**base, "segments": segs, "index": index}
+            proc = subprocess.Popen(
+                [sys.executable, str(WORKER), json.dumps(spec)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+            )
+            state = WorkerState(proc, (segs[0][0], segs[-1][1]) if segs else (0, 0))
+            self.workers.append(state)
+            thread = threading.Thread(target=self._read, args=(index, state), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for state in self.workers:
+            if not state.ready.wait(max(0.0, deadline - time.monotonic())) or state.error:
+                self.kill()
+                raise RuntimeError(f"a load worker did not start: {state.error or 'timeout'}")
+        self.start_at = time.time() + START_DELAY_S
+        for state in self.workers:
+            assert state.proc.stdin is not None
+            state.proc.stdin.write(f"{self.start_at!r}\n")
+            state.proc.stdin.flush()
+
+    def _read(self, index: int, state: WorkerState) -> None:
+        assert state.proc.stdout is not None
+        for line in state.proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            kind = msg.get("t")
+            if kind == "step":
+                state.step_time[msg["step"]] = msg["time"]
+                state.sent = msg["sent"]
+                if self._on_step is not None:
+                    self._on_step(index, msg["step"], msg["time"])
+            elif kind == "ready":
+                state.ready.set()
+            elif kind == "done":
+                state.sent = msg["records"]
+                state.done = msg
+        if state.done is None:
+            state.error = f"worker {index} exited with code {state.proc.wait()}"
+        state.ready.set()
+
+    def sent(self) -> int:
+        return sum(w.sent for w in self.workers)
+
+    def worker_of(self, rank: int) -> WorkerState:
+        for state in self.workers:
+            if state.ranks[0] <= rank < state.ranks[1]:
+                return state
+        raise KeyError(rank)
+
+    def created(self, rank: int, step: int) -> float | None:
+        """Wall time at which ``rank``'s record of ``step`` was made, once known."""
+        return self.worker_of(rank).step_time.get(step)
+
+    def wait(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Wait for every worker; returns the summed summary. Raises if a worker failed."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for state, thread in zip(self.workers, self._threads, strict=True):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            state.proc.wait(left)
+            thread.join(5.0)
+        errors = [w.error for w in self.workers if w.error or w.done is None]
+        if errors:
+            raise RuntimeError("; ".join(e or "a worker gave no summary" for e in errors))
+        return summarize([w.done for w in self.workers if w.done is not None])
+
+    def kill(self) -> None:
+        for state in self.workers:
+            if state.proc.poll() is None:
+                state.proc.kill()
+                state.proc.wait()
+
+
+def summarize(dones: list[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {"records": 0, "frames": 0, "by_kind": {}, "again": 0}
+    for d in dones:
+        total["records"] += d["records"]
+        total["frames"] += d["frames"]
+        total["again"] += d["again"]
+        for kind, count in d["by_kind"].items():
+            total["by_kind"][kind] = total["by_kind"].get(kind, 0) + count
+    lags = [d["lag_p95_ms"] for d in dones]
+    total["lag_p95_ms"] = max(lags, default=0.0)
+    total["lag_max_ms"] = max((d["lag_max_ms"] for d in dones), default=0.0)
+    total["elapsed_s"] = max((d["elapsed_s"] for d in dones), default=0.0)
+    return total
+
+
+def config_from_args(args: argparse.Namespace) -> LoadConfig:
+    steps = max(1, round(args.duration * args.rate))
+    fault_step = args.fault_step if args.fault_step is not None else max(5, steps // 5)
+    return LoadConfig(
+        ranks=args.ranks,
+        rate=args.rate,
+        duration=args.duration,
+        addrs=[a.strip() for a in args.addr.split(",") if a.strip()],
+        faults=parse_faults(args.faults, args.ranks, fault_step),
+        procs=args.procs,
+        sockets=args.sockets,
+        seed=args.seed,
+        run=args.run,
+        heartbeat_s=args.heartbeat_s,
+        ranks_per_node=args.ranks_per_node,
+    )
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--ranks", type=int, default=1024)
+    ap.add_argument("--rate", type=float, default=5.0, help="steps per second per rank")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds")
+    ap.add_argument("--addr", default="tcp://127.0.0.1:8671", help="endpoint(s), comma-separated")
+    ap.add_argument("--faults", default="", help="kind:rank[:magnitude][@step],...")
+    ap.add_argument("--fault-step", type=int, default=None, help="default onset (steps/5)")
+    ap.add_argument("--procs", type=int, default=min(4, os.cpu_count() or 1))
+    ap.add_argument("--sockets", choices=("rank", "process"), default="rank")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--run", default=f"loadgen-{int(time.time())}")
+    ap.add_argument("--heartbeat-s", type=float, default=5.0)
+    ap.add_argument("--ranks-per-node", type=int, default=8)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    try:
+        config = config_from_args(args)
+        config.check()
+    except ValueError as exc:
+        print(f"loadgen: {exc}", file=sys.stderr)
+        return 2
+    gen = LoadGen(config)
+    try:
+        gen.start()
+        print(
+            f"loadgen: {config.ranks} ranks x {config.rate:g} steps/s x {config.steps} steps, "
+            f"{config.procs} workers, sockets per {config.sockets}, run {config.run!r}",
+            flush=True,
+        )
+        t0 = time.monotonic()
+        while any(w.proc.poll() is None for w in gen.workers):
+            time.sleep(0.2)
+            if time.monotonic() - t0 >= PROGRESS_S:
+                t0 = time.monotonic()
+                print(f"loadgen: {gen.sent():,} records sent", flush=True)
+        summary = gen.wait()
+    except (RuntimeError, KeyboardInterrupt) as exc:
+        gen.kill()
+        print(f"loadgen: {exc or 'interrupted'}", file=sys.stderr)
+        return 1
+    rate = summary["records"] / max(summary["elapsed_s"], 1e-9)
+    print(
+        f"loadgen: sent {summary['records']:,} records in {summary['frames']:,} frames "
+        f"({rate:,.0f} records/s), schedule lag p95 {summary['lag_p95_ms']:.1f} ms, "
+        f"max {summary['lag_max_ms']:.1f} ms"
+    )
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
