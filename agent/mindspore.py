@@ -36,7 +36,9 @@ parameters, every ``update_ratio_interval`` steps, 0 = off; in dataset sink mode
 sink), ``weights/<layer>/mean`` and ``/var`` for the named parameter-name prefixes, and an
 ``eval`` event with ``model.fit``'s validation results. Steps are global: they keep counting
 across epochs and across ``model.train()`` calls, and in sink mode they are the real step numbers;
-with ``log_interval`` > 1 each epoch's last step is logged as well. An exception leaving
+with ``log_interval`` > 1 each epoch's last step is logged as well. ``data_time`` is the host
+time from the previous step's end to this step's begin (data loading): the one place a slow
+rank shows in synchronous data parallelism. An exception leaving
 ``model.train`` (seen in the callback's ``__exit__``) becomes a ``crash`` event and closes the
 Monitor; a normal end closes it only if ``TrainMonitor`` created it.
 """
@@ -44,6 +46,7 @@ Monitor; a normal end closes it only if ``TrainMonitor`` created it.
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -172,6 +175,8 @@ class TrainMonitor(Callback):
         self._snapshot: list[np.ndarray] | None = None
         self._layer_params: dict[str, list[Any]] = {}
         self._warned: set[str] = set()
+        self._begin_t: float | None = None  # perf_counter at this step's begin
+        self._end_t: float | None = None  # ... and at the previous step's end
 
     # --- Monitor ownership ---------------------------------------------------------------
 
@@ -210,13 +215,18 @@ class TrainMonitor(Callback):
             log.exception("rankwatch TrainMonitor: setup failed, training continues unmonitored")
             self._disabled = self._monitor is None or (self._closed and self._owns_monitor)
 
+    def on_train_step_begin(self, run_context: RunContext) -> None:
+        self._begin_t = time.perf_counter()
+
     def on_train_step_end(self, run_context: RunContext) -> None:
         if self._disabled:
             return
+        end = time.perf_counter()
         try:
             self._step_end(run_context.original_args(), force=False)
         except Exception:
             self._warn_once("step", "rankwatch TrainMonitor: step end failed", exc_info=True)
+        self._end_t = end
 
     def on_train_epoch_end(self, run_context: RunContext) -> None:
         if self._disabled:
@@ -338,6 +348,10 @@ class TrainMonitor(Callback):
                 self._warn_once("skipped", "rankwatch TrainMonitor: not recording %s", skipped)
             if self._lr is not None and _crossed(step, previous, self.lr_interval):
                 metrics.update(self._lr())
+            if not force and self._end_t is not None and self._begin_t is not None:
+                # Host time between steps (data loading, callbacks): in synchronous data
+                # parallelism a slow rank shows here, while everyone's step time rises alike.
+                metrics["data_time"] = max(0.0, self._begin_t - self._end_t)
         if not force:
             self._measure_weights(step, previous, metrics)
         if metrics or (not force and _crossed(step, previous, self.log_interval)):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,8 @@ SCHEMA_VERSION = 1
 MAX_FRAME_BYTES = 4 * 1024 * 1024  # aggregator's ZMQ_MAXMSGSIZE; agents batch below this
 MAX_NAME_CHARS = 256  # run and metric names longer than this are rejected
 MAX_METRICS = 1024  # metrics in one step record
+MAX_RANK = 2**31 - 1  # the store keys ranks as 32-bit ints
+MAX_INFO_DEPTH = 32  # nesting of maps/lists in event info (agents send at most 4)
 
 KINDS = ("step", "event", "heartbeat")
 EVENT_KINDS = ("start", "end", "crash", "eval", "note", "pause", "resume")
@@ -149,7 +152,7 @@ def decode_frame(frame: bytes) -> list[Record]:
 
 def check_version(version: Any) -> None:
     if type(version) is not int:
-        raise DecodeError("envelope", f"schema version 'v' missing or not an int: {version!r}")
+        raise DecodeError("envelope", f"schema version 'v' missing or not an int: {_show(version)}")
     if version > SCHEMA_VERSION:
         raise DecodeError(
             "version",
@@ -182,6 +185,7 @@ def decode_record(raw: Any) -> Record:
         info = raw.get("info", {})
         if not isinstance(info, dict):
             raise DecodeError("field", f"field 'info' must be a map, got {type(info).__name__}")
+        _check_depth(info)
         return EventRecord(
             *_common(raw),
             world_size=_int(raw, "world_size", minimum=1),
@@ -202,7 +206,7 @@ def decode_record(raw: Any) -> Record:
             dropped=_int(raw, "dropped", minimum=0),
             paused=paused,
         )
-    raise DecodeError("field", f"field 'kind' is {kind!r}, expected one of {KINDS}")
+    raise DecodeError("field", f"field 'kind' is {_show(kind)}, expected one of {KINDS}")
 
 
 # --- JSONL -------------------------------------------------------------------------------
@@ -245,7 +249,7 @@ def from_json_line(line: str) -> Record:
     """Parse one line written by ``to_json_line`` (or any agent of this schema version)."""
     try:
         raw = json.loads(line)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise DecodeError("json", f"not a JSON line: {exc}") from None
     if not isinstance(raw, dict):
         raise DecodeError("field", "JSONL line is not an object")
@@ -259,10 +263,36 @@ def from_json_line(line: str) -> Record:
 def _common(raw: dict[str, Any]) -> tuple[str, int, int, float]:
     return (
         _str(raw, "run"),
-        _int(raw, "rank", minimum=0),
+        _int(raw, "rank", minimum=0, maximum=MAX_RANK),
         _int(raw, "seq", minimum=1),
         _float(raw, "time"),
     )
+
+
+# Error messages quote wire values: bounded, and safe for values nested deep enough to
+# exhaust repr()'s recursion limit (msgpack itself allows about 1000 levels).
+_short_repr = reprlib.Repr()
+_short_repr.maxlevel = 3
+_short_repr.maxstring = _short_repr.maxother = 60
+
+
+def _show(value: Any) -> str:
+    return _short_repr.repr(value)
+
+
+def _check_depth(info: dict[str, Any]) -> None:
+    """Reject info nested deeper than MAX_INFO_DEPTH (the store serialises it recursively)."""
+    level: list[Any] = [info]
+    for _ in range(MAX_INFO_DEPTH):
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, (dict, list))
+        ]
+        if not level:
+            return
+    raise DecodeError("field", f"field 'info' is nested deeper than {MAX_INFO_DEPTH} levels")
 
 
 def _missing(name: str) -> DecodeError:
@@ -282,7 +312,9 @@ def _str(raw: dict[str, Any], name: str, allow_empty: bool = False) -> str:
     return value
 
 
-def _int(raw: dict[str, Any], name: str, minimum: int | None = None) -> int:
+def _int(
+    raw: dict[str, Any], name: str, minimum: int | None = None, maximum: int = 2**63 - 1
+) -> int:
     if name not in raw:
         raise _missing(name)
     value = raw[name]
@@ -292,6 +324,8 @@ def _int(raw: dict[str, Any], name: str, minimum: int | None = None) -> int:
         raise DecodeError("field", f"field '{name}' is {value}, must be >= {minimum}")
     if not -(2**63) <= value < 2**63:
         raise DecodeError("field", f"field '{name}' is out of the 64-bit range")
+    if value > maximum:
+        raise DecodeError("field", f"field '{name}' is {value}, must be <= {maximum}")
     return value
 
 

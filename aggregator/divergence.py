@@ -253,10 +253,12 @@ class DivergenceDetector:
         typical = st.spread if st.spread is not None else 0.0
         if stats.n == 2:  # the MAD of two values is their own distance: history only
             rel_scale = max(st.rule.rel_floor or 0.0, typical)
-            scale = max(absmed * rel_scale, cfg.abs_floor)
+            scale = max(absmed * rel_scale, st.rule.abs_floor or cfg.abs_floor)
         else:
             rel_scale = max(st.rule.rel_floor or 0.0, cfg.spread_pool * typical)
-            scale = max(MAD_TO_SIGMA * stats.mad, absmed * rel_scale, cfg.abs_floor)
+            scale = max(
+                MAD_TO_SIGMA * stats.mad, absmed * rel_scale, st.rule.abs_floor or cfg.abs_floor
+            )
         z = (v - med) / scale
         if stats.n == 2:  # leave-one-out: the median of the others is the other rank
             other = v[::-1]

@@ -18,6 +18,7 @@ class MetricRule:
     low_ratio: float | None = None
     rel_floor: float | None = None
     pair_ratio: float | None = None
+    abs_floor: float | None = None  # scale floor in the metric's own unit
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
@@ -27,6 +28,10 @@ class MetricRule:
 DEFAULT_RULES: dict[str, MetricRule] = {
     "throughput": MetricRule("low"),  # a fast rank is not a problem, a straggler is
     "step_time": MetricRule("high"),
+    # Host time outside the step (data loading): a slow loader shows here and nowhere else in
+    # synchronous data parallelism, where every rank waits for the slowest in the all-reduce.
+    # Millisecond jitter is normal, so the scale never drops below 10 ms.
+    "data_time": MetricRule("high", high_ratio=2.0, rel_floor=0.25, abs_floor=0.01),
     "loss_scale": MetricRule("off"),  # dynamic; its changes are not a rank fault
     # Every rank follows the same schedule, so any difference is a bug: exact match, 0.01 %.
     "lr": MetricRule(
@@ -117,6 +122,7 @@ class DivergenceConfig:
             self.low_ratio if rule.low_ratio is None else rule.low_ratio,
             self.rel_floor if rule.rel_floor is None else rule.rel_floor,
             self.pair_ratio if rule.pair_ratio is None else rule.pair_ratio,
+            self.abs_floor if rule.abs_floor is None else max(rule.abs_floor, self.abs_floor),
         )
 
 

@@ -40,13 +40,26 @@ BAND_WAIT_UNSEEN_S = 60.0  # ranks of world_size never seen hold it back this lo
 BAND_REPAIR_QUIET_S = 10.0  # a run with late rows is re-banded after this long without input
 NO_STEP = -(2**63)
 
-# Seen (run, rank, seq) as merged intervals: gaps-and-islands over the old intervals of the
-# touched ranks plus this flush's seqs.
+# Seen (run, rank, seq) as merged intervals, in two steps: this flush's seqs as intervals
+# (a rank's seqs are usually one unbroken run: min/max/count, no sort; otherwise islands by
+# seq - dense_rank), then gaps-and-islands over those plus the touched ranks' old intervals.
+_SEQ_BATCH = (
+    """CREATE OR REPLACE TEMP TABLE rw_sg AS SELECT run, rank, min(seq) AS lo, max(seq) AS hi,
+    count(DISTINCT seq) AS n FROM buf_recs GROUP BY run, rank""",
+    """CREATE OR REPLACE TEMP TABLE rw_si AS
+    SELECT run, rank, lo, hi FROM rw_sg WHERE hi - lo + 1 = n
+    UNION ALL
+    SELECT run, rank, min(seq), max(seq) FROM (
+        SELECT r.run, r.rank, r.seq, r.seq - dense_rank() OVER (PARTITION BY r.run, r.rank
+            ORDER BY r.seq) AS island
+        FROM buf_recs r SEMI JOIN (SELECT run, rank FROM rw_sg WHERE hi - lo + 1 <> n) g
+        ON r.run = g.run AND r.rank = g.rank)
+    GROUP BY run, rank, island""",
+)
 _SEQ_MERGE = """
 CREATE OR REPLACE TEMP TABLE rw_seq AS
-WITH k AS (SELECT DISTINCT run, rank FROM buf_recs),
-u AS (SELECT run, rank, seq AS lo, seq AS hi FROM buf_recs
-      UNION ALL SELECT s.run, s.rank, s.lo, s.hi FROM seqs s SEMI JOIN k
+WITH u AS (SELECT * FROM rw_si
+      UNION ALL SELECT s.run, s.rank, s.lo, s.hi FROM seqs s SEMI JOIN rw_sg k
       ON s.run = k.run AND s.rank = k.rank),
 w AS (SELECT *, max(hi) OVER (PARTITION BY run, rank ORDER BY lo, hi
       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_hi FROM u),
@@ -55,12 +68,11 @@ g AS (SELECT *, sum(CASE WHEN prev_hi IS NULL OR lo > prev_hi + 1 THEN 1 ELSE 0 
 SELECT run, rank, min(lo) AS lo, max(hi) AS hi FROM g GROUP BY run, rank, island
 """
 
-_META_CHANGES = """
-SELECT run, rank, seq, world_size, host, pid, rn = 1 AS first FROM (
-  SELECT run, rank, seq, world_size, host, pid, row_number() OVER w AS rn,
-    lag(world_size) OVER w AS p_ws, lag(host) OVER w AS p_host, lag(pid) OVER w AS p_pid
-  FROM buf_recs WHERE world_size IS NOT NULL WINDOW w AS (PARTITION BY run, rank ORDER BY seq))
-WHERE rn = 1 OR world_size <> p_ws OR host <> p_host OR pid <> p_pid
+# Where a rank's world_size/host/pid start (its first record, a restart elsewhere): the first
+# seq of each identity in this flush, in seq order (hash aggregate, no window over the batch).
+_META_BATCH = """
+SELECT run, rank, min(seq) AS seq, world_size, host, pid FROM buf_recs
+WHERE world_size IS NOT NULL GROUP BY run, rank, world_size, host, pid ORDER BY run, rank, seq
 """
 
 _RANK_BATCH = """
@@ -199,18 +211,19 @@ class Store:
             mirror = self._mirror.copy()
         with self._buf_lock:
             arrival = {run: dict(ranks) for run, ranks in self._arrival.items()}
-        arrays = batch.to_numpy()
-        for name in BUFFERED:
-            cur.register(f"raw_{name}", arrays[name])
+        arrays = batch.to_numpy() if not batch.empty else {}
+        sizes = {name: len(cols["seq"]) for name, cols in arrays.items()}
+        for name, cols in arrays.items():
+            cur.register(f"raw_{name}", cols)
         cur.execute("BEGIN TRANSACTION")
         try:
-            if not batch.empty:
-                for name in BUFFERED:
+            if arrays:
+                for name in (n for n in BUFFERED if sizes[n] or n in ("steps", "recs")):
                     cur.execute(
                         f"CREATE OR REPLACE TEMP TABLE buf_{name} AS "
                         + select_sql(name, f"raw_{name}")
                     )
-                self._insert_batch(cur, mirror)
+                self._insert_batch(cur, mirror, sizes)
             self._settle_bands(cur, mirror, now, arrival)
             cur.execute("COMMIT")
         except BaseException:
@@ -219,32 +232,34 @@ class Store:
                 cur.execute("ROLLBACK")
             raise
         finally:
-            for name in BUFFERED:
+            for name in arrays:
                 cur.unregister(f"raw_{name}")
         with self._state_lock:
             self._mirror = mirror
 
-    def _insert_batch(self, cur: duckdb.DuckDBPyConnection, mirror: Mirror) -> None:
+    def _insert_batch(
+        self, cur: duckdb.DuckDBPyConnection, mirror: Mirror, sizes: dict[str, int]
+    ) -> None:
         cur.execute("INSERT INTO steps SELECT * FROM buf_steps")
-        cur.execute("INSERT INTO events SELECT * FROM buf_events")
-        cur.execute("INSERT INTO heartbeats SELECT * FROM buf_heartbeats")
-        cur.execute(_SEQ_MERGE)
+        for name in ("events", "heartbeats"):
+            if sizes[name]:
+                cur.execute(f"INSERT INTO {name} SELECT * FROM buf_{name}")
+        for sql in (*_SEQ_BATCH, _SEQ_MERGE):
+            cur.execute(sql)
         cur.execute(
             "DELETE FROM seqs USING (SELECT DISTINCT run, rank FROM rw_seq) k "
             "WHERE seqs.run = k.run AND seqs.rank = k.rank"
         )
         cur.execute("INSERT INTO seqs SELECT * FROM rw_seq")
-        # rank_meta logs where a rank's world_size/host/pid change (its first record, a restart
-        # elsewhere): rows of this batch that differ from the one before them
-        meta = [
-            row
-            for row in cur.execute(_META_CHANGES).fetchall()
-            if not row[-1] or mirror.identity(row[0], row[1]) != row[3:6]
-        ]
+        meta, prev = [], None
+        for row in cur.execute(_META_BATCH).fetchall():
+            key, ident = row[:2], row[3:]
+            known = prev[3:] if prev is not None and prev[:2] == key else mirror.identity(*key)
+            if ident != known:
+                meta.append(row)
+            prev = row
         if meta:
-            cur.executemany(
-                "INSERT INTO rank_meta VALUES (?, ?, ?, ?, ?, ?)", [m[:6] for m in meta]
-            )
+            cur.executemany("INSERT INTO rank_meta VALUES (?, ?, ?, ?, ?, ?)", meta)
         changed = mirror.merge_ranks(cur.execute(_RANK_BATCH).fetchall())
         cur.register("raw_ranks", ranks_columns(changed))
         cur.execute("CREATE OR REPLACE TEMP TABLE rw_ranks AS " + select_sql("ranks", "raw_ranks"))

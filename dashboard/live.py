@@ -24,6 +24,9 @@ HEARTBEAT_INTERVAL_S = 10.0  # comment line after this long without a message
 COALESCE_S = 0.03  # after the first message, wait this long for the rest of its burst
 MAX_BATCH = 500  # feed messages in one SSE frame
 CLIENT_RETRY_MS = 2000  # EventSource reconnect delay the browser is told to use
+# An open stream never ends by itself, and uvicorn waits for open responses before it runs the
+# lifespan shutdown: the server must bound that wait (uvicorn's timeout_graceful_shutdown).
+SHUTDOWN_GRACE_S = 2.0
 
 
 def sse(event: str, data: str) -> bytes:

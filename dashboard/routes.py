@@ -250,7 +250,31 @@ def status(request: Request) -> StrictJSONResponse:
     return _json(_agg(request).snapshot())
 
 
-@api.post("/ingest", summary="Records as JSON (what `rankwatch import --url` sends)")
+INGEST_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["records"],
+                "properties": {
+                    "records": {
+                        "type": "array",
+                        "items": {"type": "object"},
+                        "description": 'wire records (agent/records.py); NaN as "NaN"',
+                    }
+                },
+            }
+        }
+    },
+}
+
+
+@api.post(
+    "/ingest",
+    summary="Records as JSON (what `rankwatch import --url` sends)",
+    openapi_extra={"requestBody": INGEST_BODY},
+)
 async def ingest(request: Request) -> StrictJSONResponse:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_INGEST_BYTES:

@@ -66,12 +66,14 @@ def merge_runs(
         ranks = entry.get("ranks")
         rows[name] = {
             "run": name,
-            "state": "finished",  # no live state: nothing has been heard since this process began
+            # Not in the live state: from before this aggregator started, or retired long after
+            # it ended. Only the store knows it now.
+            "state": "history",
             "world_size": entry.get("world_size"),
             "ranks": len(ranks) if isinstance(ranks, (list, tuple, set)) else ranks,
             "start": entry.get("first_time"),
             "last_time": entry.get("last_time"),
-            "last_step": None,
+            "last_step": entry.get("last_step"),
             "records": entry.get("records"),
             "divergences": 0,
         }
@@ -81,7 +83,9 @@ def merge_runs(
             state=entry.get("state"),
             world_size=entry.get("world_size") or row.get("world_size"),
             ranks=len(entry.get("ranks") or []) or row.get("ranks"),
-            last_step=entry.get("last_step"),
+            last_step=row.get("last_step")
+            if entry.get("last_step") is None
+            else entry["last_step"],
             divergences=len(entry.get("divergences") or []),
         )
         if entry.get("last_time") is not None:

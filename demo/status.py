@@ -180,6 +180,9 @@ class Reporter:
             tail = f"; also flagged: ranks {others}" if others else "; no other rank flagged"
             if others and first is not None and all(s is not None and s > first for s in later):
                 tail = f"; it went first, ranks {others} followed from step {min(later)}"
+            elif others and all(self.states.get(r) in TELLING_STATES for r in others):
+                states = ", ".join(f"rank {r} {self.states[r]}" for r in others)
+                tail = f"; the other ranks: {states}"
             lines.append(
                 f"  injected {fault} on rank {fault_rank} at step {fault_step}: {verdict}{tail}"
             )

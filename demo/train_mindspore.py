@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     model = ms.train.Model(train_net)
     monitor = TrainMonitor(batch_size=BATCH_PER_RANK)  # rankwatch
     model.train(
-        1, dataset, callbacks=[monitor, fault_callback(args, rank)], dataset_sink_mode=False
+        1, dataset, callbacks=[fault_callback(args, rank), monitor], dataset_sink_mode=False
     )
     print(f"rank {rank}: finished {args.steps} steps", flush=True)
 

@@ -31,7 +31,7 @@ export function renderFreshness(node, stateNode, run, serverNow) {
     return;
   }
   const age = run.last_time != null ? serverNow - run.last_time : null;
-  const finished = run.state === 'finished' || run.state === 'crashed';
+  const finished = ['finished', 'crashed', 'history'].includes(run.state);
   node.textContent = age === null ? 'no records yet' : `last record ${ago(age)} ago`;
   node.className = age !== null && age > STALE_AFTER_S && !finished ? 'fresh stale' : 'fresh';
   stateNode.textContent = run.state ?? '';

@@ -180,6 +180,9 @@ def test_scalar_loss_across_two_epochs(tmp_path: Path) -> None:
         assert s.metrics["loss"] == pytest.approx(expected["ce"], rel=REL)
     assert monitor.monitor.batch_size == BATCH  # from train_dataset.get_batch_size()
     assert all("throughput" in s.metrics for s in steps[1:])
+    # Host time between steps: from the second step on, small and non-negative.
+    assert "data_time" not in steps[0].metrics
+    assert all(0.0 <= s.metrics["data_time"] < 1.0 for s in steps[1:])
     events = events_of(read(tmp_path / "t" / "rank0.jsonl"))
     assert events == [("start", None), ("end", "normal")]
 
@@ -210,7 +213,8 @@ def test_dict_output_total_is_the_sum(tmp_path: Path) -> None:
 def test_explicit_outputs_override_detection(tmp_path: Path) -> None:
     steps, ref, _ = train(tmp_path, TupleLoss(), outputs=("ce", None))
     for s, expected in zip(steps, ref.before, strict=True):
-        assert {k for k in s.metrics if k not in ("step_time", "throughput", "lr")} == {"ce"}
+        timing = ("step_time", "throughput", "data_time", "lr")
+        assert {k for k in s.metrics if k not in timing} == {"ce"}
         assert s.metrics["ce"] == pytest.approx(expected["ce"], rel=REL)
 
 

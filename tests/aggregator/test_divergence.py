@@ -367,3 +367,26 @@ def test_a_3_sigma_drift_is_flagged_within_5_steps() -> None:
 
 def test_a_4_sigma_drift_is_always_flagged_within_5_steps() -> None:
     assert max(drift_latency(4.0, range(3))) <= 4
+
+
+@pytest.mark.parametrize(
+    ("jitter_s", "slow_rank_s", "flagged"),
+    [
+        (0.002, None, False),  # millisecond loader jitter: never a straggler
+        (0.004, 0.008, False),  # a few ms slower than the others, under the 10 ms floor
+        (0.002, 0.5, True),  # a data loader stalling half a second per step
+        (0.0005, 0.05, True),  # 100x the others and 50 ms: a real straggler
+    ],
+)
+def test_data_time_flags_a_slow_loader_not_jitter(
+    jitter_s: float, slow_rank_s: float | None, flagged: bool
+) -> None:
+    rng = np.random.default_rng(7)
+    rows = []
+    for _ in range(12):
+        row = {r: float(abs(rng.normal(0.001, jitter_s))) for r in range(4)}
+        if slow_rank_s is not None:
+            row[2] = slow_rank_s
+        rows.append(row)
+    got = new(feed(DivergenceDetector(), rows, metric="data_time"))
+    assert {d.rank for d in got} == ({2} if flagged else set())

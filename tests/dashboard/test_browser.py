@@ -7,6 +7,7 @@ person to look at.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -353,7 +354,9 @@ def test_1024_ranks_band_mode_stays_responsive(
         "() => window.rankwatch.charts.get('loss').base.band.steps.includes(85)", timeout=10_000
     )
     longest = max(page.evaluate("() => window.__longTasks") or [0])
-    page.screenshot(path=artifacts / "band-1024-ranks.png", full_page=False)
+    page.screenshot(path=artifacts / "band-1024-ranks.png", full_page=True)
+    timing = {"load_s": round(load_s, 2), "longest_task_ms": round(longest), "lines": len(lines)}
+    (artifacts / "band-1024-ranks.json").write_text(json.dumps(timing))
     assert load_s < 20, f"page took {load_s:.1f} s to load"
     assert longest < 2000, f"a {longest:.0f} ms task blocked the page"
 

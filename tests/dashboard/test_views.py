@@ -103,7 +103,7 @@ def test_merge_runs_joins_store_and_live_state() -> None:
     assert live["last_step"] == 77
     assert live["divergences"] == 1
     assert live["records"] == 400
-    assert rows[2]["state"] == "finished"
+    assert rows[2]["state"] == "history"
     assert rows[0]["start"] is None and rows[0]["ranks"] == 1
 
 

@@ -105,3 +105,26 @@ def test_messages_are_cut_to_their_gist() -> None:
     assert said == [
         "  rank 0: crashed at step 30: builtins.RuntimeError: Launch kernel failed: AllReduce-op2"
     ]
+
+
+def test_verdict_names_who_went_first_and_what_became_of_the_others() -> None:
+    rep, _ = reporter()
+    nan = [dict(divergence(2, "loss", 20, 20), kind="nonfinite")]
+    nan += [dict(divergence(r, "loss", 21, 21), kind="nonfinite") for r in (0, 1, 3)]
+    rep.ingest(snapshot([rank_row(r, "finished") for r in range(4)], nan), None)
+    verdict = rep.summary_lines("nan", 2, 20)[-2]
+    assert (
+        "rank 2 flagged at step 20; it went first, ranks [0, 1, 3] followed from step 21" in verdict
+    )
+
+    rep, _ = reporter()
+    rows = [rank_row(r, "lost") for r in (0, 1, 3)] + [rank_row(2, "crashed", "boom")]
+    alerts = {
+        "firing": [
+            {"run": RUN, "rank": r, "rule": row["state"], "since_step": 19}
+            for r, row in ((row["rank"], row) for row in rows)
+        ]
+    }
+    rep.ingest(snapshot(rows, []), alerts)
+    verdict = rep.summary_lines("crash", 2, 20)[-2]
+    assert "and it is crashed; the other ranks: rank 0 lost, rank 1 lost, rank 3 lost" in verdict
