@@ -12,35 +12,28 @@ per metric name (see ``values``), a full disk is counted, a full queue is counte
 ``dropped`` and reported in heartbeats. Only the constructor raises ``ValueError``, for
 arguments or launcher variables that make no sense.
 
-Process hooks (installed once, for all monitors): an uncaught exception records a ``crash``
-event and closes (a ``KeyboardInterrupt`` closes with reason ``"KeyboardInterrupt"``); one in
-another thread records a ``crash`` event with ``fatal: false``; SIGTERM, if its handler was the
-default, closes with reason ``"SIGTERM"`` and then dies of SIGTERM as before; exit closes with
-``"normal"``. A child made by ``fork`` inherits no monitor (its copies are inert). No ``end``
-event follows a ``crash`` event. Under ``msrun`` the scheduler process (``MS_ROLE=MS_SCHED``)
-runs the training script too; a monitor made there is disabled.
+Process hooks (``hooks``, installed once for all monitors): an uncaught exception records a
+``crash`` event and closes, SIGTERM and exit close, a forked child inherits no monitor. No
+``end`` event follows a ``crash`` event. Under ``msrun`` the scheduler process
+(``MS_ROLE=MS_SCHED``) runs the training script too; a monitor made there is disabled.
 """
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import json
 import logging
 import math
 import operator
 import os
-import signal
-import sys
 import threading
 import time
 import traceback
-import weakref
 from collections import deque
 from types import TracebackType
 from typing import Any
 
-from . import identity
+from . import hooks, identity
 from .fallback import JsonlWriter, jsonl_path
 from .records import EVENT_KINDS, MAX_METRICS, NONFINITE_TO_JSON, SCHEMA_VERSION
 from .sender import STEP, Sender
@@ -176,7 +169,7 @@ class Monitor:
                 )
         self._closed = False
         self._active = True
-        _register(self)
+        hooks.register(self)
         info = dict(ident.info, addr=self.addr, jsonl=str(self.jsonl_path))
         self._emit("start", None, info)
 
@@ -454,7 +447,7 @@ class Monitor:
                 log.warning("rankwatch: sender did not stop within %.1f s", CLOSE_TIMEOUT_S)
             self._fd = None
             self._writer.close()
-            _live.discard(self)
+            hooks.forget(self)
 
     def _crash(self, exc: BaseException, tb: TracebackType | None, thread: str | None) -> None:
         if not self._active:
@@ -485,69 +478,3 @@ class Monitor:
 
     def __repr__(self) -> str:
         return f"Monitor(run={self.run!r}, rank={self.rank}, world_size={self.world_size})"
-
-
-# --- process hooks --------------------------------------------------------------------------
-
-_live: weakref.WeakSet[Monitor] = weakref.WeakSet()
-_hooks_installed = False
-
-
-def _close_all(reason: str) -> None:
-    for monitor in list(_live):
-        monitor.close(reason)
-
-
-def _register(monitor: Monitor) -> None:
-    global _hooks_installed
-    _live.add(monitor)
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    atexit.register(_close_all, "normal")
-    previous_hook = sys.excepthook
-    previous_thread_hook = threading.excepthook
-
-    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
-        if not hasattr(sys, "ps1"):  # an interactive session goes on after an exception
-            try:
-                if issubclass(exc_type, KeyboardInterrupt):
-                    _close_all("KeyboardInterrupt")
-                else:
-                    for mon in list(_live):
-                        mon._crash(exc, tb, None)
-                    _close_all("crash")
-            except Exception:
-                pass
-        previous_hook(exc_type, exc, tb)
-
-    def thread_excepthook(args: Any) -> None:
-        if args.exc_value is not None and args.thread is not None:
-            for mon in list(_live):
-                mon._crash(args.exc_value, args.exc_traceback, args.thread.name)
-        previous_thread_hook(args)
-
-    sys.excepthook = excepthook
-    threading.excepthook = thread_excepthook
-    if threading.current_thread() is threading.main_thread():
-        try:
-            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-                signal.signal(signal.SIGTERM, _on_sigterm)
-        except (ValueError, OSError):  # not the main interpreter, or no signals here
-            pass
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_forget_in_child)
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    _close_all("SIGTERM")
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _forget_in_child() -> None:
-    # The sender thread does not exist in a forked child; its monitor copies must stay quiet.
-    for monitor in list(_live):
-        monitor._active = False
-        monitor._closed = True
-    _live.clear()

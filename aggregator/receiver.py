@@ -27,6 +27,7 @@ log = logging.getLogger("rankwatch.receiver")
 
 DEFAULT_INGEST_PORT = 8671
 MAX_BATCH_MESSAGES = 2000  # messages drained per recv() before returning to the service
+MAX_BATCH_RECORDS = 5000  # ... or records: bounds how long the service holds its lock
 RCVHWM_MESSAGES = 100_000  # per-peer inbound buffer, so a slow store tick does not push back
 MAX_SENDERS = 4096  # per-identity counters kept; DEALERs get a new identity on each reconnect
 MAX_LOGGED = 10_000  # (sender, reason) pairs already logged, to log each once
@@ -115,7 +116,7 @@ class Receiver:
         decode = records.decode_frame
         senders = self._senders
         n = 0
-        while n < MAX_BATCH_MESSAGES:
+        while n < MAX_BATCH_MESSAGES and len(out) < MAX_BATCH_RECORDS:
             try:
                 parts = recv(zmq.NOBLOCK)
             except zmq.Again:

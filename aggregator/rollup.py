@@ -132,8 +132,9 @@ def _merge_late(cur: duckdb.DuckDBPyConnection, closed_t: str) -> None:
     cur.execute(f"INSERT INTO {closed_t} SELECT {COLUMNS} FROM rw_merged")
 
 
-def clear(cur: duckdb.DuckDBPyConnection, src: str, run: str, from_step: int) -> int:
-    """Drop every bucket of ``run`` at or after the coarsest bucket holding ``from_step``.
+def clear(cur: duckdb.DuckDBPyConnection, src: str, run: str, metric: str, from_step: int) -> int:
+    """Drop every bucket of ``run``/``metric`` at or after the coarsest bucket holding
+    ``from_step``.
 
     Returns the first step of that bucket: the caller re-folds the source rows from there.
     """
@@ -141,8 +142,8 @@ def clear(cur: duckdb.DuckDBPyConnection, src: str, run: str, from_step: int) ->
     for width in LEVELS:
         for open_ in (False, True):
             cur.execute(
-                f"DELETE FROM {table(src, width, open_)} WHERE run = ? AND b >= ?",
-                [run, start // width],
+                f"DELETE FROM {table(src, width, open_)} WHERE run = ? AND metric = ? AND b >= ?",
+                [run, metric, start // width],
             )
     return start
 

@@ -38,6 +38,7 @@ MAX_BUFFER_ROWS = 5_000_000  # rows held in memory while the disk refuses them (
 BAND_STALE_S = 30.0  # a rank silent this long no longer holds back the band
 BAND_WAIT_UNSEEN_S = 60.0  # ranks of world_size never seen hold it back this long
 BAND_REPAIR_QUIET_S = 10.0  # a run with late rows is re-banded after this long without input
+BAND_REPAIR_ROWS = 200_000  # ... or at once if re-banding reads fewer raw rows than this
 NO_STEP = -(2**63)
 
 # Seen (run, rank, seq) as merged intervals, in two steps: this flush's seqs as intervals
@@ -127,7 +128,7 @@ class Store:
         try:
             self._create()
             self._mirror = Mirror.load(self._writer)
-        except duckdb.Error as exc:
+        except (duckdb.Error, StoreError) as exc:
             self._con.close()
             raise StoreError(f"cannot read the store at {path}: {exc}") from exc
 
@@ -281,13 +282,16 @@ class Store:
             "SELECT run, metric, rank AS key, step, value FROM buf_steps WHERE metric IS NOT NULL",
             [],
         )
-        # Rows for steps whose band is already settled: the band misses them until repaired.
-        for run, late_min in cur.execute(
-            "SELECT b.run, min(b.step) FROM buf_steps b JOIN band_done d ON b.run = d.run "
-            "WHERE b.step <= d.done AND b.metric IS NOT NULL GROUP BY b.run"
+        # Values for steps whose band is already settled: the band misses them until repaired.
+        for run, metric, late in cur.execute(
+            "SELECT b.run, b.metric, min(b.step) FROM buf_steps b JOIN band_done d "
+            "ON b.run = d.run WHERE b.step <= d.done AND b.metric IS NOT NULL "
+            "GROUP BY b.run, b.metric"
         ).fetchall():
-            done, late = mirror.band.get(run, (NO_STEP, None))
-            mirror.band[run] = (done, late_min if late is None else min(late, late_min))
+            key = (run, metric)
+            mirror.late[key] = min(late, mirror.late.get(key, late))
+            cur.execute("DELETE FROM band_late WHERE run = ? AND metric = ?", [run, metric])
+            cur.execute("INSERT INTO band_late VALUES (?, ?, ?)", [run, metric, mirror.late[key]])
 
     def _settle_bands(
         self,
@@ -297,42 +301,61 @@ class Store:
         arrival: dict[str, dict[int, float]],
     ) -> None:
         for run in mirror.ranks:
-            done, late = mirror.band.get(run, (NO_STEP, None))
+            done = mirror.band.get(run, NO_STEP)
             last = mirror.last_step(run)
-            if run not in arrival and late is None and (last is None or done >= last):
+            late = {m: step for (r, m), step in mirror.late.items() if r == run}
+            if run not in arrival and not late and (last is None or done >= last):
                 continue  # settled in an earlier session and idle since: nothing can change
-            first = self._run_first.get(run)
-            quiet = now - max(arrival.get(run, {}).values(), default=-math.inf)
-            if late is not None and quiet >= BAND_REPAIR_QUIET_S:
-                cur.execute("DELETE FROM band WHERE run = ? AND step >= ?", [run, late])
-                start = rollup.clear(cur, "band", run, late)
-                self._band_rows(cur, run, late - 1, done, start)
-                late = None
-            frontier = mirror.frontier(
-                run, arrival.get(run, {}), now, first, BAND_STALE_S, BAND_WAIT_UNSEEN_S
+            quiet = now - max(arrival.get(run, {}).values(), default=-math.inf) >= (
+                BAND_REPAIR_QUIET_S
             )
+            for metric, step in late.items():  # one metric's repair leaves the others be
+                stats = mirror.stats.get((run, metric))
+                span = stats.hi - stats.lo + 1 if stats else 1
+                redo = (stats.rows if stats else 0) * (done - step + 1) / span
+                if quiet or redo <= BAND_REPAIR_ROWS:
+                    self._repair_band(cur, run, metric, step, done)
+                    del mirror.late[(run, metric)]
+            frontier = mirror.frontier(
+                run, arrival.get(run, {}), now, self._run_first.get(run), BAND_STALE_S,
+                BAND_WAIT_UNSEEN_S,
+            )  # fmt: skip
             if frontier is not None and frontier > done:
-                self._band_rows(cur, run, done, frontier, done + 1 if done > NO_STEP else NO_STEP)
-                done = frontier
-            if (done, late) != mirror.band.get(run, (NO_STEP, None)):
-                mirror.band[run] = (done, late)
+                self._band_rows(cur, "run = $run", {"run": run}, done, frontier, done + 1)
+                mirror.band[run] = frontier
                 cur.execute("DELETE FROM band_done WHERE run = ?", [run])
-                cur.execute("INSERT INTO band_done VALUES (?, ?, ?)", [run, done, late])
+                cur.execute("INSERT INTO band_done VALUES (?, ?)", [run, frontier])
+
+    def _repair_band(
+        self, cur: duckdb.DuckDBPyConnection, run: str, metric: str, step: int, done: int
+    ) -> None:
+        where, args = "run = $run AND metric = $metric", {"run": run, "metric": metric}
+        cur.execute(f"DELETE FROM band WHERE {where} AND step >= $step", {**args, "step": step})
+        cur.execute(f"DELETE FROM band_late WHERE {where}", args)
+        start = rollup.clear(cur, "band", run, metric, step)
+        self._band_rows(cur, where, args, step - 1, done, start)
 
     def _band_rows(
-        self, cur: duckdb.DuckDBPyConnection, run: str, after: int, upto: int, fold_from: int
+        self,
+        cur: duckdb.DuckDBPyConnection,
+        where: str,
+        args: dict[str, Any],
+        after: int,
+        upto: int,
+        fold_from: int,
     ) -> None:
-        """Compute band rows for steps in (after, upto], then fold band rows >= fold_from."""
+        """Band rows for steps in (after, upto], then fold the band rows from ``fold_from``."""
+        window = {**args, "after": after, "upto": upto}
         cur.execute(
             "CREATE OR REPLACE TEMP TABLE rw_band AS "
-            + rollup.band_wide_sql("run = $run AND step > $after AND step <= $upto"),
-            {"run": run, "after": after, "upto": upto},
+            + rollup.band_wide_sql(f"{where} AND step > $after AND step <= $upto"),
+            window,
         )
         cur.execute("INSERT INTO band SELECT * FROM rw_band")
         cur.execute(
             "CREATE OR REPLACE TEMP TABLE rw_bandf AS SELECT * FROM band "
-            "WHERE run = ? AND step >= ? AND step <= ?",
-            [run, fold_from, upto],
+            f"WHERE {where} AND step >= $from AND step <= $upto",
+            {**args, "from": fold_from, "upto": upto},
         )
         rollup.fold(cur, "band", rollup.band_long_sql("rw_bandf"), [])
 
@@ -340,10 +363,9 @@ class Store:
         """Recompute the band of ``run`` from its raw rows at the next flush (after an import
         that delivered ranks one after the other)."""
         with self._state_lock:
-            done, _ = self._mirror.band.get(run, (NO_STEP, None))
-            stats = self._mirror.metric_stats(run)
-            if stats and done > NO_STEP:
-                self._mirror.band[run] = (done, min(s.lo for s in stats))
+            if self._mirror.band.get(run, NO_STEP) > NO_STEP:
+                for stats in self._mirror.metric_stats(run):
+                    self._mirror.late[(run, stats.metric)] = stats.lo
         with self._buf_lock:
             ranks = self._arrival.get(run, {})
             for rank in ranks:
@@ -459,7 +481,10 @@ class Store:
             width = rollup.LEVELS[level]
             res = rollup.sort_buckets(
                 cur.execute(
-                    rollup.bucket_sql("series", level, where, lo // width, hi // width), params
+                    "SELECT key, b, mn, mn_step, mx, mx_step FROM ("
+                    + rollup.bucket_sql("series", level, where, lo // width, hi // width)
+                    + ")",
+                    params,
                 ).fetchnumpy()
             )
             out = rollup.bucket_points(
@@ -484,7 +509,7 @@ class Store:
             return empty
         level, lo, hi, where, params = plan
         with self._state_lock:
-            done = self._mirror.band.get(run, (NO_STEP, None))[0]
+            done = self._mirror.band.get(run, NO_STEP)
         params = {**params, "lo": lo, "hi": hi, "done": done}
         tail = rollup.band_wide_sql(
             "run = $run AND metric = $metric AND step > $done AND step BETWEEN $lo AND $hi"

@@ -47,7 +47,8 @@ TABLES = (
     "seqs (run VARCHAR, rank BIGINT, lo BIGINT, hi BIGINT)",
     "band (run VARCHAR, metric VARCHAR, step BIGINT, n BIGINT, nonfinite BIGINT, "
     "median DOUBLE, p5 DOUBLE, p95 DOUBLE, vmin DOUBLE, vmax DOUBLE)",
-    "band_done (run VARCHAR, done BIGINT, late_from BIGINT)",
+    "band_done (run VARCHAR, done BIGINT)",  # last settled band step of a run
+    "band_late (run VARCHAR, metric VARCHAR, step BIGINT)",  # earliest value after settling
     "meta (key VARCHAR, value VARCHAR)",
 )
 
@@ -265,15 +266,17 @@ class Mirror:
 
     ranks: dict[str, dict[int, RankRow]] = field(default_factory=dict)  # run -> rank -> row
     stats: dict[tuple[str, str], MetricStats] = field(default_factory=dict)
-    band: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # run -> done, late
+    band: dict[str, int] = field(default_factory=dict)  # run -> last settled band step
+    late: dict[tuple[str, str], int] = field(default_factory=dict)  # earliest step to repair
 
     @classmethod
     def load(cls, cur: duckdb.DuckDBPyConnection) -> Mirror:
         m = cls()
         for row in cur.execute(f"SELECT {', '.join(RANK_FIELDS)} FROM ranks").fetchall():
             m.ranks.setdefault(row[0], {})[row[1]] = RankRow(*row)
-        for run, done, late in cur.execute("SELECT * FROM band_done").fetchall():
-            m.band[run] = (done, late)
+        m.band = dict(cur.execute("SELECT run, done FROM band_done").fetchall())
+        for run, metric, step in cur.execute("SELECT * FROM band_late").fetchall():
+            m.late[(run, metric)] = step
         # The coarsest level plus every open bucket covers each stored value exactly once.
         union = " UNION ALL ".join(
             f"SELECT run, metric, key, n, lo, hi FROM {t}"
@@ -290,7 +293,7 @@ class Mirror:
 
     def copy(self) -> Mirror:
         """Shallow: merge_ranks replaces the per-run dicts it changes instead of mutating."""
-        return Mirror(dict(self.ranks), dict(self.stats), dict(self.band))
+        return Mirror(dict(self.ranks), dict(self.stats), dict(self.band), dict(self.late))
 
     def identity(self, run: str, rank: int) -> tuple[Any, Any, Any] | None:
         row = self.ranks.get(run, {}).get(rank)

@@ -17,6 +17,9 @@ const MANY_RANKS = 64;
 const ZOOM_REFETCH_DELAY_MS = 300;
 const COMPACT_FACTOR = 3; // refetch a series once live points made it this many times too long
 const COMPACT_MIN_INTERVAL_MS = 10000;
+// Points the aggregator had before this page subscribed but had not yet flushed to the store
+// are in neither the first read nor the stream: read again a little later to catch them.
+const CATCH_UP_MS = [1500, 5000];
 
 const $ = (id) => document.getElementById(id);
 
@@ -305,6 +308,9 @@ async function selectRun(run, resetView = true) {
     await Promise.all([loadRanks(), loadEvents(), loadAlerts(), reloadAllSeries()].map(attempt));
   });
   await attempt(loadHeatmap());
+  for (const ms of CATCH_UP_MS) {
+    setTimeout(() => { if (state.run === run) reloadAllSeries().catch(showError); }, ms);
+  }
   clearTimeout(redrawTimer);
   redraw(); // draw now, so "ready" means the charts show the data
   window.rankwatch.ready = true;

@@ -59,6 +59,28 @@ function bandFrom(band) {
   return { steps: band.step.slice(), median: pick('median'), p5: pick('p5'), p95: pick('p95'), min: pick('min'), max: pick('max') };
 }
 
+// The store lags the live stream by a flush or so: points already drawn past what a fresh read
+// returned are kept, not dropped (for every rank in rank mode; in band mode, drawn ranks only).
+function keepNewer(fresh, old, allRanks) {
+  const tail = (steps, after) => lowerBound(steps, after + 1);
+  for (const [rank, line] of old.lines) {
+    const got = fresh.lines.get(rank);
+    if (!got && !allRanks) continue;
+    const into = got || { steps: [], values: [] };
+    const last = into.steps.length ? into.steps[into.steps.length - 1] : -Infinity;
+    const i = tail(line.steps, last);
+    if (i >= line.steps.length) continue;
+    fresh.lines.set(rank, {
+      steps: into.steps.concat(line.steps.slice(i)),
+      values: into.values.concat(line.values.slice(i)),
+    });
+  }
+  const band = fresh.band;
+  const last = band.steps.length ? band.steps[band.steps.length - 1] : -Infinity;
+  const i = tail(old.band.steps, last);
+  for (const key of Object.keys(band)) band[key] = band[key].concat(old.band[key].slice(i));
+}
+
 // Base outside [start, end], detail inside: a zoomed window at finer resolution.
 function spliced(base, detail, start, end) {
   if (!detail) return base;
@@ -136,6 +158,7 @@ export class MetricChart {
     const data = { lines: linesFrom(resp.series), band: bandFrom(resp.band) };
     if (window) this.detail = { start: window.start, end: window.end, ...data };
     else {
+      keepNewer(data, this.base, this.mode === 'ranks');
       this.base = data;
       this.detail = null;
     }

@@ -166,3 +166,28 @@ def test_missing_path_is_an_error_and_a_bare_legacy_file_imports(tmp_path: Path)
     path = tmp_path / "legacy_rank0.jsonl"
     path.write_text('{"step": 1, "loss": 1.0}\n')
     assert import_into_store([path], tmp_path / "data")[0].accepted == 1
+
+
+class DictSink:
+    """Like Aggregator.add: returns accepted and duplicate counts."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[str, int, int]] = set()
+
+    def add(self, records: list[Record]) -> dict[str, int]:
+        fresh = {(r.run, r.rank, r.seq) for r in records} - self.seen
+        self.seen |= fresh
+        return {"accepted": len(fresh), "duplicates": len(records) - len(fresh)}
+
+
+def test_aggregator_style_sink_and_stderr_progress(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent_file(tmp_path / "a" / "rank0.jsonl")
+    sink = DictSink()
+    first = import_paths([tmp_path / "a"], sink, progress=True)
+    second = import_paths([tmp_path / "a"], sink)
+    assert (first[0].accepted, first[0].duplicates) == (64, 0)
+    assert (second[0].accepted, second[0].duplicates) == (0, 64)
+    err = capsys.readouterr().err
+    assert err.startswith("\rimporting: ") and err.endswith("(100%)\n")

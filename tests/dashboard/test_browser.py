@@ -122,6 +122,22 @@ def series(page: Page, metric: str) -> dict[str, dict[str, Any]]:
     return {s["name"]: s for s in page.evaluate(SERIES_JS, metric) or []}
 
 
+# Hover a chart at (step, value) until its tooltip is up: a redraw may close a tooltip that
+# opened just before it, so keep asking rather than sleeping.
+SHOW_TIP_JS = """([metric, step, value]) => {
+  const c = window.rankwatch.charts.get(metric);
+  if (!c) return false;
+  const [x, y] = c.chart.convertToPixel({gridIndex: 0}, [step, value]);
+  c.chart.dispatchAction({type: 'showTip', x, y});
+  return [...document.querySelectorAll('.tt-head')].some(
+    (e) => e.textContent.startsWith(metric + ' · step ' + step) && e.offsetParent !== null);
+}"""
+
+
+def show_tooltip(page: Page, metric: str, step: int, value: float) -> None:
+    page.wait_for_function(SHOW_TIP_JS, arg=[metric, step, value], polling=250)
+
+
 def start_ranks(server: Server, run: str, world: int, log_dir: Path) -> list[Rank]:
     return [Rank(server, run, rank, world, log_dir) for rank in range(world)]
 
@@ -175,13 +191,7 @@ def test_every_rank_on_one_chart_bad_rank_named_and_live(
         assert series(page, "loss")["rank 3"]["steps"][-1] == 60
 
         # Tooltip at step 40: ranks sorted by value, with z; rank 2 first and far off.
-        page.evaluate(
-            "() => { const c = window.rankwatch.charts.get('loss');"
-            " const [x, y] = c.chart.convertToPixel({gridIndex: 0}, [40, 1]);"
-            " c.chart.dispatchAction({type: 'showTip', x, y}); }"
-        )
-        tip = page.locator(".tt-head").first
-        tip.wait_for()
+        show_tooltip(page, "loss", 40, 1.0)
         rows = page.locator(".tt-row").all_inner_texts()
         assert rows[0].split()[:2] == ["rank", "2"]
         assert float(rows[0].split("z")[-1]) > 3
@@ -246,14 +256,7 @@ def test_markup_in_names_stays_inert(
         assert page.locator("#run option:checked").inner_text().startswith(run)
         titles = page.locator(".chart-card h2").all_inner_texts()
         assert any(t.startswith(metric) for t in titles)
-        page.evaluate(
-            "(m) => { const c = window.rankwatch.charts.get(m);"
-            " const [x, y] = c.chart.convertToPixel({gridIndex: 0}, [8, 10]);"
-            " c.chart.dispatchAction({type: 'showTip', x, y}); }",
-            metric,
-        )
-        page.locator(".tt-head", has_text=metric).wait_for()
-        page.wait_for_timeout(300)
+        show_tooltip(page, metric, 8, 10.0)
         page.screenshot(path=artifacts / "markup-names-inert.png", full_page=True)
         assert page.evaluate("() => document.querySelectorAll('img').length") == 0
         assert watched.dialogs == []
