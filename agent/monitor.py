@@ -36,7 +36,7 @@ from typing import Any
 from . import hooks, identity
 from .fallback import JsonlWriter, jsonl_path
 from .records import EVENT_KINDS, MAX_METRICS, NONFINITE_TO_JSON, SCHEMA_VERSION
-from .sender import STEP, Sender
+from .sender import CURVE_DIR_ENV, STEP, Sender, curve_keys
 from .values import NotANumber, check_name, plain, to_float
 
 log = logging.getLogger("rankwatch.agent")
@@ -78,6 +78,8 @@ class Monitor:
     Attributes: ``run``, ``rank``, ``world_size``, ``addr`` (ZeroMQ endpoint or None),
     ``jsonl_path``, ``dropped``, ``write_errors``, ``batch_size`` (settable), ``enabled``.
     ``stage(**metrics)`` adds values to the next ``log()`` (for hooks such as the DDP one).
+    ``curve_dir`` (or ``RANKWATCH_CURVE_DIR``): CurveZMQ keys for an aggregator run with
+    ``serve --curve`` (see ``sender.curve_keys``).
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class Monitor:
         heartbeat_s: float = 5.0,
         queue_max: int = 10_000,
         enabled: bool = True,
+        curve_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self._active = False  # log() and event() do nothing until the end of construction
         self._closed = True
@@ -127,6 +130,9 @@ class Monitor:
         self.enabled = enabled
         if not enabled:
             return
+        curve_dir = curve_dir or os.environ.get(CURVE_DIR_ENV) or None
+        # A bad key directory is an argument that makes no sense: never fall back to plaintext.
+        curve = curve_keys(curve_dir) if curve_dir is not None and self.addr else None
         self._writer = JsonlWriter(self.jsonl_path)
         self._fd = self._writer.fd  # log() writes to it directly; None once closed
         self._seq = itertools.count(self._writer.start_seq + 1)
@@ -152,6 +158,7 @@ class Monitor:
                 self.heartbeat_s,
                 self._drop,
                 self.jsonl_path,
+                curve=curve,
             )
             try:
                 self._sender.start()

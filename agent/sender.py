@@ -13,6 +13,9 @@ gives the socket ``LINGER`` to flush what it holds and always returns within its
 
 A frame ``{"v": 1, "resend_from": seq}`` from the aggregator makes this thread re-read the JSONL
 file from that seq and send those records again (the aggregator drops duplicates).
+
+With CurveZMQ keys (``RANKWATCH_CURVE_DIR``: ``server.key`` and this node's client secret, made
+by ``rankwatch keys``) the socket encrypts everything and proves its key to the aggregator.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import zmq
@@ -45,6 +48,39 @@ ZMTP_HEARTBEAT_TIMEOUT_MS = 6000
 MAX_RESEND_RECORDS = 1_000_000  # one resend request re-sends at most this many records
 
 STEP = "s"  # tag of a step tuple in the queue: (STEP, seq, time, step, epoch, metrics)
+CURVE_DIR_ENV = "RANKWATCH_CURVE_DIR"
+CURVE_SERVER_PUBLIC = "server.key"  # the aggregator's public key
+CURVE_CLIENT_SECRET = "client.key_secret"  # this node's key pair (or one client-NAME.key_secret)
+
+
+class CurveKeys(NamedTuple):
+    public: bytes
+    secret: bytes
+    server: bytes
+
+
+def curve_keys(directory: str | Path) -> CurveKeys:
+    """This agent's CurveZMQ keys from ``directory``; ``ValueError`` naming what is missing."""
+    import zmq.auth  # only with curve: it pulls in asyncio
+
+    directory = Path(directory).expanduser()
+    hint = "make them with `rankwatch keys` and copy server.key and a client secret here"
+    if not zmq.has("curve"):
+        raise ValueError("CurveZMQ keys given, but this libzmq has no CURVE support")
+    secrets = sorted(directory.glob("client*.key_secret"))
+    if (directory / CURVE_CLIENT_SECRET).is_file():
+        secrets = [directory / CURVE_CLIENT_SECRET]
+    if len(secrets) != 1:
+        found = "none" if not secrets else ", ".join(p.name for p in secrets)
+        raise ValueError(f"need one client*.key_secret in {directory} (found {found}); {hint}")
+    try:
+        public, secret = zmq.auth.load_certificate(secrets[0])
+        server, _ = zmq.auth.load_certificate(directory / CURVE_SERVER_PUBLIC)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read CurveZMQ keys in {directory}: {exc}; {hint}") from None
+    if not secret:
+        raise ValueError(f"{secrets[0]} holds no secret key; {hint}")
+    return CurveKeys(public, secret, server)
 
 
 class Sender:
@@ -65,8 +101,10 @@ class Sender:
         on_drop: Callable[[int], None],
         jsonl: Path | None = None,
         flush_interval_s: float = FLUSH_INTERVAL_S,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.addr = addr
+        self._curve = curve
         self.queue = queue
         self.sent_frames = 0
         self.sent_records = 0
@@ -133,6 +171,10 @@ class Sender:
         sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_HEARTBEAT_TIMEOUT_MS)
         sock.setsockopt(zmq.MAXMSGSIZE, 64 * 1024)  # control frames from the aggregator are tiny
+        if self._curve is not None:
+            sock.curve_publickey = self._curve.public
+            sock.curve_secretkey = self._curve.secret
+            sock.curve_serverkey = self._curve.server
 
     def _loop(self, sock: zmq.Socket[bytes]) -> None:
         next_beat = time.monotonic() + self._heartbeat_s

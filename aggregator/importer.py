@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rankwatch.agent.records import DecodeError, Record, check_version, decode_record
-from rankwatch.aggregator.store import Store
+from rankwatch.aggregator.store import Store, StoreError
 
 BATCH_RECORDS = 5000  # records handed to the sink at once
 STORE_FLUSH_RECORDS = 200_000  # import_into_store flushes this often (bounds memory)
@@ -393,7 +393,15 @@ def import_into_store(
 ) -> list[FileSummary]:
     """``rankwatch import PATH --data DIR``: import into the store under ``data`` directly.
     Raises StoreError if the store is in use by a running aggregator (import with --url)."""
-    with Store(data) as store:
+    try:
+        store = Store(data)
+    except StoreError as exc:
+        if "lock" not in str(exc).lower():
+            raise
+        raise StoreError(
+            f"{exc}\n(an aggregator is probably running on {data}: import through it with --url)"
+        ) from exc
+    with store:
         sink = StoreSink(store)
         summaries = import_paths(paths, sink, progress, run=run)
         store.flush()

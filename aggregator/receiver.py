@@ -7,6 +7,10 @@ logged once per sender and reason; it is never fatal and valid traffic keeps flo
 
 The socket belongs to the thread that calls ``recv()``: ``send_control()`` may be called from
 any thread, it only queues, and the queue is flushed by the next ``recv()``.
+
+With ``curve_dir`` the socket is a CurveZMQ server (see ``curve.py``): traffic is encrypted and
+only agents holding an allowed client key get in; refused handshakes are counted in
+``refused`` (a peer without curve, or with an unknown key).
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import zmq
 from rankwatch.agent import records
 from rankwatch.agent.records import DecodeError, Record
+from rankwatch.aggregator.curve import CurveGate
 from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger("rankwatch.receiver")
@@ -32,6 +38,15 @@ RCVHWM_MESSAGES = 100_000  # per-peer inbound buffer, so a slow store tick does 
 MAX_SENDERS = 4096  # per-identity counters kept; DEALERs get a new identity on each reconnect
 MAX_LOGGED = 10_000  # (sender, reason) pairs already logged, to log each once
 LINGER_MS = 0  # control messages are best effort: never hang on close
+# Monitor events: connections come and go; a failed handshake is a refused peer.
+HANDSHAKE_FAILED = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",  # unknown CurveZMQ client key
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",  # no curve, or not ZeroMQ at all
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other",
+}
+MONITOR_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED
+for _event in HANDSHAKE_FAILED:
+    MONITOR_EVENTS |= _event
 
 
 @dataclass(slots=True)
@@ -54,9 +69,24 @@ class Receiver:
         *,
         context: zmq.Context[Any] | None = None,
         endpoint: str | None = None,
+        curve_dir: Path | str | None = None,
     ) -> None:
+        self._own_ctx: zmq.Context[Any] | None = None
+        if curve_dir is not None and context is None:
+            # The ZAP handler belongs to a context: one of its own keeps receivers apart.
+            context = self._own_ctx = zmq.Context()
         self._ctx = context or zmq.Context.instance()
+        self.curve: CurveGate | None = None
+        if curve_dir is not None:
+            try:
+                self.curve = CurveGate(self._ctx, curve_dir)
+            except Exception:
+                self._term_own()
+                raise
+            self.curve.start()
         sock = self._ctx.socket(zmq.ROUTER)
+        if self.curve is not None:
+            self.curve.configure(sock)
         sock.setsockopt(zmq.MAXMSGSIZE, records.MAX_FRAME_BYTES)
         sock.setsockopt(zmq.RCVHWM, RCVHWM_MESSAGES)
         sock.setsockopt(zmq.LINGER, LINGER_MS)
@@ -69,13 +99,14 @@ class Receiver:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
             sock.close(0)
+            self._stop_curve()
             raise OSError(f"cannot listen for agents on {endpoint}: {exc}") from None
         self._sock = sock
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.port = int(self.endpoint.rsplit(":", 1)[1]) if self.endpoint.startswith("tcp") else 0
         # Disconnects are how an oversized frame shows up: libzmq drops the peer before
         # the message is complete, so there is no identity and no message to count.
-        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED)
+        self._monitor = sock.get_monitor_socket(MONITOR_EVENTS)
         self._poller = zmq.Poller()
         self._poller.register(sock, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
@@ -94,8 +125,10 @@ class Receiver:
             "disconnects": 0,
             "control_sent": 0,
             "control_failed": 0,
+            "refused": 0,
         }
         self.reasons: dict[str, int] = {}
+        self.refused: dict[str, int] = {}  # refused handshakes by kind (HANDSHAKE_FAILED)
         self._closed = False
 
     # --- receiving --------------------------------------------------------------------------
@@ -211,6 +244,10 @@ class Receiver:
                 self.totals["disconnects"] += 1
             elif event == zmq.EVENT_ACCEPTED:
                 self.totals["connections"] += 1
+            elif event in HANDSHAKE_FAILED:
+                kind = HANDSHAKE_FAILED[event]
+                self.totals["refused"] += 1
+                self.refused[kind] = self.refused.get(kind, 0) + 1
 
     # --- control back to a rank --------------------------------------------------------------
 
@@ -258,7 +295,12 @@ class Receiver:
             entry["records"] += stats.records
             for reason, count in dict(stats.bad).items():
                 entry["bad"][reason] = entry["bad"].get(reason, 0) + count
-        return {**self.totals, "reasons": dict(self.reasons), "senders": by_label}
+        out = {**self.totals, "reasons": dict(self.reasons), "senders": by_label}
+        out["refused_by"] = dict(self.refused)
+        if self.curve is not None:
+            out["curve_clients"] = self.curve.clients
+            out["curve_denied_keys"] = self.curve.denied
+        return out
 
     def close(self) -> None:
         """Close the socket (from the thread that used it). Idempotent."""
@@ -268,3 +310,14 @@ class Receiver:
         self._sock.disable_monitor()
         self._monitor.close(0)
         self._sock.close(0)
+        self._stop_curve()
+
+    def _stop_curve(self) -> None:
+        if self.curve is not None:
+            self.curve.stop()
+        self._term_own()
+
+    def _term_own(self) -> None:
+        if self._own_ctx is not None:
+            self._own_ctx.term()
+            self._own_ctx = None

@@ -44,7 +44,9 @@ FRAME_HEADROOM = 64 * 1024  # a batch never grows past MAX_FRAME_BYTES minus thi
 MAX_PENDING_BYTES = 64 * 1024 * 1024  # packed frames held for an absent head; then push back
 MAX_DRAIN_MESSAGES = 1000  # agent messages handled per loop turn before sending
 RCVHWM_MESSAGES = 10_000  # per-agent inbound queue
-SNDHWM_FRAMES = 1000  # upstream frames ZeroMQ holds before zmq.Again
+# Upstream frames ZeroMQ itself holds (even before the head ever connected) before zmq.Again;
+# small, so the relay's own bounded queue and its push-back take over soon.
+SNDHWM_FRAMES = 16
 IDLE_POLL_MS = 100
 STOP_TIMEOUT_S = 5.0  # stop() flushes to the head for at most this long
 RECONNECT_IVL_MS = 200
@@ -245,8 +247,9 @@ class Relay:
     def _wait_ms(self) -> int:
         if self._pending:
             return 10  # the head is slow or away: retry soon
-        if self._batch:
-            return max(0, int((self._deadline - time.monotonic()) * 1000) + 1)
+        if self._batch:  # wake for the batch deadline, and often enough to notice stop()
+            left_ms = int((self._deadline - time.monotonic()) * 1000) + 1
+            return max(0, min(left_ms, IDLE_POLL_MS))
         return IDLE_POLL_MS
 
     def _close(self, timeout_s: float) -> None:

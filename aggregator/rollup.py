@@ -14,21 +14,28 @@ stay unique per bucket and are read without aggregation. Reading level ``w`` mea
 of ``w`` + the open rows of every level ``<= w`` re-bucketed to ``w`` (which never share a
 bucket with a closed row). Everything happens inside the caller's transaction, so rollups can
 never disagree with the raw rows after a crash.
+
+Also here: the per-step cross-rank band (``settle_bands``), level choice for a query and the
+numpy code turning bucket rows into the lists the dashboard draws. See docs/storage.md.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
+
+if TYPE_CHECKING:
+    from rankwatch.aggregator.store_rows import Mirror
 
 LEVELS: tuple[int, ...] = (16, 256, 4096)  # bucket widths in steps; each is FANOUT x the last
 FANOUT = 16
 BAND_STATS: tuple[str, ...] = ("median", "p5", "p95", "min", "max")  # key = index
 SOURCES = ("series", "band")
+NO_STEP = -(2**63)  # "no step yet" for the band frontier
 FINE_READ_ROWS = 50_000  # rows a query may read beyond its points to use the whole budget
 
 COLUMNS = "run, metric, key, b, n, s, mn, mn_step, mx, mx_step, lo, hi"
@@ -249,6 +256,81 @@ def sort_buckets(res: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: np.asarray(col)[order] for name, col in res.items()}
 
 
+# --- the cross-rank band -------------------------------------------------------------------
+
+
+def settle_bands(
+    cur: duckdb.DuckDBPyConnection,
+    mirror: Mirror,
+    arrival: dict[str, dict[int, float]],
+    run_first: dict[str, float],
+    now: float,
+    *,
+    stale_s: float,
+    wait_unseen_s: float,
+    repair_quiet_s: float,
+    repair_rows: float,
+) -> None:
+    """Settle every run's band up to its frontier (``Mirror.frontier``) and repair metrics
+    that received values for settled steps: at once if that re-reads fewer than
+    ``repair_rows`` raw rows, else once the run has had no input for ``repair_quiet_s``."""
+    for run in mirror.ranks:
+        done = mirror.band.get(run, NO_STEP)
+        last = mirror.last_step(run)
+        late = {m: step for (r, m), step in mirror.late.items() if r == run}
+        if run not in arrival and not late and (last is None or done >= last):
+            continue  # settled in an earlier session and idle since: nothing can change
+        ranks = arrival.get(run, {})
+        quiet = now - max(ranks.values(), default=-math.inf) >= repair_quiet_s
+        for metric, step in late.items():  # one metric's repair leaves the others be
+            stats = mirror.stats.get((run, metric))
+            span = stats.hi - stats.lo + 1 if stats else 1
+            redo = (stats.rows if stats else 0) * (done - step + 1) / span
+            if quiet or redo <= repair_rows:
+                _repair_band(cur, run, metric, step, done)
+                del mirror.late[(run, metric)]
+        frontier = mirror.frontier(run, ranks, now, run_first.get(run), stale_s, wait_unseen_s)
+        if frontier is not None and frontier > done:
+            _band_rows(cur, "run = $run", {"run": run}, done, frontier, done + 1)
+            mirror.band[run] = frontier
+            cur.execute("DELETE FROM band_done WHERE run = ?", [run])
+            cur.execute("INSERT INTO band_done VALUES (?, ?)", [run, frontier])
+
+
+def _repair_band(
+    cur: duckdb.DuckDBPyConnection, run: str, metric: str, step: int, done: int
+) -> None:
+    where, args = "run = $run AND metric = $metric", {"run": run, "metric": metric}
+    cur.execute(f"DELETE FROM band WHERE {where} AND step >= $step", {**args, "step": step})
+    cur.execute(f"DELETE FROM band_late WHERE {where}", args)
+    start = clear(cur, "band", run, metric, step)
+    _band_rows(cur, where, args, step - 1, done, start)
+
+
+def _band_rows(
+    cur: duckdb.DuckDBPyConnection,
+    where: str,
+    args: dict[str, Any],
+    after: int,
+    upto: int,
+    fold_from: int,
+) -> None:
+    """Band rows for steps in (after, upto], then fold the band rows from ``fold_from``."""
+    window = {**args, "after": after, "upto": upto}
+    cur.execute(
+        "CREATE OR REPLACE TEMP TABLE rw_band AS "
+        + band_wide_sql(f"{where} AND step > $after AND step <= $upto"),
+        window,
+    )
+    cur.execute("INSERT INTO band SELECT * FROM rw_band")
+    cur.execute(
+        "CREATE OR REPLACE TEMP TABLE rw_bandf AS SELECT * FROM band "
+        f"WHERE {where} AND step >= $from AND step <= $upto",
+        {**args, "from": fold_from, "upto": upto},
+    )
+    fold(cur, "band", band_long_sql("rw_bandf"), [])
+
+
 # --- turning rows into the points the dashboard draws ----------------------------------------
 
 
@@ -270,23 +352,23 @@ def bucket_points(
     n = len(key)
     first_is_min = mn_step <= mx_step
     step = np.empty(2 * n, dtype=np.int64)
+    value = np.empty(2 * n, dtype=np.float64)
     step[0::2] = np.where(first_is_min, mn_step, mx_step)
     step[1::2] = np.where(first_is_min, mx_step, mn_step)
-    # Each float becomes a Python object once; value/min/max then share those objects, which
-    # is cheaper than three conversions of 2n floats (this is most of an overlay query's time).
-    objs = np.empty(2 * n, dtype=object)
-    objs[:n] = mn.tolist()
-    objs[n:] = mx.tolist()
-    i = np.arange(n)
-    pick = np.empty(2 * n, dtype=np.int64)
-    pick[0::2] = np.where(first_is_min, i, i + n)
-    pick[1::2] = np.where(first_is_min, i + n, i)
+    value[0::2] = np.where(first_is_min, mn, mx)
+    value[1::2] = np.where(first_is_min, mx, mn)
+    # Building Python floats is most of an overlay query's time: make one per point and let
+    # the min/max lists refer to the same objects.
+    objs = value.astype(object)
+    at = 2 * np.arange(n)
+    min_at, max_at = at + ~first_is_min, at + first_is_min
     keep = (step >= start) & (step <= end)
     keep[1::2] &= mn_step != mx_step  # a one-point bucket is drawn once
-    pairs = np.repeat(i, 2)[keep]
+    bucket = np.repeat(np.arange(n), 2)[keep]
     return split_by_key(
-        np.repeat(key, 2)[keep], step[keep], objs[pick[keep]], objs[pairs], objs[pairs + n]
-    )
+        np.repeat(key, 2)[keep], step[keep], objs[keep], objs[min_at[bucket]],
+        objs[max_at[bucket]],
+    )  # fmt: skip
 
 
 def split_by_key(
@@ -294,32 +376,36 @@ def split_by_key(
 ) -> dict[int, dict[str, list]]:
     """Rows sorted by key -> {key: {"step", "value", "min", "max"}} of plain Python lists.
 
-    ``lows``/``highs`` may be ``value`` itself (raw rows): the lists are then shallow copies
-    of the value list, which is much cheaper than converting the array again.
+    ``lows``/``highs`` may be ``value`` itself (raw rows): those lists are then shallow copies
+    of the value list. Keys with the same number of points (the usual case) are converted in
+    one call each, and keys that logged the same steps share the step objects.
     """
     if len(keys) == 0:
         return {}
-    cuts = np.flatnonzero(np.diff(keys)) + 1
-    firsts = np.r_[0, cuts]
+    firsts = np.r_[0, np.flatnonzero(np.diff(keys)) + 1]
+    counts = np.diff(np.r_[firsts, len(keys)])
     same = lows is value and highs is value
-    out: dict[int, dict[str, list]] = {}
-    pieces = zip(
-        keys[firsts].tolist(),
-        np.split(step, cuts),
-        np.split(value, cuts),
-        np.split(lows, cuts),
-        np.split(highs, cuts),
-        strict=True,
-    )
-    for key, st, v, lo, hi in pieces:
-        values = v.tolist()
-        out[key] = {
-            "step": st.tolist(),
-            "value": values,
-            "min": list(values) if same else lo.tolist(),
-            "max": list(values) if same else hi.tolist(),
-        }
-    return out
+    if (counts == counts[0]).all():
+        shape = (len(firsts), int(counts[0]))
+        steps = step.reshape(shape)
+        shared = (steps == steps[0]).all(axis=1).tolist()
+        first = steps[0].tolist()
+        step_l = [
+            list(first) if sh else row.tolist() for sh, row in zip(shared, steps, strict=True)
+        ]
+        value_l = value.reshape(shape).tolist()
+        low_l = [list(v) for v in value_l] if same else lows.reshape(shape).tolist()
+        high_l = [list(v) for v in value_l] if same else highs.reshape(shape).tolist()
+    else:
+        cuts = firsts[1:]
+        step_l = [part.tolist() for part in np.split(step, cuts)]
+        value_l = [part.tolist() for part in np.split(value, cuts)]
+        low_l = [list(v) for v in value_l] if same else [p.tolist() for p in np.split(lows, cuts)]
+        high_l = [list(v) for v in value_l] if same else [p.tolist() for p in np.split(highs, cuts)]
+    return {
+        k: {"step": step_l[i], "value": value_l[i], "min": low_l[i], "max": high_l[i]}
+        for i, k in enumerate(keys[firsts].tolist())
+    }
 
 
 def minmax_reduce(points: dict[str, list], max_points: int) -> dict[str, list]:

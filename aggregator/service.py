@@ -51,7 +51,7 @@ IMPORT_LIVE_WINDOW_S = 600.0  # imported records newer than this also update the
 STOP_TIMEOUT_S = 5.0
 RECORD_COUNTERS = ("received", "accepted", "duplicates", "imported")
 INGEST_COUNTERS = ("messages", "records", "bad_messages", "bad_records", "connections",
-                   "disconnects")  # fmt: skip
+                   "disconnects", "refused")  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -70,6 +70,7 @@ class ServeConfig:
     merge_grace_s: float = 5.0
     console_alerts: bool = True
     resend_gaps: bool = True  # ask agents to re-send missing seqs from their JSONL
+    curve_dir: Path | None = None  # CurveZMQ key files (`rankwatch keys`): encrypted ingest
 
     def __repr__(self) -> str:  # never print the token
         token = "set" if self.token else None
@@ -124,7 +125,7 @@ class Aggregator:
         for run, rank, lo, hi in self.store.seen_seqs():
             self.seqs.load(run, rank, lo, hi)
         cfg = self.config
-        self.receiver = Receiver(cfg.ingest_host, cfg.ingest_port)
+        self.receiver = Receiver(cfg.ingest_host, cfg.ingest_port, curve_dir=cfg.curve_dir)
         self._started = True
         self._stop.clear()
         for name, target in (("ingest", self._ingest_loop), ("flush", self._flush_loop)):
@@ -424,6 +425,7 @@ class Aggregator:
         out.update(n)  # resend_requests, store_errors, sink_errors, internal_errors, ...
         out.update(
             ingest_errors=rx.get("reasons", {}),
+            ingest_refused_by=rx.get("refused_by", {}),
             control_sent=rx.get("control_sent", 0),
             control_failed=rx.get("control_failed", 0),
             merge_late=self.merger.late,

@@ -23,6 +23,10 @@ from rankwatch.agent.records import Record
 from rankwatch.aggregator import rollup
 from rankwatch.aggregator.store_rows import (
     BUFFERED,
+    META_BATCH,
+    RANK_BATCH,
+    SEQ_BATCH,
+    SEQ_MERGE,
     TABLES,
     Batch,
     Mirror,
@@ -39,54 +43,7 @@ BAND_STALE_S = 30.0  # a rank silent this long no longer holds back the band
 BAND_WAIT_UNSEEN_S = 60.0  # ranks of world_size never seen hold it back this long
 BAND_REPAIR_QUIET_S = 10.0  # a run with late rows is re-banded after this long without input
 BAND_REPAIR_ROWS = 200_000  # ... or at once if re-banding reads fewer raw rows than this
-NO_STEP = -(2**63)
-
-# Seen (run, rank, seq) as merged intervals, in two steps: this flush's seqs as intervals
-# (a rank's seqs are usually one unbroken run: min/max/count, no sort; otherwise islands by
-# seq - dense_rank), then gaps-and-islands over those plus the touched ranks' old intervals.
-_SEQ_BATCH = (
-    """CREATE OR REPLACE TEMP TABLE rw_sg AS SELECT run, rank, min(seq) AS lo, max(seq) AS hi,
-    count(DISTINCT seq) AS n FROM buf_recs GROUP BY run, rank""",
-    """CREATE OR REPLACE TEMP TABLE rw_si AS
-    SELECT run, rank, lo, hi FROM rw_sg WHERE hi - lo + 1 = n
-    UNION ALL
-    SELECT run, rank, min(seq), max(seq) FROM (
-        SELECT r.run, r.rank, r.seq, r.seq - dense_rank() OVER (PARTITION BY r.run, r.rank
-            ORDER BY r.seq) AS island
-        FROM buf_recs r SEMI JOIN (SELECT run, rank FROM rw_sg WHERE hi - lo + 1 <> n) g
-        ON r.run = g.run AND r.rank = g.rank)
-    GROUP BY run, rank, island""",
-)
-_SEQ_MERGE = """
-CREATE OR REPLACE TEMP TABLE rw_seq AS
-WITH u AS (SELECT * FROM rw_si
-      UNION ALL SELECT s.run, s.rank, s.lo, s.hi FROM seqs s SEMI JOIN rw_sg k
-      ON s.run = k.run AND s.rank = k.rank),
-w AS (SELECT *, max(hi) OVER (PARTITION BY run, rank ORDER BY lo, hi
-      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_hi FROM u),
-g AS (SELECT *, sum(CASE WHEN prev_hi IS NULL OR lo > prev_hi + 1 THEN 1 ELSE 0 END)
-      OVER (PARTITION BY run, rank ORDER BY lo, hi ROWS UNBOUNDED PRECEDING) AS island FROM w)
-SELECT run, rank, min(lo) AS lo, max(hi) AS hi FROM g GROUP BY run, rank, island
-"""
-
-# Where a rank's world_size/host/pid start (its first record, a restart elsewhere): the first
-# seq of each identity in this flush, in seq order (hash aggregate, no window over the batch).
-_META_BATCH = """
-SELECT run, rank, min(seq) AS seq, world_size, host, pid FROM buf_recs
-WHERE world_size IS NOT NULL GROUP BY run, rank, world_size, host, pid ORDER BY run, rank, seq
-"""
-
-_RANK_BATCH = """
-SELECT run, rank, count(*) AS records, min(time) AS first_time, max(time) AS last_time,
-  max(step) FILTER (WHERE kind = 'step') AS last_step,
-  arg_max(world_size, seq) FILTER (WHERE world_size IS NOT NULL) AS world_size,
-  arg_max(host, seq) FILTER (WHERE world_size IS NOT NULL) AS host,
-  arg_max(pid, seq) FILTER (WHERE world_size IS NOT NULL) AS pid,
-  max(seq) FILTER (WHERE world_size IS NOT NULL) AS meta_seq,
-  max(seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life_seq,
-  arg_max(event, seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life
-FROM buf_recs GROUP BY run, rank
-"""
+NO_STEP = rollup.NO_STEP
 
 
 class StoreError(RuntimeError):
@@ -225,7 +182,11 @@ class Store:
                         + select_sql(name, f"raw_{name}")
                     )
                 self._insert_batch(cur, mirror, sizes)
-            self._settle_bands(cur, mirror, now, arrival)
+            rollup.settle_bands(
+                cur, mirror, arrival, self._run_first, now, stale_s=BAND_STALE_S,
+                wait_unseen_s=BAND_WAIT_UNSEEN_S, repair_quiet_s=BAND_REPAIR_QUIET_S,
+                repair_rows=BAND_REPAIR_ROWS,
+            )  # fmt: skip
             cur.execute("COMMIT")
         except BaseException:
             # the transaction may already be gone; the original error is what matters
@@ -245,7 +206,7 @@ class Store:
         for name in ("events", "heartbeats"):
             if sizes[name]:
                 cur.execute(f"INSERT INTO {name} SELECT * FROM buf_{name}")
-        for sql in (*_SEQ_BATCH, _SEQ_MERGE):
+        for sql in (*SEQ_BATCH, SEQ_MERGE):
             cur.execute(sql)
         cur.execute(
             "DELETE FROM seqs USING (SELECT DISTINCT run, rank FROM rw_seq) k "
@@ -253,7 +214,7 @@ class Store:
         )
         cur.execute("INSERT INTO seqs SELECT * FROM rw_seq")
         meta, prev = [], None
-        for row in cur.execute(_META_BATCH).fetchall():
+        for row in cur.execute(META_BATCH).fetchall():
             key, ident = row[:2], row[3:]
             known = prev[3:] if prev is not None and prev[:2] == key else mirror.identity(*key)
             if ident != known:
@@ -261,7 +222,7 @@ class Store:
             prev = row
         if meta:
             cur.executemany("INSERT INTO rank_meta VALUES (?, ?, ?, ?, ?, ?)", meta)
-        changed = mirror.merge_ranks(cur.execute(_RANK_BATCH).fetchall())
+        changed = mirror.merge_ranks(cur.execute(RANK_BATCH).fetchall())
         cur.register("raw_ranks", ranks_columns(changed))
         cur.execute("CREATE OR REPLACE TEMP TABLE rw_ranks AS " + select_sql("ranks", "raw_ranks"))
         cur.unregister("raw_ranks")
@@ -292,72 +253,6 @@ class Store:
             mirror.late[key] = min(late, mirror.late.get(key, late))
             cur.execute("DELETE FROM band_late WHERE run = ? AND metric = ?", [run, metric])
             cur.execute("INSERT INTO band_late VALUES (?, ?, ?)", [run, metric, mirror.late[key]])
-
-    def _settle_bands(
-        self,
-        cur: duckdb.DuckDBPyConnection,
-        mirror: Mirror,
-        now: float,
-        arrival: dict[str, dict[int, float]],
-    ) -> None:
-        for run in mirror.ranks:
-            done = mirror.band.get(run, NO_STEP)
-            last = mirror.last_step(run)
-            late = {m: step for (r, m), step in mirror.late.items() if r == run}
-            if run not in arrival and not late and (last is None or done >= last):
-                continue  # settled in an earlier session and idle since: nothing can change
-            quiet = now - max(arrival.get(run, {}).values(), default=-math.inf) >= (
-                BAND_REPAIR_QUIET_S
-            )
-            for metric, step in late.items():  # one metric's repair leaves the others be
-                stats = mirror.stats.get((run, metric))
-                span = stats.hi - stats.lo + 1 if stats else 1
-                redo = (stats.rows if stats else 0) * (done - step + 1) / span
-                if quiet or redo <= BAND_REPAIR_ROWS:
-                    self._repair_band(cur, run, metric, step, done)
-                    del mirror.late[(run, metric)]
-            frontier = mirror.frontier(
-                run, arrival.get(run, {}), now, self._run_first.get(run), BAND_STALE_S,
-                BAND_WAIT_UNSEEN_S,
-            )  # fmt: skip
-            if frontier is not None and frontier > done:
-                self._band_rows(cur, "run = $run", {"run": run}, done, frontier, done + 1)
-                mirror.band[run] = frontier
-                cur.execute("DELETE FROM band_done WHERE run = ?", [run])
-                cur.execute("INSERT INTO band_done VALUES (?, ?)", [run, frontier])
-
-    def _repair_band(
-        self, cur: duckdb.DuckDBPyConnection, run: str, metric: str, step: int, done: int
-    ) -> None:
-        where, args = "run = $run AND metric = $metric", {"run": run, "metric": metric}
-        cur.execute(f"DELETE FROM band WHERE {where} AND step >= $step", {**args, "step": step})
-        cur.execute(f"DELETE FROM band_late WHERE {where}", args)
-        start = rollup.clear(cur, "band", run, metric, step)
-        self._band_rows(cur, where, args, step - 1, done, start)
-
-    def _band_rows(
-        self,
-        cur: duckdb.DuckDBPyConnection,
-        where: str,
-        args: dict[str, Any],
-        after: int,
-        upto: int,
-        fold_from: int,
-    ) -> None:
-        """Band rows for steps in (after, upto], then fold the band rows from ``fold_from``."""
-        window = {**args, "after": after, "upto": upto}
-        cur.execute(
-            "CREATE OR REPLACE TEMP TABLE rw_band AS "
-            + rollup.band_wide_sql(f"{where} AND step > $after AND step <= $upto"),
-            window,
-        )
-        cur.execute("INSERT INTO band SELECT * FROM rw_band")
-        cur.execute(
-            "CREATE OR REPLACE TEMP TABLE rw_bandf AS SELECT * FROM band "
-            f"WHERE {where} AND step >= $from AND step <= $upto",
-            {**args, "from": fold_from, "upto": upto},
-        )
-        rollup.fold(cur, "band", rollup.band_long_sql("rw_bandf"), [])
 
     def rebuild_band(self, run: str) -> None:
         """Recompute the band of ``run`` from its raw rows at the next flush (after an import
@@ -556,7 +451,9 @@ class Store:
         if hi < lo or not keys:
             return None
         per_key = stats.rows / len(stats.keys) * (hi - lo + 1) / (stats.hi - stats.lo + 1)
-        level = rollup.choose_level(per_key, hi - lo + 1, max_points, points_per_bucket, len(keys))
+        # the band reads one row per statistic, a series one per rank
+        width = len(rollup.BAND_STATS) if points_per_bucket == 1 else len(keys)
+        level = rollup.choose_level(per_key, hi - lo + 1, max_points, points_per_bucket, width)
         where = "run = $run AND metric = $metric"
         if ranks is not None:
             where += f" AND key IN ({', '.join(str(k) for k in sorted(keys))})"

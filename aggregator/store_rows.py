@@ -53,6 +53,56 @@ TABLES = (
 )
 
 
+# --- the bookkeeping a flush does in SQL over its batch (temp table buf_recs) ----------
+
+# Seen (run, rank, seq) as merged intervals, in two steps: this flush's seqs as intervals
+# (a rank's seqs are usually one unbroken run: min/max/count, no sort; otherwise islands by
+# seq - dense_rank), then gaps-and-islands over those plus the touched ranks' old intervals.
+SEQ_BATCH = (
+    """CREATE OR REPLACE TEMP TABLE rw_sg AS SELECT run, rank, min(seq) AS lo, max(seq) AS hi,
+    count(DISTINCT seq) AS n FROM buf_recs GROUP BY run, rank""",
+    """CREATE OR REPLACE TEMP TABLE rw_si AS
+    SELECT run, rank, lo, hi FROM rw_sg WHERE hi - lo + 1 = n
+    UNION ALL
+    SELECT run, rank, min(seq), max(seq) FROM (
+        SELECT r.run, r.rank, r.seq, r.seq - dense_rank() OVER (PARTITION BY r.run, r.rank
+            ORDER BY r.seq) AS island
+        FROM buf_recs r SEMI JOIN (SELECT run, rank FROM rw_sg WHERE hi - lo + 1 <> n) g
+        ON r.run = g.run AND r.rank = g.rank)
+    GROUP BY run, rank, island""",
+)
+SEQ_MERGE = """
+CREATE OR REPLACE TEMP TABLE rw_seq AS
+WITH u AS (SELECT * FROM rw_si
+      UNION ALL SELECT s.run, s.rank, s.lo, s.hi FROM seqs s SEMI JOIN rw_sg k
+      ON s.run = k.run AND s.rank = k.rank),
+w AS (SELECT *, max(hi) OVER (PARTITION BY run, rank ORDER BY lo, hi
+      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_hi FROM u),
+g AS (SELECT *, sum(CASE WHEN prev_hi IS NULL OR lo > prev_hi + 1 THEN 1 ELSE 0 END)
+      OVER (PARTITION BY run, rank ORDER BY lo, hi ROWS UNBOUNDED PRECEDING) AS island FROM w)
+SELECT run, rank, min(lo) AS lo, max(hi) AS hi FROM g GROUP BY run, rank, island
+"""
+
+# Where a rank's world_size/host/pid start (its first record, a restart elsewhere): the first
+# seq of each identity in this flush, in seq order (hash aggregate, no window over the batch).
+META_BATCH = """
+SELECT run, rank, min(seq) AS seq, world_size, host, pid FROM buf_recs
+WHERE world_size IS NOT NULL GROUP BY run, rank, world_size, host, pid ORDER BY run, rank, seq
+"""
+
+RANK_BATCH = """
+SELECT run, rank, count(*) AS records, min(time) AS first_time, max(time) AS last_time,
+  max(step) FILTER (WHERE kind = 'step') AS last_step,
+  arg_max(world_size, seq) FILTER (WHERE world_size IS NOT NULL) AS world_size,
+  arg_max(host, seq) FILTER (WHERE world_size IS NOT NULL) AS host,
+  arg_max(pid, seq) FILTER (WHERE world_size IS NOT NULL) AS pid,
+  max(seq) FILTER (WHERE world_size IS NOT NULL) AS meta_seq,
+  max(seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life_seq,
+  arg_max(event, seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life
+FROM buf_recs GROUP BY run, rank
+"""
+
+
 def columns(name: str, cols: Sequence[Sequence[Any]]) -> dict[str, np.ndarray]:
     """Python column lists -> numpy arrays DuckDB can scan (see NULL_INT)."""
     out: dict[str, np.ndarray] = {}
@@ -300,7 +350,7 @@ class Mirror:
         return None if row is None else (row.world_size, row.host, row.pid)
 
     def merge_ranks(self, rows: list[tuple]) -> list[RankRow]:
-        """Fold a flush's per-rank aggregates (store._RANK_BATCH) in; returns the new rows."""
+        """Fold a flush's per-rank aggregates (RANK_BATCH) in; returns the new rows."""
         changed = []
         for run in {row[0] for row in rows}:
             self.ranks[run] = dict(self.ranks.get(run, {}))

@@ -91,7 +91,9 @@ def parse_faults(text: str, world: int, default_step: int) -> list[Fault]:
             magnitude = float(parts[2]) if len(parts) == 3 else DEFAULT_MAGNITUDE.get(kind)
             step = int(at) if at else default_step
         except ValueError:
-            raise ValueError(f"fault {item!r}: rank and step must be integers, magnitude a number")
+            raise ValueError(
+                f"fault {item!r}: rank and step must be integers, magnitude a number"
+            ) from None
         if not 0 <= rank < world:
             raise ValueError(f"fault {item!r}: rank {rank} is not in 0..{world - 1}")
         if step < 1:

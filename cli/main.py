@@ -23,6 +23,7 @@ COMMANDS = (
     "export",
     "demo",
     "relay",
+    "keys",
 )
 
 
@@ -56,3 +57,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

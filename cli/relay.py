@@ -44,8 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--max-pending-mb",
         type=float,
         default=None,
-        help="frames held while the aggregator is away before agents are pushed back "
-        "(default 64)",
+        help="frames held while the aggregator is away before agents are pushed back (default 64)",
     )
     parser.add_argument(
         "--report-s",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 NAME = "serve"
 HELP = "run the aggregator and the dashboard (agents connect to it)"
 TOKEN_ENV = "RANKWATCH_TOKEN"  # read when --token is not given, so it stays out of `ps`
+CURVE_ENV = "RANKWATCH_CURVE_DIR"  # what the agents read (see rankwatch.agent.sender)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -44,6 +46,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="send alerts to a webhook; KIND: json, slack, dingtalk, wecom, feishu "
         "(repeatable; secrets go in the config file)",
     )
+    parser.add_argument(
+        "--curve",
+        metavar="DIR",
+        help="encrypt and authenticate ingest with CurveZMQ, keys from `rankwatch keys --dir "
+        f"DIR`; agents then need {CURVE_ENV}",
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -55,6 +63,7 @@ def _fail(message: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from rankwatch.aggregator.config import ConfigError, load_config, with_overrides
+    from rankwatch.aggregator.curve import CurveError, client_keys, server_keys
     from rankwatch.aggregator.store import StoreError
 
     try:
@@ -69,7 +78,13 @@ def run(args: argparse.Namespace) -> int:
             token=args.token or (os.environ.get(TOKEN_ENV) if config.token is None else None),
             webhooks=args.webhook,
         )
-    except ConfigError as exc:
+        if args.curve:
+            curve = Path(args.curve).expanduser()
+            server_keys(curve)  # fail now, with the file named, not when agents connect
+            if not client_keys(curve):
+                raise CurveError(f"no client*.key in {curve}: run `rankwatch keys --dir {curve}`")
+            config = dataclasses.replace(config, curve_dir=curve)
+    except (ConfigError, CurveError) as exc:
         return _fail(str(exc))
 
     import uvicorn
@@ -82,7 +97,10 @@ def run(args: argparse.Namespace) -> int:
     except StoreError as exc:
         return _fail(f"{exc}\n(is another `rankwatch serve` using --data {config.data_dir}?)")
     try:
-        aggregator.start()
+        try:
+            aggregator.start()
+        except CurveError as exc:
+            return _fail(str(exc))
         app = create_app(aggregator, config.token)
         uv_config = uvicorn.Config(
             app, host=config.host, port=config.port, log_level="warning", lifespan="on"
@@ -123,6 +141,11 @@ def _banner(config: ServeConfig, ingest_port: int, port: int) -> None:
         "  and call mon.log(step, loss=loss) each step "
         f"(or export RANKWATCH_ADDR={head}:{ingest_port} and use Monitor())",
     ]
+    if config.curve_dir is not None:
+        lines.append(
+            f"rankwatch: ingest is encrypted (CurveZMQ): give every node server.key and "
+            f"client.key_secret from {config.curve_dir} and set {CURVE_ENV} to their directory"
+        )
     if host not in ("127.0.0.1", "localhost", "::1") and not config.token:
         lines.append(
             f"rankwatch: warning: the dashboard on {host} has no token: anyone who can reach "

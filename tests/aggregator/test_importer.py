@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,7 @@ from rankwatch.aggregator.importer import (
     import_paths,
     iter_file,
 )
-from rankwatch.aggregator.store import Store
+from rankwatch.aggregator.store import Store, StoreError
 
 
 class ListSink:
@@ -191,3 +193,22 @@ def test_aggregator_style_sink_and_stderr_progress(
     assert (second[0].accepted, second[0].duplicates) == (0, 64)
     err = capsys.readouterr().err
     assert err.startswith("\rimporting: ") and err.endswith("(100%)\n")
+
+
+def test_import_into_a_store_in_use_says_so(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    Store(data).close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, duckdb; c = duckdb.connect(sys.argv[1]); print('ok', flush=True); "
+         "sys.stdin.read()", str(data / "store.duckdb")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ok"
+        path = tmp_path / "m_rank0.jsonl"
+        path.write_text('{"step": 1, "loss": 1.0}\n')
+        with pytest.raises(StoreError, match="import through it with --url"):
+            import_into_store([path], data)
+    finally:
+        holder.communicate("")

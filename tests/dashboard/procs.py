@@ -22,6 +22,11 @@ import httpx
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 AGENT = Path(__file__).resolve().parent / "rank_agent.py"
+# `rankwatch serve`, able to print every thread's stack on SIGUSR1 (see Server.dump_stacks).
+_SERVE_MAIN = (
+    "import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+    "from rankwatch.cli.main import main; main()"
+)
 _DASHBOARD = re.compile(r"dashboard (http://\S+?)/")
 _INGEST = re.compile(r"agents connect to tcp://(\S+)")
 
@@ -31,7 +36,7 @@ class Server:
 
     def __init__(self, data_dir: Path, token: str | None = None) -> None:
         cmd = [
-            sys.executable, "-c", "from rankwatch.cli.main import main; main()", "serve",
+            sys.executable, "-c", _SERVE_MAIN, "serve",
             "--data", str(data_dir), "--host", "127.0.0.1", "--port", "0",
             "--ingest-host", "127.0.0.1", "--ingest-port", "0",
         ]  # fmt: skip
@@ -91,11 +96,23 @@ class Server:
                 value = predicate()
             except httpx.HTTPStatusError:  # e.g. 404 until the first flush stores the run
                 value = None
+            except httpx.TimeoutException:
+                self.dump_stacks()
+                raise AssertionError(
+                    f"the server stopped answering\n{self.output[-6000:]}"
+                ) from None
             if value:
                 return value
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}\n{self.output[-2000:]}")
+                self.dump_stacks()
+                raise AssertionError(f"timed out waiting for {what}\n{self.output[-6000:]}")
             time.sleep(0.1)
+
+    def dump_stacks(self) -> None:
+        """Ask the server for every thread's stack (lands in ``output``): for a hang."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -103,6 +120,7 @@ class Server:
             try:
                 self.proc.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
+                self.dump_stacks()
                 self.proc.kill()
                 self.proc.wait(STOP_TIMEOUT_S)
         if self._drainer.is_alive():

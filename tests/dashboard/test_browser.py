@@ -114,7 +114,10 @@ def open_run(w: Watched, server: Server, run: str, extra: str = "") -> Page:
         )
     except Exception:
         shown = w.page.evaluate("() => document.getElementById('error').textContent")
-        raise AssertionError(f"the page never got ready; it says: {shown!r}") from None
+        server.dump_stacks()
+        raise AssertionError(
+            f"the page never got ready; it says: {shown!r}\n{server.output[-8000:]}"
+        ) from None
     return w.page
 
 

@@ -44,7 +44,7 @@ class Spawner:
         server = Serve(
             old.data, self.tmp_path / f"serve{len(self.serves)}.log", extra=old.extra,
             port=old.port, ingest_port=old.ingest_port, ingest_host=old.ingest_host,
-            token=old.token, env=old.env, host=old.host,
+            token=old.token, env=old.env, host=old.host, verbose=old.verbose,
         )  # fmt: skip
         self.serves.append(server)
         return server.start(wait=wait)

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,7 +30,7 @@ READY_TIMEOUT_S = 90.0  # serve imports DuckDB, FastAPI and numpy on a busy 2-co
 STOP_TIMEOUT_S = 20.0
 RANK_SCRIPT = Path(__file__).resolve().parent / "rank_proc.py"
 SERVE = [sys.executable, "-c", "from rankwatch.cli.main import main; main()"]
-_PROM_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$')
+_PROM_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$")
 _PROM_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -84,9 +85,7 @@ def parse_prom(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]
         assert m is not None, f"not a Prometheus sample line: {line!r}"
         labels = tuple(sorted(_PROM_LABEL.findall(m.group(3) or "")))
         value = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf}.get(m.group(4))
-        out.setdefault(m.group(1), {})[labels] = (
-            float(m.group(4)) if value is None else value
-        )
+        out.setdefault(m.group(1), {})[labels] = float(m.group(4)) if value is None else value
     return out
 
 
@@ -105,8 +104,10 @@ class Serve:
         token: str | None = None,
         env: dict[str, str] | None = None,
         host: str | None = HOST,
+        verbose: int = 0,
     ) -> None:
         self.data, self.log = data, log
+        self.verbose = verbose
         self.port = port or free_port()
         self.ingest_port = ingest_port or free_port()
         self.ingest_host = ingest_host
@@ -127,7 +128,8 @@ class Serve:
         )
 
     def command(self) -> list[str]:
-        cmd = [*SERVE, "serve", "--data", str(self.data), "--port", str(self.port)]
+        cmd = [*SERVE, *["-v"] * self.verbose, "serve", "--data", str(self.data)]
+        cmd += ["--port", str(self.port)]
         cmd += ["--ingest-host", self.ingest_host, "--ingest-port", str(self.ingest_port)]
         if self.host is not None:
             cmd += ["--host", self.host]
@@ -162,15 +164,20 @@ class Serve:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
-    def get(self, path: str, timeout: float = 10.0, **params: Any) -> Any:
-        res = httpx.get(self.url + path, params=params, headers=self.headers(), timeout=timeout)
+    def request(self, path: str, timeout: float = 10.0, **params: Any) -> httpx.Response:
+        try:
+            res = httpx.get(self.url + path, params=params, headers=self.headers(), timeout=timeout)
+        except httpx.TransportError:
+            self.check_alive()  # a dead serve explains itself with its exit code and log
+            raise
         res.raise_for_status()
-        return res.json()
+        return res
+
+    def get(self, path: str, timeout: float = 10.0, **params: Any) -> Any:
+        return self.request(path, timeout, **params).json()
 
     def metrics(self) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-        res = httpx.get(self.url + "/metrics", headers=self.headers(), timeout=30)
-        res.raise_for_status()
-        return parse_prom(res.text)
+        return parse_prom(self.request("/metrics", 30).text)
 
     def counter(self, name: str, **labels: str) -> float:
         family = self.metrics().get(f"rankwatch_aggregator_{name}", {})
@@ -286,3 +293,49 @@ def compare(stored: dict[Any, str], written: dict[Any, str]) -> dict[str, int]:
     differ = [k for k in set(written) & set(stored) if written[k] != stored[k]]
     return {"written": len(written), "missing": len(missing), "extra": len(extra),
             "differ": len(differ)}  # fmt: skip
+
+
+class Stream:
+    """Reads ``GET /api/stream`` in a thread and keeps the highest step seen per rank."""
+
+    def __init__(self, serve: Serve, run: str) -> None:
+        self.url = f"{serve.url}/api/stream"
+        self.params = {"run": run}
+        self.headers = serve.headers()
+        self.frames = 0
+        self.top: dict[int, int] = {}
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        timeout = httpx.Timeout(10.0, read=30.0)
+        try:
+            with httpx.stream("GET", self.url, params=self.params, headers=self.headers,
+                              timeout=timeout) as res:  # fmt: skip
+                res.raise_for_status()
+                event = ""
+                for line in res.iter_lines():
+                    if self._stop.is_set():
+                        return
+                    if line.startswith("event: "):
+                        event = line[7:]
+                    elif line.startswith("data: ") and event == "feed":
+                        self._feed(json.loads(line[6:]))
+        except BaseException as exc:  # reported by the test that reads it
+            if not self._stop.is_set():
+                self.error = exc
+
+    def _feed(self, messages: list[dict[str, Any]]) -> None:
+        self.frames += 1
+        for msg in messages:
+            if msg.get("type") == "points":
+                for rank, step, _ in msg["points"]:
+                    self.top[rank] = max(step, self.top.get(rank, step))
+
+    def highest(self) -> int:
+        return min(self.top.values(), default=0)
+
+    def close(self) -> None:
+        self._stop.set()

@@ -31,9 +31,9 @@ def _config(path: Path, **keys: float) -> list[str]:
 def _start(spawn: Spawner, tmp_path: Path, **keys: float) -> tuple[Any, list[Any], Path]:
     serve = spawn.serve(extra=_config(tmp_path / "serve.toml", **keys))
     stop = tmp_path / "stop"
+    logs = tmp_path / "logs"
     ranks = [
-        spawn.rank(RUN, k, WORLD, serve.addr, tmp_path / "logs", heartbeat=HEARTBEAT_S,
-                   stop_file=stop)  # fmt: skip
+        spawn.rank(RUN, k, WORLD, serve.addr, logs, heartbeat=HEARTBEAT_S, stop_file=stop)
         for k in range(WORLD)
     ]
     wait_until(

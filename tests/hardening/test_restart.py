@@ -57,8 +57,9 @@ def test_aggregator_kill_9_and_restart_loses_nothing(
         floor = min(_last_steps(serve).values(), default=0)
         wait_until(
             "every rank to be heard from",
-            lambda s=serve, f=floor: len(steps := _last_steps(s)) == WORLD
-            and min(steps.values()) >= f + 40,
+            lambda s=serve, f=floor: (
+                len(steps := _last_steps(s)) == WORLD and min(steps.values()) >= f + 40
+            ),
             60,
         )
         killed_at = max(_last_steps(serve).values())
@@ -71,8 +72,9 @@ def test_aggregator_kill_9_and_restart_loses_nothing(
         # aggregator asks for them and they fill in, with nobody acting.
         wait_until(
             "fresh records at the new aggregator",
-            lambda s=serve, k=killed_at: len(t := _last_steps(s)) == WORLD
-            and min(t.values()) > k + 20,
+            lambda s=serve, k=killed_at: (
+                len(t := _last_steps(s)) == WORLD and min(t.values()) > k + 20
+            ),
             30,
         )
         seen = _gap_total(serve)

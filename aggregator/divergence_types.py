@@ -1,0 +1,146 @@
+"""The values the divergence detector hands out (re-exported by ``divergence.py``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepStats:
+    run: str
+    metric: str
+    step: int
+    n: int  # ranks with a finite value
+    median: float
+    mad: float
+    mean: float
+    min: float
+    max: float
+    p5: float
+    p25: float
+    p75: float
+    p95: float
+
+
+@dataclass(frozen=True)
+class RankScore:
+    rank: int
+    value: float
+    z: float
+    rel: float  # x / median for a positive median; 1 + (x - median) / |median| in general
+    outlier: bool  # this step alone: |z| >= z_threshold and past the ratio gate
+    nonfinite: bool
+    flagged: bool = False  # a confirmed divergence of this rank and metric is active
+
+
+@dataclass(frozen=True)
+class Divergence:
+    run: str
+    metric: str
+    rank: int
+    kind: str  # outlier | nonfinite | straggler
+    direction: str  # high | low
+    since_step: int
+    step: int  # step of this report (flagged, or resolved)
+    value: float
+    median: float
+    z: float
+    rel: float
+    message: str
+    n: int = 0  # ranks compared
+    confident: bool = True  # False: two ranks and no way to tell which one changed
+
+
+_RANKS, _VALUES, _Z, _REL, _OUTLIER = range(5)
+
+
+class RankScores(Mapping[int, RankScore]):
+    """rank -> RankScore for one step, built on access (4,096 objects per step are not free).
+
+    The columns are lists (small worlds) or numpy arrays (large ones), all in one order. Bulk
+    readers (the store, the live feed) get numpy arrays either way from ``ranks``,
+    ``value_array`` (``values`` is the Mapping method), ``z``, ``rel`` and ``outlier``, and
+    rank -> z from ``z_map()``.
+    """
+
+    def __init__(
+        self,
+        ranks: list[int] | np.ndarray,
+        values: list[float] | np.ndarray,
+        z: list[float] | np.ndarray,
+        rel: list[float] | np.ndarray,
+        outlier: list[bool] | np.ndarray,
+        flagged: frozenset[int],
+    ) -> None:
+        self._cols: list[Any] = [ranks, values, z, rel, outlier]
+        self._flagged = flagged
+        self._pos: dict[int, int] | None = None
+
+    def _array(self, col: int, dtype: type) -> np.ndarray:
+        value = self._cols[col]
+        if not isinstance(value, np.ndarray):
+            value = self._cols[col] = np.asarray(value, dtype)
+        return value
+
+    def _list(self, col: int) -> list[Any]:
+        value = self._cols[col]
+        return value.tolist() if isinstance(value, np.ndarray) else value
+
+    @property
+    def ranks(self) -> np.ndarray:
+        return self._array(_RANKS, np.int64)
+
+    @property
+    def value_array(self) -> np.ndarray:
+        return self._array(_VALUES, np.float64)
+
+    @property
+    def z(self) -> np.ndarray:
+        return self._array(_Z, np.float64)
+
+    @property
+    def rel(self) -> np.ndarray:
+        return self._array(_REL, np.float64)
+
+    @property
+    def outlier(self) -> np.ndarray:
+        return self._array(_OUTLIER, np.bool_)
+
+    def z_map(self) -> dict[int, float]:
+        """rank -> z (NaN for a non-finite value), without building RankScore objects."""
+        return dict(zip(self._list(_RANKS), self._list(_Z), strict=True))
+
+    def __getitem__(self, rank: int) -> RankScore:
+        if self._pos is None:
+            self._pos = {r: i for i, r in enumerate(self._list(_RANKS))}
+        i = self._pos[rank]
+        _, values, z, rel, outlier = self._cols
+        value = float(values[i])
+        return RankScore(
+            rank,
+            value,
+            float(z[i]),
+            float(rel[i]),
+            bool(outlier[i]),
+            not math.isfinite(value),
+            rank in self._flagged,
+        )
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._list(_RANKS))
+
+    def __len__(self) -> int:
+        return len(self._cols[_RANKS])
+
+
+@dataclass(frozen=True)
+class StepResult:
+    stats: StepStats
+    scores: Mapping[int, RankScore]
+    new: list[Divergence]
+    resolved: list[Divergence]

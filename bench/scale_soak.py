@@ -1,0 +1,225 @@
+"""Soak: N simulated ranks at R steps/s for D seconds against a real ``rankwatch serve``.
+
+    python bench/scale_soak.py [--ranks 4096] [--rate 5] [--duration 600] [--sockets process]
+                               [--faults drift:17:4,nan:5,slow:40:2,hang:77,lost:100]
+
+Measures, from one run:
+
+* backlog: records sent by the load generator vs accepted by the aggregator (``/metrics``) vs
+  stored (``/api/runs``), every ``--poll-s``; the drain time after the load ends;
+* divergence for every step: ``merge_late`` and ``merge_evicted`` stay 0 when every
+  (metric, step) group was scored; and the injected faults are flagged (``/api/runs/<run>``);
+* freshness: a client subscribed to ``/api/stream`` (what the dashboard does) notes when each
+  ``loss`` point of ``SAMPLED_RANKS`` sampled ranks arrives; freshness = arrival minus the
+  record's creation time (same clock: everything runs on this machine);
+* the aggregator's RSS and CPU (``/proc``).
+
+``--sockets process`` (default) sends each load process's ranks over one connection, batched per
+step, as relays would; ``--sockets rank`` opens one connection per rank. The default size is
+beyond a 2-core machine: shrink it with the flags and report what it sustains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from loadgen import LoadGen, add_arguments, config_from_args
+from serve_proc import ServeProc
+
+SAMPLED_RANKS = 64  # ranks whose loss points are timed on the live stream
+DRAIN_TIMEOUT_S = 300.0
+DEFAULT_FAULTS = "drift:17:4,nan:5,slow:40:2,hang:77,lost:100"
+
+
+class StreamClock:
+    """Reads /api/stream in a thread; notes arrival times of sampled ranks' loss points."""
+
+    def __init__(self, head: ServeProc, run: str, ranks: set[int]) -> None:
+        self.head, self.run, self.ranks = head, run, ranks
+        self.arrivals: dict[tuple[int, int], float] = {}
+        self.points = self.frames = self.resyncs = self.sampled_msgs = 0
+        self.error = ""
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for event, data in self.head.stream(timeout_s=DRAIN_TIMEOUT_S):
+                now = time.time()
+                if event == "resync":
+                    self.resyncs += 1
+                if event != "feed":
+                    continue
+                self.frames += 1
+                for msg in json.loads(data):
+                    if msg.get("type") != "points" or msg.get("run") != self.run:
+                        continue
+                    self.points += len(msg["points"])
+                    self.sampled_msgs += bool(msg.get("sampled"))
+                    if msg.get("metric") != "loss":
+                        continue
+                    for rank, step, _ in msg["points"]:
+                        if rank in self.ranks:
+                            self.arrivals.setdefault((rank, step), now)
+        except Exception as exc:  # the server stopping ends the stream
+            self.error = repr(exc)
+
+
+def pct(xs: list[float], q: float) -> float:
+    return sorted(xs)[int(q * (len(xs) - 1))] if xs else float("nan")
+
+
+def poll(head: ServeProc, gen: LoadGen, run: str, t0: float, cpu0: float) -> dict[str, Any]:
+    c = head.counters()
+    return {
+        "t": time.monotonic() - t0,
+        "sent": gen.sent(),
+        "accepted": int(c.get("records_accepted", 0)),
+        "stored": head.stored(run),
+        "late": int(c.get("merge_late", 0)),
+        "evicted": int(c.get("merge_evicted", 0)),
+        "feed_dropped": int(c.get("feed_dropped", 0)),
+        "rss_mb": head.rss_bytes() / 2**20,
+        "cpu_s": head.cpu_s() - cpu0,
+    }
+
+
+def show(p: dict[str, Any]) -> str:
+    return (
+        f"t={p['t']:6.0f} s  sent {p['sent']:>11,}  accepted {p['accepted']:>11,}  stored "
+        f"{p['stored']:>11,}  backlog {p['sent'] - p['accepted']:>9,}  RSS {p['rss_mb']:6.0f} MB  "
+        f"CPU {p['cpu_s']:7.1f} s"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    ap.set_defaults(ranks=4096, duration=600.0, sockets="process", faults=DEFAULT_FAULTS)
+    ap.add_argument("--poll-s", type=float, default=10.0, help="backlog sample period")
+    args = ap.parse_args()
+    config = config_from_args(args)
+    run = config.run
+    stride = max(1, config.ranks // SAMPLED_RANKS)
+    sampled = set(range(0, config.ranks, stride))
+    print(
+        f"scale_soak: {config.ranks:,} ranks x {config.rate:g} steps/s x {config.duration:g} s "
+        f"({config.ranks * config.rate:,.0f} step records/s), {config.procs} load processes, "
+        f"sockets per {config.sockets}, faults {args.faults or 'none'}",
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory() as tmp, ServeProc(Path(tmp) / "data") as head:
+        config.addrs = [head.addr]  # --addr is the load generator's; here the target is ours
+        clock = StreamClock(head, run, sampled)
+        gen = LoadGen(config)
+        t0, cpu0, rss0 = time.monotonic(), head.cpu_s(), head.rss_bytes() / 2**20
+        gen.start()
+        samples: list[dict[str, Any]] = []
+        health: dict[str, Any] = {}
+        while any(w.proc.poll() is None for w in gen.workers):
+            time.sleep(args.poll_s)
+            samples.append(poll(head, gen, run, t0, cpu0))
+            print(show(samples[-1]), flush=True)
+            if time.monotonic() - t0 < config.duration - args.poll_s:
+                with contextlib.suppress(RuntimeError):  # 404 until the first flush
+                    health = head.get(f"/api/runs/{run}/ranks")  # while the load still runs
+        summary = gen.wait()
+        load_end = time.monotonic()
+        sent = summary["records"]
+        deadline = load_end + DRAIN_TIMEOUT_S
+        last = poll(head, gen, run, t0, cpu0)
+        while time.monotonic() < deadline and (last["accepted"] < sent or last["stored"] < sent):
+            time.sleep(1.0)
+            last = poll(head, gen, run, t0, cpu0)
+        drain_s = time.monotonic() - load_end
+        samples.append(last)
+        print(show(last), flush=True)
+        divergence = head.get(f"/api/runs/{run}/divergence")
+        freshness = [
+            t - created
+            for (rank, step), t in clock.arrivals.items()
+            if (created := gen.created(rank, step)) is not None
+        ]
+        report(config, summary, samples, drain_s, rss0, divergence, health, clock, freshness)
+
+
+def report(
+    config: Any,
+    summary: dict[str, Any],
+    samples: list[dict[str, Any]],
+    drain_s: float,
+    rss0: float,
+    divergence: dict[str, Any],
+    health: dict[str, Any],
+    clock: StreamClock,
+    freshness: list[float],
+) -> None:
+    sent, last = summary["records"], samples[-1]
+    load_s = summary["elapsed_s"]
+    during = [s for s in samples[:-1] if s["t"] <= load_s + 1]
+    backlog = [s["sent"] - s["accepted"] for s in during] or [0]
+    stored_lag = [s["sent"] - s["stored"] for s in during] or [0]
+    per_s = config.ranks * config.rate
+    print("--- results")
+    print(
+        f"load: sent {sent:,} records ({summary['by_kind']}) in {load_s:.0f} s = "
+        f"{sent / load_s:,.0f} records/s; generator schedule lag p95 {summary['lag_p95_ms']:.0f} ms"
+    )
+    print(
+        f"ingest: accepted {last['accepted']:,} ({last['accepted'] / sent:.2%} of sent), stored "
+        f"{last['stored']:,} ({last['stored'] / sent:.2%}); backlog sent-accepted during the load: "
+        f"max {max(backlog):,} records (= {max(backlog) / per_s:.1f} s of load), at its last "
+        f"sample {backlog[-1]:,}; sent-stored max {max(stored_lag):,}; drained "
+        f"{drain_s:.1f} s after the load ended"
+    )
+    cores = last["cpu_s"] / max(last["t"], 1e-9)
+    rss_max = max(s["rss_mb"] for s in samples)
+    print(
+        f"aggregator: CPU {last['cpu_s']:.0f} s over {last['t']:.0f} s = {cores:.2f} cores "
+        f"({last['cpu_s'] / max(last['accepted'], 1) * 1e6:.0f} us/record); RSS start "
+        f"{rss0:.0f} MB, max {rss_max:.0f} MB, end {last['rss_mb']:.0f} MB"
+    )
+    verdict = "every (metric, step) scored" if last["late"] == last["evicted"] == 0 else "NOT all"
+    flagged = sorted(
+        {(d["rank"], d["metric"], d["kind"]) for d in divergence.get("divergences", [])}
+    )
+    print(
+        f"divergence: merge_late {last['late']}, merge_evicted {last['evicted']} -> {verdict}; "
+        f"active at the end: {flagged[:12]}{' ...' if len(flagged) > 12 else ''}"
+    )
+    faults = {f.rank: f.kind for f in config.faults}
+    states = {
+        r["rank"]: (r["state"], r.get("divergent"))
+        for r in health.get("ranks", [])
+        if r["rank"] in faults
+    }
+    others = [
+        r["rank"] for r in health.get("ranks", []) if r["rank"] not in faults and r.get("divergent")
+    ]
+    print(
+        f"fault ranks near the end of the load (state, divergent metrics): "
+        f"{ {r: (faults[r], *states.get(r, ('?', None))) for r in sorted(faults)} }; "
+        f"other ranks flagged: {others[:10]}"
+    )
+    if freshness:
+        print(
+            f"freshness (record made -> loss point on /api/stream), {len(freshness):,} points "
+            f"of {SAMPLED_RANKS} sampled ranks: median {statistics.median(freshness) * 1e3:.0f} "
+            f"ms, p95 {pct(freshness, 0.95) * 1e3:.0f} ms, max {max(freshness) * 1e3:.0f} ms; "
+            f"stream: {clock.frames:,} frames, {clock.points:,} points, "
+            f"{clock.sampled_msgs} sampled messages, {clock.resyncs} resyncs "
+            f"(expected {config.steps * len(range(0, config.ranks, max(1, config.ranks // 64)))})"
+        )
+    else:
+        print(f"freshness: no points arrived on /api/stream ({clock.error or 'no error'})")
+
+
+if __name__ == "__main__":
+    main()

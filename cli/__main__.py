@@ -1,0 +1,5 @@
+"""``python -m rankwatch.cli`` runs the console script."""
+
+from rankwatch.cli.main import main
+
+main()
