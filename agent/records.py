@@ -51,6 +51,9 @@ MAX_NAME_CHARS = 256  # run and metric names longer than this are rejected
 MAX_METRICS = 1024  # metrics in one step record
 MAX_RANK = 2**31 - 1  # the store keys ranks as 32-bit ints
 MAX_INFO_DEPTH = 32  # nesting of maps/lists in event info (agents send at most 4)
+_INT64_END = 2**63  # ints are 64-bit signed on the wire and in the store
+_STEP_FIELDS = ("run", "rank", "seq", "time", "world_size", "host", "pid", "step", "epoch",
+                "metrics")  # fmt: skip
 
 KINDS = ("step", "event", "heartbeat")
 EVENT_KINDS = ("start", "end", "crash", "eval", "note", "pause", "resume")
@@ -147,7 +150,8 @@ def decode_frame(frame: bytes) -> list[Record]:
     records = envelope.get("records")
     if not isinstance(records, list):
         raise DecodeError("envelope", "frame has no 'records' list")
-    return [decode_record(r) for r in records]
+    # The maps came out of this frame: the records may keep them (no copy of metrics).
+    return [_step_fast(r, copy=False) or decode_record(r) for r in records]
 
 
 def check_version(version: Any) -> None:
@@ -165,6 +169,9 @@ def check_version(version: Any) -> None:
 
 def decode_record(raw: Any) -> Record:
     """Validate one record map (from msgpack or a JSONL line) into a dataclass."""
+    fast = _step_fast(raw, copy=True)
+    if fast is not None:
+        return fast
     if not isinstance(raw, dict):
         raise DecodeError("field", f"record is a {type(raw).__name__}, expected a map")
     kind = raw.get("kind")
@@ -207,6 +214,44 @@ def decode_record(raw: Any) -> Record:
             paused=paused,
         )
     raise DecodeError("field", f"field 'kind' is {_show(kind)}, expected one of {KINDS}")
+
+
+def _step_fast(raw: Any, copy: bool) -> StepRecord | None:
+    """``decode_record`` for the common case, or None: a step record that passes every check
+    below with a float time and float metric values. Anything else, valid or not, takes the
+    field-by-field path (which converts ints and JSON spellings, and words the errors). The
+    same checks in one expression: at 10^5 records/s the per-field calls cost more than they do.
+    """
+    if type(raw) is not dict or raw.get("kind") != "step":
+        return None
+    run, rank, seq, time_, world_size, host, pid, step, epoch, metrics = map(raw.get, _STEP_FIELDS)
+    if not (
+        type(run) is str
+        and 0 < len(run) <= MAX_NAME_CHARS
+        and type(rank) is int
+        and 0 <= rank <= MAX_RANK
+        and type(seq) is int
+        and 1 <= seq < _INT64_END
+        and type(time_) is float
+        and type(world_size) is int
+        and 1 <= world_size < _INT64_END
+        and type(host) is str
+        and len(host) <= MAX_NAME_CHARS
+        and type(pid) is int
+        and 0 <= pid < _INT64_END
+        and type(step) is int
+        and -_INT64_END <= step < _INT64_END
+        and (epoch is None or (type(epoch) is int and -_INT64_END <= epoch < _INT64_END))
+        and type(metrics) is dict
+        and len(metrics) <= MAX_METRICS
+    ):
+        return None
+    for key, value in metrics.items():
+        if type(value) is not float or type(key) is not str or not 0 < len(key) <= MAX_NAME_CHARS:
+            return None
+    if copy:
+        metrics = dict(metrics)
+    return StepRecord(run, rank, seq, time_, world_size, host, pid, step, epoch, metrics)
 
 
 # --- JSONL -------------------------------------------------------------------------------

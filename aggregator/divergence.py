@@ -26,7 +26,7 @@ The method, its defaults and their calibration are in docs/divergence.md; in sho
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from rankwatch.aggregator.divergence_config import DivergenceConfig, MetricRule
@@ -48,6 +48,7 @@ from rankwatch.aggregator.divergence_types import (
     RankScores,
     StepResult,
     StepStats,
+    new_stats,
 )
 from rankwatch.aggregator.merge import StepValues
 
@@ -124,7 +125,7 @@ class DivergenceDetector:
             bad = [(r, x) for r, x in zip(ranks, values, strict=True) if not math.isfinite(x)]
         n = len(fin_values)
         if n:
-            stats = StepStats(sv.run, sv.metric, step, n, *step_stats(fin_values))
+            stats = new_stats(sv.run, sv.metric, step, n, *step_stats(fin_values))
         else:
             stats = _no_stats(sv)
         in_order = st.last_step is None or step > st.last_step
@@ -143,7 +144,7 @@ class DivergenceDetector:
             rel = _rel_lists(fin_values, med)
         else:
             z = rel = []
-        outlier = [False] * n
+        outlier: Sequence[bool] = _no_outliers(n)
         hi_ok = rule.direction in ("both", "high")
         lo_ok = rule.direction in ("both", "low")
         if n and (hi_ok or lo_ok):
@@ -369,6 +370,17 @@ class DivergenceDetector:
             if stats.n == 2:
                 ranks, v = ranks.tolist(), v.tolist()
             new_outliers(cfg, st, sv, stats, fresh, ranks, v, z, rel, new)
+
+
+def _no_outliers(n: int) -> tuple[bool, ...]:
+    """(False,) * n, shared: most steps have no outlier (a tuple: never written to)."""
+    out = _NO_OUTLIERS.get(n)
+    if out is None:
+        out = _NO_OUTLIERS[n] = (False,) * n
+    return out
+
+
+_NO_OUTLIERS: dict[int, tuple[bool, ...]] = {}
 
 
 def _rel_lists(v: list[float], med: float) -> list[float]:

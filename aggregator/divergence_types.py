@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,17 @@ class StepStats:
     p25: float
     p75: float
     p95: float
+
+
+def new_stats(*values: Any) -> StepStats:
+    """``StepStats(*values)`` at half the cost: the frozen ``__init__`` makes 13
+    ``object.__setattr__`` calls, this one dict update (scoring makes one per (metric, step))."""
+    stats = object.__new__(StepStats)
+    stats.__dict__.update(zip(_STATS_FIELDS, values, strict=True))
+    return stats
+
+
+_STATS_FIELDS = tuple(f.name for f in fields(StepStats))
 
 
 @dataclass(frozen=True)

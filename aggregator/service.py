@@ -282,15 +282,15 @@ class Aggregator:
         self._results.append(result)
         scores = result.scores
         if scores:
-            ranks = getattr(scores, "ranks", None)
-            z = getattr(scores, "z", None)
-            if ranks is not None and z is not None:  # numpy-backed RankScores: no objects
-                self._z[(sv.run, sv.metric)] = dict(zip(ranks.tolist(), z.tolist(), strict=True))
+            z_map = getattr(scores, "z_map", None)  # RankScores: rank -> z without objects
+            if z_map is not None:
+                self._z[(sv.run, sv.metric)] = z_map()
             else:
                 self._z[(sv.run, sv.metric)] = {r: s.z for r, s in scores.items()}
-        for state, items in (("new", result.new), ("resolved", result.resolved)):
-            for d in items:
-                self.feed.publish({"type": "divergence", "state": state, **jsonable(d)})
+        if result.new or result.resolved:
+            for state, items in (("new", result.new), ("resolved", result.resolved)):
+                for d in items:
+                    self.feed.publish({"type": "divergence", "state": state, **jsonable(d)})
 
     def tick(self, now: float | None = None) -> list[Alert]:
         """Periodic work; returns the alert transitions (the service thread calls it)."""

@@ -1,6 +1,6 @@
 """The head node's CPU per record, with every rank connected to it and with per-node relays.
 
-    python bench/relay_cpu.py [--ranks 1024] [--nodes 8] [--rate 5] [--duration 30]
+    python bench/relay_cpu.py [--ranks 1024] [--nodes 8] [--rate 5] [--duration 20] [--rounds 3]
 
 Each phase starts a fresh ``rankwatch serve`` (real aggregator, real DuckDB store) and runs the
 load generator (``bench/loadgen.py``, one DEALER per simulated rank, as real agents do):
@@ -13,13 +13,14 @@ The aggregator's CPU time (all threads, from ``/proc/<pid>/stat``) is read befor
 once it is idle again after it (backlog drained), minus its idle CPU rate measured beforehand,
 and divided by the records it accepted. Relays' own CPU is reported per record too. Everything
 runs on this machine, so the processes compete for its cores; CPU time, not wall time, is
-what is compared.
+what is compared, and the phases alternate for ``--rounds`` rounds (medians reported).
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,7 @@ from typing import Any
 from loadgen import LoadConfig, LoadGen
 from serve_proc import ServeProc, proc_cpu_s
 
+MEDIANS = ("us_per_record", "raw_us_per_record", "relay_us_per_record", "messages", "accepted")
 IDLE_MEASURE_S = 5.0  # the aggregator's idle CPU rate is measured over this long
 DRAIN_TIMEOUT_S = 600.0
 RELAY_START_TIMEOUT_S = 30.0
@@ -114,37 +116,47 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--nodes", type=int, default=8, help="relays (one per simulated node)")
     ap.add_argument("--rate", type=float, default=5.0, help="steps per second per rank")
-    ap.add_argument("--duration", type=float, default=30.0, help="seconds of load per phase")
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per phase")
     ap.add_argument("--procs", type=int, default=2, help="load generator processes")
     ap.add_argument("--batch-ms", type=float, default=50.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=3, help="direct/relayed pairs, alternated")
     args = ap.parse_args()
     print(
         f"relay_cpu: {args.ranks} ranks x {args.rate:g} steps/s x {args.duration:g} s per phase; "
         f"relayed: {args.nodes} relays, batches of {args.batch_ms:g} ms",
         flush=True,
     )
-    results = {}
-    for name, relayed in (("direct", False), ("relayed", True)):
-        r = results[name] = phase(args, relayed)
-        print(
-            f"{name:8s}: sent {r['sent']:,} records, accepted {r['accepted']:,.0f}, head got "
-            f"{r['messages']:,.0f} messages over {r['connections']:,.0f} connections; head CPU "
-            f"{r['cpu_s']:.1f} s in {r['elapsed_s']:.0f} s (idle {r['idle_rate'] * 100:.1f} % "
-            f"of a core; drained {r['drain_s']:.1f} s after the load ended) -> "
-            f"{r['us_per_record']:.1f} us/record net ({r['raw_us_per_record']:.1f} raw)"
-            + (f"; relays {r['relay_us_per_record']:.1f} us/record" if relayed else ""),
-            flush=True,
-        )
-    d, rl = results["direct"], results["relayed"]
+    runs: dict[str, list[dict[str, Any]]] = {"direct": [], "relayed": []}
+    for round_no in range(1, args.rounds + 1):  # alternate, so machine noise hits both alike
+        for name, relayed in (("direct", False), ("relayed", True)):
+            r = phase(args, relayed)
+            runs[name].append(r)
+            print(
+                f"round {round_no} {name:8s}: sent {r['sent']:,}, accepted {r['accepted']:,.0f}, "
+                f"head got {r['messages']:,.0f} messages over {r['connections']:,.0f} "
+                f"connections; head CPU {r['cpu_s']:.1f} s in {r['elapsed_s']:.0f} s (idle "
+                f"{r['idle_rate'] * 100:.1f} % of a core; drained {r['drain_s']:.1f} s after the "
+                f"load) -> {r['us_per_record']:.1f} us/record net "
+                f"({r['raw_us_per_record']:.1f} raw)"
+                + (f"; relays {r['relay_us_per_record']:.1f} us/record" if relayed else ""),
+                flush=True,
+            )
+    d = {k: statistics.median(r[k] for r in runs["direct"]) for k in MEDIANS}
+    rl = {k: statistics.median(r[k] for r in runs["relayed"]) for k in MEDIANS}
+    spread = {}
+    for name, rs in runs.items():
+        per = [r["us_per_record"] for r in rs]
+        spread[name] = f"{min(per):.1f}..{max(per):.1f}"
     print(
-        f"head CPU per record: direct {d['us_per_record']:.1f} us, relayed "
-        f"{rl['us_per_record']:.1f} us, ratio {d['us_per_record'] / rl['us_per_record']:.2f}x; "
+        f"head CPU per record (median of {args.rounds}): direct {d['us_per_record']:.1f} us "
+        f"(range {spread['direct']}), relayed {rl['us_per_record']:.1f} us (range "
+        f"{spread['relayed']}), ratio {d['us_per_record'] / rl['us_per_record']:.2f}x; head "
         f"messages per record {d['messages'] / max(d['accepted'], 1):.3f} vs "
         f"{rl['messages'] / max(rl['accepted'], 1):.4f}; relays' own CPU "
-        f"{rl['relay_us_per_record']:.1f} us/record (on the worker nodes)"
+        f"{rl['relay_us_per_record']:.1f} us/record (spent on the worker nodes)"
     )
-    for line in rl["relay_lines"][:2]:
+    for line in runs["relayed"][-1]["relay_lines"][:2]:
         print(f"  {line}")
 
 

@@ -47,12 +47,23 @@ class StreamClock:
         self.arrivals: dict[tuple[int, int], float] = {}
         self.points = self.frames = self.resyncs = self.sampled_msgs = 0
         self.error = ""
+        self.connected = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
+        for _ in range(50):  # the banner comes just before uvicorn listens
+            try:
+                self._stream()
+                return
+            except ConnectionRefusedError as exc:
+                self.error = repr(exc)
+                time.sleep(0.2)
+
+    def _stream(self) -> None:
         try:
             for event, data in self.head.stream(timeout_s=DRAIN_TIMEOUT_S):
                 now = time.time()
+                self.connected.set()
                 if event == "resync":
                     self.resyncs += 1
                 if event != "feed":
@@ -68,6 +79,8 @@ class StreamClock:
                     for rank, step, _ in msg["points"]:
                         if rank in self.ranks:
                             self.arrivals.setdefault((rank, step), now)
+        except ConnectionRefusedError:
+            raise
         except Exception as exc:  # the server stopping ends the stream
             self.error = repr(exc)
 
@@ -76,9 +89,22 @@ def pct(xs: list[float], q: float) -> float:
     return sorted(xs)[int(q * (len(xs) - 1))] if xs else float("nan")
 
 
+def chart_ms(head: ServeProc, run: str) -> float:
+    """Time of the dashboard's chart query for the loss over the whole run (band + outliers
+    beyond 32 ranks, at most 2,000 points per line): should not grow with the steps stored."""
+    t = time.perf_counter()
+    try:
+        head.get(f"/api/runs/{run}/series?metric=loss")
+    except RuntimeError:  # 404 before the first flush
+        return float("nan")
+    return (time.perf_counter() - t) * 1e3
+
+
 def poll(head: ServeProc, gen: LoadGen, run: str, t0: float, cpu0: float) -> dict[str, Any]:
     c = head.counters()
     return {
+        "chart_ms": chart_ms(head, run),
+        "steps": max((max(w.step_time, default=0) for w in gen.workers), default=0),
         "t": time.monotonic() - t0,
         "sent": gen.sent(),
         "accepted": int(c.get("records_accepted", 0)),
@@ -95,7 +121,7 @@ def show(p: dict[str, Any]) -> str:
     return (
         f"t={p['t']:6.0f} s  sent {p['sent']:>11,}  accepted {p['accepted']:>11,}  stored "
         f"{p['stored']:>11,}  backlog {p['sent'] - p['accepted']:>9,}  RSS {p['rss_mb']:6.0f} MB  "
-        f"CPU {p['cpu_s']:7.1f} s"
+        f"CPU {p['cpu_s']:7.1f} s  chart {p['chart_ms']:5.0f} ms"
     )
 
 
@@ -118,6 +144,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, ServeProc(Path(tmp) / "data") as head:
         config.addrs = [head.addr]  # --addr is the load generator's; here the target is ours
         clock = StreamClock(head, run, sampled)
+        clock.connected.wait(15.0)
         gen = LoadGen(config)
         t0, cpu0, rss0 = time.monotonic(), head.cpu_s(), head.rss_bytes() / 2**20
         gen.start()
@@ -186,6 +213,14 @@ def report(
         f"({last['cpu_s'] / max(last['accepted'], 1) * 1e6:.0f} us/record); RSS start "
         f"{rss0:.0f} MB, max {rss_max:.0f} MB, end {last['rss_mb']:.0f} MB"
     )
+    charts = [(s["steps"], s["chart_ms"]) for s in samples if s["chart_ms"] == s["chart_ms"]]
+    if charts:
+        (s_first, c_first), (s_last, c_last) = charts[0], charts[-1]
+        print(
+            f"chart query (loss, whole run): {c_first:.0f} ms at step {s_first:,}, "
+            f"{c_last:.0f} ms at step {s_last:,} ({c_last / max(c_first, 1e-9):.2f}x for "
+            f"{s_last / max(s_first, 1):.0f}x the steps); max {max(c for _, c in charts):.0f} ms"
+        )
     verdict = "every (metric, step) scored" if last["late"] == last["evicted"] == 0 else "NOT all"
     flagged = sorted(
         {(d["rank"], d["metric"], d["kind"]) for d in divergence.get("divergences", [])}

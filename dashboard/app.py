@@ -9,6 +9,7 @@ the live stream, so shutdown ends every open EventSource instead of waiting on i
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,7 @@ def create_app(aggregator: Any, token: str | None = None) -> FastAPI:
     )
     app.state.aggregator = aggregator
     app.state.live = live
+    app.state.store_queries = threading.Lock()  # see routes._queries
     app.include_router(api)
     app.include_router(ops)
     app.mount("/static", _StaticFiles(directory=STATIC_DIR), name="static")

@@ -8,6 +8,7 @@ runs them in its thread pool and the event loop keeps serving the live stream me
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Annotated, Any, Literal
 
@@ -37,6 +38,14 @@ Step = Annotated[int | None, Query(description="First/last step of the window (i
 
 def _agg(request: Request) -> Any:
     return request.app.state.aggregator
+
+
+def _queries(request: Request) -> threading.Lock:
+    """Held around every store query. DuckDB's Python client (2.0.1) imports modules lazily on
+    a process's first ``fetchnumpy``, and two threads doing that first fetch at once deadlock
+    (seen here, reproducible in a few lines); the page loads its charts in parallel. Queries
+    take milliseconds, so one at a time costs little."""
+    return request.app.state.store_queries
 
 
 def _json(content: Any) -> StrictJSONResponse:
@@ -134,13 +143,13 @@ def run_series(
     band_mode = view == "band" or (view == "auto" and total > views.BAND_THRESHOLD_RANKS)
     outliers = views.outlier_ranks(entry, metric, _alerted(agg, run))
     wanted = sorted({*outliers, *selected}) if band_mode else None
-    if band_mode and not wanted:
-        series: dict[int, dict[str, list]] = {}
-    else:
-        series = agg.store.series(
-            run, metric, ranks=wanted, start=start, end=end, max_points=max_points
-        )
-    band = agg.store.band(run, metric, start=start, end=end, max_points=max_points)
+    series: dict[int, dict[str, list]] = {}
+    with _queries(request):
+        if wanted or not band_mode:
+            series = agg.store.series(
+                run, metric, ranks=wanted, start=start, end=end, max_points=max_points
+            )
+        band = agg.store.band(run, metric, start=start, end=end, max_points=max_points)
     if total == 0:
         total = len(series)
     return _json(
@@ -173,7 +182,8 @@ def run_heatmap(
     _check_window(start, end)
     _, entry = _require_run(agg, run)
     _require_metric(agg, run, entry, metric)
-    series = agg.store.series(run, metric, start=start, end=end, max_points=buckets)
+    with _queries(request):
+        series = agg.store.series(run, metric, start=start, end=end, max_points=buckets)
     steps, width, grid = views.bucket_series(series, buckets)
     z = views.robust_z_columns(grid, len(steps))
     ranks = sorted(z)
@@ -230,7 +240,9 @@ def run_ranks(request: Request, run: str) -> StrictJSONResponse:
 def run_events(request: Request, run: str) -> StrictJSONResponse:
     agg = _agg(request)
     _require_run(agg, run)
-    return _json({"run": run, "events": agg.store.events(run)})
+    with _queries(request):
+        events = agg.store.events(run)
+    return _json({"run": run, "events": events})
 
 
 @api.get("/alerts", summary="Alerts firing now and the recent history")

@@ -3,9 +3,11 @@
 // lives in the URL hash. Tests read window.rankwatch (charts, state, firstDrawn).
 
 import { MetricChart } from './charts.js';
+import { bindControls, syncControls } from './controls.js';
 import { Heatmap } from './heatmap.js';
 import * as panels from './panels.js';
-import { api, debounce, formatRanks, parseRanks, runPath, throttle } from './util.js';
+import { readUrl, writeUrl } from './urlstate.js';
+import { api, debounce, formatRanks, runPath, throttle } from './util.js';
 
 const REDRAW_INTERVAL_MS = 250; // at most 4 redraws a second, however fast points arrive
 const RUNS_POLL_MS = 3000;
@@ -56,40 +58,6 @@ const lastCompact = new Map();
 
 const serverNow = () => Date.now() / 1000 + state.serverOffset;
 const currentRun = () => state.runs.find((r) => r.run === state.run) || null;
-
-// --- URL state ---------------------------------------------------------------------------
-
-function readUrl() {
-  const hash = new URLSearchParams(window.location.hash.slice(1));
-  const query = new URLSearchParams(window.location.search);
-  const get = (k) => (hash.has(k) ? hash.get(k) : query.get(k));
-  state.run = get('run');
-  state.selected = parseRanks(get('sel'));
-  state.log = get('log') === '1';
-  state.ema = Math.min(0.99, Math.max(0, Number(get('ema')) || 0));
-  state.view = ['auto', 'ranks', 'band'].includes(get('view')) ? get('view') : 'auto';
-  const zoom = (get('zoom') || '').match(/^(-?\d+)-(-?\d+)$/);
-  state.zoom = zoom ? { start: Number(zoom[1]), end: Number(zoom[2]) } : null;
-  state.heatMetric = get('heat');
-  if (query.has('token')) { // the server set a cookie: keep the secret out of history and links
-    query.delete('token');
-    const q = query.toString();
-    window.history.replaceState(null, '', `${window.location.pathname}${q ? `?${q}` : ''}${window.location.hash}`);
-  }
-}
-
-function writeUrl() {
-  const p = new URLSearchParams();
-  if (state.run) p.set('run', state.run);
-  if (state.selected.size) p.set('sel', formatRanks(state.selected));
-  if (state.log) p.set('log', '1');
-  if (state.ema > 0) p.set('ema', String(state.ema));
-  if (state.view !== 'auto') p.set('view', state.view);
-  if (state.zoom) p.set('zoom', `${state.zoom.start}-${state.zoom.end}`);
-  if (state.heatMetric) p.set('heat', state.heatMetric);
-  const hash = `#${p.toString()}`;
-  if (hash !== window.location.hash) window.history.replaceState(null, '', hash);
-}
 
 // --- what the charts ask the app ---------------------------------------------------------
 
@@ -157,7 +125,7 @@ const app = {
     } finally {
       syncingZoom = false;
     }
-    writeUrl();
+    writeUrl(state);
     refetchZoom();
   },
 };
@@ -296,7 +264,7 @@ async function selectRun(run, resetView = true) {
   Object.assign(state, { run, metrics: [], ranks: [], divergent: new Map(), firing: [], events: [] });
   if (resetView) Object.assign(state, { zoom: null, selected: new Set(), heatMetric: null });
   window.rankwatch.ready = false;
-  writeUrl();
+  writeUrl(state);
   panels.renderRunPicker($('run'), state.runs, state.run);
   if (!run) return;
   openStream(); // before the first read, so nothing published meanwhile is missed
@@ -480,7 +448,7 @@ const refetchZoom = debounce(() => {
 }, ZOOM_REFETCH_DELAY_MS);
 
 const selectionChanged = debounce(() => {
-  writeUrl();
+  writeUrl(state);
   $('select-input').value = formatRanks(state.selected);
   for (const c of charts.values()) {
     c.needsFull = true;
@@ -491,93 +459,14 @@ const selectionChanged = debounce(() => {
   scheduleRedraw();
 }, 50);
 
-// --- controls ----------------------------------------------------------------------------
-
-function bindControls() {
-  $('run').addEventListener('change', (e) => selectRun(e.target.value).catch(showError));
-  $('log').addEventListener('change', (e) => {
-    state.log = e.target.checked;
-    for (const c of charts.values()) c.needsFull = true;
-    writeUrl();
-    scheduleRedraw();
-  });
-  const emaOut = $('ema-out');
-  $('ema').addEventListener('input', (e) => {
-    state.ema = Number(e.target.value);
-    emaOut.textContent = state.ema ? state.ema.toFixed(2) : 'off';
-    for (const c of charts.values()) c.needsFull = true;
-    writeUrl();
-    scheduleRedraw();
-  });
-  $('view').addEventListener('change', (e) => {
-    state.view = e.target.value;
-    writeUrl();
-    reloadAllSeries().catch(showError);
-  });
-  $('select-input').addEventListener('change', (e) => {
-    state.selected = parseRanks(e.target.value);
-    selectionChanged();
-  });
-  $('clear-sel').addEventListener('click', () => {
-    state.selected = new Set();
-    selectionChanged();
-  });
-  $('reset-zoom').addEventListener('click', () => {
-    for (const c of charts.values()) c.chart.dispatchAction({ type: 'dataZoom', start: 0, end: 100 }, { silent: true });
-    state.zoom = null;
-    writeUrl();
-    refetchZoom();
-  });
-  $('heat-metric').addEventListener('change', (e) => {
-    state.heatMetric = e.target.value;
-    writeUrl();
-    loadHeatmap().catch(showError);
-  });
-  $('legend').addEventListener('click', (e) => {
-    const chip = e.target.closest('[data-rank]');
-    if (chip) app.toggleRank(Number(chip.dataset.rank));
-  });
-  $('rank-body').addEventListener('click', (e) => {
-    const row = e.target.closest('tr[data-rank]');
-    if (row) app.toggleRank(Number(row.dataset.rank));
-  });
-  $('rank-head').addEventListener('click', (e) => {
-    const th = e.target.closest('th[data-key]');
-    if (!th) return;
-    const key = th.dataset.key;
-    state.sort = { key, dir: state.sort.key === key ? -state.sort.dir : key === 'z' ? -1 : 1 };
-    renderPanels();
-  });
-  window.addEventListener('resize', debounce(() => {
-    for (const c of charts.values()) c.chart.resize();
-    heatmap.chart.resize();
-  }, 150));
-  window.addEventListener('hashchange', () => {
-    const before = state.run;
-    readUrl();
-    syncControls();
-    if (state.run !== before) selectRun(state.run, false).catch(showError);
-    else {
-      for (const c of charts.values()) c.needsFull = true;
-      reloadAllSeries().catch(showError);
-      renderPanels();
-    }
-  });
-}
-
-function syncControls() {
-  $('log').checked = state.log;
-  $('ema').value = String(state.ema);
-  $('ema-out').textContent = state.ema ? state.ema.toFixed(2) : 'off';
-  $('view').value = state.view;
-  $('select-input').value = formatRanks(state.selected);
-}
-
 async function main() {
   window.rankwatch = { state, charts, firstDrawn, app, ready: false, frames: 0, get heatmap() { return heatmap; } };
-  readUrl();
-  syncControls();
-  bindControls();
+  readUrl(state);
+  syncControls(state);
+  bindControls({
+    state, charts, app, heatmap: () => heatmap, selectRun, reloadAllSeries, scheduleRedraw,
+    refetchZoom, selectionChanged, loadHeatmap, renderPanels, showError,
+  });
   heatmap = new Heatmap($('heatmap'), app);
   setInterval(tick, 1000);
   setInterval(() => loadRuns().catch(showError), RUNS_POLL_MS);

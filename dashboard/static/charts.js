@@ -6,15 +6,13 @@
 // and detail inside it, so the slider still shows the whole run. Live points are appended to
 // both; the app redraws at most a few times a second with only the changed series.
 
-import { esc, fmt, fmtZ, lowerBound, median, num } from './util.js';
+import { tooltipHtml } from './tooltip.js';
+import { lowerBound, median, num } from './util.js';
 
 const HEALTHY = { color: '#9aa5b1', width: 1, opacity: 0.75 };
 const DIVERGENT_COLORS = ['#d62728', '#ff7f0e', '#e377c2', '#8c564b', '#bcbd22', '#f59e0b'];
 const SELECTED_COLORS = ['#1f77b4', '#17becf', '#2ca02c', '#9467bd', '#0ea5e9', '#059669'];
 const MARKER_COLOR = '#7c3aed';
-const TOOLTIP_MAX_ROWS = 16;
-const MAD_TO_SIGMA = 1.4826;
-const P5_P95_TO_SIGMA = 3.29; // p95 - p5 of a normal distribution, in standard deviations
 const MAX_MARKERS = 20; // NaN/Inf markers per series: the first of each run of bad values
 const EVENT_STYLE = {
   crash: { color: '#dc2626', type: 'solid' },
@@ -447,56 +445,7 @@ export class MetricChart {
     return shown;
   }
 
-  // Tooltip at a step: ranks sorted by value, with robust z against the others (or the band).
   tooltip(params) {
-    if (!params.length) return '';
-    const step = Number(params[0].axisValue);
-    const rows = [];
-    for (const rank of this.drawnRanks()) {
-      const line = this.visibleLine(rank);
-      const i = lowerBound(line.steps, step);
-      if (line.steps[i] === step) rows.push({ rank, v: line.values[i] });
-    }
-    let center = NaN;
-    let scale = NaN;
-    let bandText = '';
-    const band = this.visibleBand();
-    const bi = lowerBound(band.steps, step);
-    if (this.mode === 'band' && band.steps[bi] === step) {
-      center = band.median[bi];
-      scale = (band.p95[bi] - band.p5[bi]) / P5_P95_TO_SIGMA;
-      bandText = `median ${fmt(center)} · p5–p95 ${fmt(band.p5[bi])} – ${fmt(band.p95[bi])} · ${this.ranksTotal} ranks`;
-    } else {
-      const finite = rows.map((r) => r.v).filter(Number.isFinite).sort((a, b) => a - b);
-      center = median(finite);
-      const mad = median(finite.map((v) => Math.abs(v - center)).sort((a, b) => a - b));
-      scale = MAD_TO_SIGMA * mad;
-    }
-    scale = Math.max(scale, 1e-3 * Math.abs(center), 1e-12);
-    rows.sort((a, b) => (Number.isFinite(b.v) ? b.v : Infinity) - (Number.isFinite(a.v) ? a.v : Infinity));
-    const lines = [`<div class="tt-head">${esc(this.metric)} · step ${esc(step)}</div>`];
-    if (bandText) lines.push(`<div class="tt-band">${esc(bandText)}</div>`);
-    let shownRows = rows;
-    let skipped = 0;
-    if (rows.length > TOOLTIP_MAX_ROWS) {
-      const half = TOOLTIP_MAX_ROWS / 2;
-      skipped = rows.length - TOOLTIP_MAX_ROWS;
-      shownRows = [...rows.slice(0, half), null, ...rows.slice(-half)];
-    }
-    for (const row of shownRows) {
-      if (row === null) {
-        lines.push(`<div class="tt-more">… ${esc(skipped)} more</div>`);
-        continue;
-      }
-      const style = this.rankStyle(row.rank);
-      const z = Number.isFinite(row.v) ? (row.v - center) / scale : row.v;
-      const cls = style.kind === 'healthy' ? 'tt-row' : `tt-row tt-${style.kind}`;
-      lines.push(
-        `<div class="${cls}"><span class="tt-swatch" style="background:${esc(style.color)}"></span>` +
-        `<span class="tt-rank">rank ${esc(row.rank)}</span><span class="tt-val">${esc(fmt(row.v))}</span>` +
-        `<span class="tt-z">z ${esc(fmtZ(z))}</span></div>`,
-      );
-    }
-    return lines.join('');
+    return tooltipHtml(this, params);
   }
 }

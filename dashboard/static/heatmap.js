@@ -82,7 +82,7 @@ export class Heatmap {
           { gte: -Z_CLIP, lte: -6, label: 'z ≤ -6', color: '#2166ac' },
         ],
       },
-      series: [{ id: 'z', type: 'heatmap', data, progressive: 20000, emphasis: { itemStyle: { borderColor: '#111', borderWidth: 1 } } }],
+      series: [{ id: 'z', type: 'heatmap', data, progressive: 0, emphasis: { itemStyle: { borderColor: '#111', borderWidth: 1 } } }],
     }, { replaceMerge: ['series'] });
   }
 

@@ -145,6 +145,12 @@ def start_ranks(server: Server, run: str, world: int, log_dir: Path) -> list[Ran
     return [Rank(server, run, rank, world, log_dir) for rank in range(world)]
 
 
+def stored_up_to(server: Server, run: str, world: int, step: int, metric: str = "loss") -> bool:
+    """Every rank's ``step`` is in the store (the live view runs a flush ahead of it)."""
+    got = server.get(f"/api/runs/{quote(run, safe='')}/series", metric=metric)["series"]
+    return len(got) == world and all(s["step"][-1:] == [step] for s in got.values())
+
+
 def firing(server: Server, run: str) -> list[dict[str, Any]]:
     return server.get("/api/alerts", run=run)["firing"]
 
@@ -165,6 +171,7 @@ def test_every_rank_on_one_chart_bad_rank_named_and_live(
             "the divergence alert on rank 2",
             lambda: [a for a in firing(server, run) if a["rank"] == 2 and a["metric"] == "loss"],
         )
+        server.wait_for("every rank's step 59 stored", lambda: stored_up_to(server, run, 4, 59))
         page = open_run(watched, server, run)
         loss = series(page, "loss")
         drawn = {name: s for name, s in loss.items() if name.startswith("rank ")}
@@ -191,7 +198,12 @@ def test_every_rank_on_one_chart_bad_rank_named_and_live(
         latency = drawn_ms / 1000 - max(logged_at)
         assert latency < LIVE_BUDGET_S, f"step 60 took {latency:.2f} s to be drawn"
         assert page.evaluate("() => window.__sameDocument") is True
-        assert series(page, "loss")["rank 3"]["steps"][-1] == 60
+        page.wait_for_function(  # every rank's point, not only the first, reaches the chart
+            "() => window.rankwatch.charts.get('loss').chart.getOption().series"
+            ".filter((s) => s.name.startsWith('rank '))"
+            ".every((s) => s.data.length && s.data[s.data.length - 1][0] === 60)",
+            timeout=LIVE_BUDGET_S * 1000,
+        )
 
         # Tooltip at step 40: ranks sorted by value, with z; rank 2 first and far off.
         show_tooltip(page, "loss", 40, 1.0)
@@ -250,10 +262,7 @@ def test_markup_in_names_stays_inert(
         ranks[1].send(
             {"event": "crash", "step": 15, "info": {"message": "<img src=x onerror=alert(3)>"}}
         )
-        server.wait_for(
-            "both metrics stored",
-            lambda: len(server.get(f"/api/runs/{quote(run, safe='')}/metrics")["metrics"]) == 3,
-        )
+        server.wait_for("step 15 stored", lambda: stored_up_to(server, run, 2, 15, metric))
         page = open_run(watched, server, run)
         page.wait_for_function("(m) => window.rankwatch.charts.has(m)", arg=metric)
         assert page.locator("#run option:checked").inner_text().startswith(run)
@@ -283,9 +292,7 @@ def test_nan_and_inf_drawn_as_markers(
                 if rank == 1 and step == 8:
                     value = math.inf
                 agent.log(step, loss=value)
-        server.wait_for("step 12 stored", lambda: server.get(
-            f"/api/runs/{run}/series", metric="loss")["series"].get("2", {}).get("step", [])[-1:]
-            == [12])  # fmt: skip
+        server.wait_for("step 12 stored", lambda: stored_up_to(server, run, 3, 12))
         page = open_run(watched, server, run)
         loss = series(page, "loss")
         assert loss["rank 1"]["markers"] == [["NaN", 5], ["+Inf", 8]]
