@@ -101,9 +101,18 @@ def run(args: argparse.Namespace) -> int:
             aggregator.start()
         except CurveError as exc:
             return _fail(str(exc))
+        from rankwatch.dashboard.live import SHUTDOWN_GRACE_S
+
         app = create_app(aggregator, config.token)
         uv_config = uvicorn.Config(
-            app, host=config.host, port=config.port, log_level="warning", lifespan="on"
+            app,
+            host=config.host,
+            port=config.port,
+            log_level="warning",
+            lifespan="on",
+            # Live streams never end by themselves: without a grace limit uvicorn waits for
+            # them forever on SIGTERM / Ctrl-C.
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         )
         try:
             sock = uv_config.bind_socket()
