@@ -151,7 +151,7 @@ def decode_frame(frame: bytes) -> list[Record]:
     if not isinstance(records, list):
         raise DecodeError("envelope", "frame has no 'records' list")
     # The maps came out of this frame: the records may keep them (no copy of metrics).
-    return [_step_fast(r, copy=False) or decode_record(r) for r in records]
+    return [_step_fast(r, copy=False) or _decode_checked(r) for r in records]
 
 
 def check_version(version: Any) -> None:
@@ -169,9 +169,11 @@ def check_version(version: Any) -> None:
 
 def decode_record(raw: Any) -> Record:
     """Validate one record map (from msgpack or a JSONL line) into a dataclass."""
-    fast = _step_fast(raw, copy=True)
-    if fast is not None:
-        return fast
+    return _step_fast(raw, copy=True) or _decode_checked(raw)
+
+
+def _decode_checked(raw: Any) -> Record:
+    """``decode_record`` field by field: every kind, conversions, and the error messages."""
     if not isinstance(raw, dict):
         raise DecodeError("field", f"record is a {type(raw).__name__}, expected a map")
     kind = raw.get("kind")
