@@ -17,7 +17,7 @@ Control messages from the head (a resend request) go back to the agent that sent
 records when they name ``run`` and ``rank``; otherwise the relay cannot tell which of its ranks is
 meant and counts them as ``control_unroutable``.
 
-One thread owns both sockets. ``counters()`` may be read from any thread (plain ints).
+One thread owns both sockets. ``counters()`` may be read from any thread.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def _is_self(addr: str, listen: str) -> bool:
     l_host, _, l_port = listen.removeprefix("tcp://").rpartition(":")
     if port != l_port:
         return False
-    own = {*LOOPBACK, socket.gethostname(), socket.getfqdn()}
+    own = {*LOOPBACK, socket.gethostname()}  # no getfqdn(): it may wait on DNS
     return host == l_host or (host in own and l_host in ("*", "0.0.0.0", "::", host))
 
 
@@ -174,6 +174,7 @@ class Relay:
             0,
         )  # fmt: skip
         self.reasons: dict[str, int] = {}
+        self._reasons_lock = threading.Lock()
         self.pending_bytes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -198,10 +199,10 @@ class Relay:
 
     def counters(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.n)
+        with self._reasons_lock:  # the relay thread may add a reason meanwhile
+            reasons = dict(self.reasons)
         out.update(
-            pending_frames=len(self._pending),
-            pending_bytes=self.pending_bytes,
-            reasons=dict(self.reasons),
+            pending_frames=len(self._pending), pending_bytes=self.pending_bytes, reasons=reasons
         )
         return out
 
@@ -326,6 +327,8 @@ class Relay:
             self._batch_version = version
         self._batch.extend(recs)
         self._batch_bytes += size
+        if self._batch_bytes >= FLUSH_BYTES:  # keeps frames to the head near FLUSH_BYTES
+            self._seal()
 
     def _route(self, run: str, rank: int, identity: bytes) -> None:
         routes = self._routes
@@ -336,7 +339,8 @@ class Relay:
 
     def _bad(self, identity: bytes, reason: str, message: str) -> None:
         self.n["bad_frames"] += 1
-        self.reasons[reason] = self.reasons.get(reason, 0) + 1
+        with self._reasons_lock:
+            self.reasons[reason] = self.reasons.get(reason, 0) + 1
         self._log_once(identity.hex(), reason, f"dropped a bad frame ({reason}): {message[:300]}")
 
     def _log_once(self, who: str, reason: str, message: str) -> None:

@@ -33,11 +33,10 @@ import httpx
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
-from rankwatch.agent import records  # noqa: E402
-from tests.hardening.frames import Expected, Sequencer, pack, random_message  # noqa: E402
-from tests.hardening.procs import (  # noqa: E402
-    Rank, Serve, compare, read_jsonl, read_store, wait_until,
-)  # fmt: skip
+from rankwatch.agent import records
+
+from tests.hardening.frames import Expected, Sequencer, pack, random_message
+from tests.hardening.procs import Rank, Serve, compare, read_jsonl, read_store, wait_until
 
 VALID_RUN = "bench-valid"
 CHUNK = 50_000  # messages per throughput sample
@@ -212,7 +211,8 @@ def run(serve: Serve, ranks: list[Rank], stop: Path, logs: Path, args: Any) -> d
         "ok": ok, "messages": expected.messages, "oversized": oversized,
         "sent_s": round(sent_s, 1), "processed_s": round(processed_s, 1),
         "stored_s": round(stored_s, 1),
-        "rate_median": statistics.median(rates) if rates else None, "rate_p95_low": pct(rates, 0.05),
+        "rate_median": statistics.median(rates) if rates else None,
+        "rate_p95_low": pct(rates, 0.05),
         "reasons": dict(expected.reasons), "bad_messages": expected.bad_messages,
         "bad_records": expected.bad_records, "fuzz_records_stored": len(expected.stored),
         "valid_ranks": valid, "counters": counters, "newer_version_logged": newer_logged,

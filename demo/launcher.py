@@ -39,8 +39,8 @@ WHAT_TO_LOOK_FOR = {
     "it gets flagged as an outlier within a few steps, the other ranks never.",
     "nan": "rank {r}'s loss turns NaN at step {k}; the all-reduce spreads NaN to every rank one "
     "step later, and the dashboard shows which rank went first.",
-    "slow": "rank {r} sleeps extra from step {k}: step_time rises (in synchronous data "
-    "parallelism every rank waits for it).",
+    "slow": "rank {r}'s data loading stalls from step {k}: every rank's step_time rises alike "
+    "(they wait for it in the all-reduce), but its data_time stands out and it gets flagged.",
     "hang": "rank {r} hangs at step {k}: its steps stop while its heartbeats go on (stalled); "
     "in the msrun job the others wait in the all-reduce until it times out (they crash), then "
     "msrun kills the hung rank (lost).",

@@ -21,6 +21,7 @@ import msgpack
 from rankwatch.agent import records
 
 FUZZ_RUNS = ("fuzz-a", "fuzz-b", "fuzz-ç中", "fuzz-\U0001f525")
+ODD_RUN = "fuzz-odd-steps"  # steps going back or extreme: in one run (see valid_record)
 FUZZ_RANKS = 8
 NONFINITE = (math.nan, math.inf, -math.inf)
 BIG = 2**63 - 1
@@ -46,10 +47,17 @@ def pack(obj: Any) -> bytes:
 
 
 class Sequencer:
-    """Mostly increasing seqs per (run, rank), with repeats and jumps like real traffic."""
+    """Mostly increasing seqs per (run, rank), with repeats and jumps like real traffic; steps
+    only ever increase."""
 
     def __init__(self) -> None:
         self.next: dict[tuple[str, int], int] = {}
+        self.steps: dict[tuple[str, int], int] = {}
+
+    def step(self, run: str, rank: int) -> int:
+        step = self.steps.get((run, rank), 0) + 1
+        self.steps[(run, rank)] = step
+        return step
 
     def take(self, rng: random.Random, run: str, rank: int) -> int:
         key = (run, rank)
@@ -91,7 +99,10 @@ def _random_name(rng: random.Random) -> str:
 
 
 def valid_record(rng: random.Random, seqs: Sequencer) -> dict[str, Any]:
-    run, rank = rng.choice(FUZZ_RUNS), rng.randrange(FUZZ_RANKS)
+    # Steps going back arrive late for the store (each such flush re-bands the series they
+    # touch): in one run of their own, so they are tried without swamping every series.
+    odd = rng.random() < 0.01
+    run, rank = ODD_RUN if odd else rng.choice(FUZZ_RUNS), rng.randrange(FUZZ_RANKS)
     base: dict[str, Any] = {
         "run": run, "rank": rank, "seq": seqs.take(rng, run, rank),
         "time": _float(rng) if rng.random() < 0.05 else 1.7e9 + rng.random() * 1e6,
@@ -103,8 +114,9 @@ def valid_record(rng: random.Random, seqs: Sequencer) -> dict[str, Any]:
                 "paused": rng.choice((None, "checkpoint", "é"))}  # fmt: skip
     ident = {"world_size": rng.choice((1, 2, FUZZ_RANKS, 10**6)), "host": rng.choice(("h", "")),
              "pid": rng.randint(0, 2**31)}  # fmt: skip
-    # Steps mostly follow the seq, as in training; sometimes negative, repeated or extreme.
-    step = base["seq"] if rng.random() < 0.99 else rng.choice((-3, 0, 7, BIG, -(2**63) + 1))
+    step = seqs.step(run, rank)
+    if odd:
+        step = rng.choice((-3, 0, 7, step, BIG, -(2**63) + 1))
     if kind == "event":
         info = {_random_name(rng): rng.choice((1, "x", [1.5, None], {"k": math.nan}))}
         return {"kind": kind, **base, **ident, "event": rng.choice(records.EVENT_KINDS),
@@ -144,9 +156,10 @@ def broken_record(rng: random.Random, seqs: Sequencer) -> dict[str, Any]:
     elif roll == 6 and rec["kind"] == "step":
         rec["metrics"] = {f"m{i}": 1.0 for i in range(records.MAX_METRICS + rng.randint(1, 3))}
     elif roll == 7:
-        rec[rng.choice(("rank", "seq", "world_size", "step"))] = rng.choice(
-            (-1, 0, records.MAX_RANK + 1, 2**63, 2**64 - 1, math.nan, 1.0, True)
-        )
+        name = rng.choice(("rank", "seq", "world_size", "step"))
+        rec[name] = rng.choice((-1, 0, records.MAX_RANK + 1, 2**63, 2**64 - 1, math.nan, 1.0, True))
+        if name == "step":
+            rec["run"] = ODD_RUN
     elif roll == 8:
         rec["kind"] = rng.choice(("Step", "steps", "", "event ", None, 1))
     else:

