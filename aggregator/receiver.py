@@ -57,6 +57,7 @@ class SenderStats:
     messages: int = 0
     records: int = 0
     bad: dict[str, int] = field(default_factory=dict)
+    relayed: bool = False  # one connection carrying several ranks (a `rankwatch relay`)
 
 
 class Receiver:
@@ -171,6 +172,11 @@ class Receiver:
                     continue
             if stats.run is None and batch:
                 self._learn(identity, stats, batch[0])
+            if batch and (stats.relayed or batch[-1].rank != stats.rank):
+                # A relay: every rank behind it is reached through this one identity.
+                stats.relayed = True
+                for rec in batch:
+                    self._routes[(rec.run, rec.rank)] = identity
             stats.records += len(batch)
             out.extend(batch)
         self.totals["messages"] += n
@@ -266,7 +272,9 @@ class Receiver:
         identity = self._routes.get((run, rank))
         if identity is None:
             return False
-        self.send_control(identity, {"v": records.SCHEMA_VERSION, "resend_from": from_seq})
+        # run and rank let a relay pass the request on to the right agent; agents ignore them.
+        message = {"v": records.SCHEMA_VERSION, "resend_from": from_seq, "run": run, "rank": rank}
+        self.send_control(identity, message)
         return True
 
     def _flush_control(self) -> None:

@@ -143,7 +143,7 @@ def test_resend_request_reaches_the_agent_and_unknown_peers_are_counted(
     receiver.send_control(b"\x00nobody", {"v": 1, "resend_from": 1})
     receiver.recv(0)  # control is flushed by the receiving thread
     assert agent.poll(2000)
-    assert msgpack.unpackb(agent.recv()) == {"v": 1, "resend_from": 4}
+    assert msgpack.unpackb(agent.recv()) == {"v": 1, "resend_from": 4, "run": "r1", "rank": 3}
     counters = receiver.counters()
     assert counters["control_sent"] == 1 and counters["control_failed"] == 1
 
@@ -151,3 +151,20 @@ def test_resend_request_reaches_the_agent_and_unknown_peers_are_counted(
 def test_bind_error_names_the_endpoint(ctx: zmq.Context, receiver: Receiver) -> None:
     with pytest.raises(OSError, match=f"127.0.0.1:{receiver.port}"):
         Receiver("127.0.0.1", receiver.port, context=ctx)
+
+
+def test_every_rank_behind_a_relay_is_reachable_for_resends(
+    dealer: Callable[[], zmq.Socket], receiver: Receiver
+) -> None:
+    relay = dealer()  # one connection carrying several ranks, as `rankwatch relay` sends them
+    relay.send(records.encode_frame([step(0, 1), step(1, 1)]))
+    relay.send(records.encode_frame([step(2, 1), step(5, 1)]))
+    assert len(collect(receiver, 4)) == 4
+    for rank in (0, 1, 2, 5):
+        assert receiver.request_resend("r1", rank, 1)
+    receiver.recv(0)
+    got = []
+    while relay.poll(2000) and len(got) < 4:
+        got.append(msgpack.unpackb(relay.recv()))
+    assert sorted(m["rank"] for m in got) == [0, 1, 2, 5]
+    assert all(m["run"] == "r1" and m["resend_from"] == 1 for m in got)

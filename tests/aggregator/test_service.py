@@ -191,7 +191,7 @@ def test_a_gap_makes_the_aggregator_ask_the_agent_to_resend(
     agents.send([step(0, s, 1.0) for s in (1, 2, 3, 7, 8)])
     sock = agents.socks[0]
     assert sock.poll(5000), "no resend request arrived"
-    assert msgpack.unpackb(sock.recv()) == {"v": 1, "resend_from": 4}
+    assert msgpack.unpackb(sock.recv()) == {"v": 1, "resend_from": 4, "run": "r1", "rank": 0}
     agents.send([step(0, s, 1.0) for s in (4, 5, 6)])  # what the agent re-reads from JSONL
     wait_until(lambda: agg.counters()["records_accepted"] == 8)
     assert agg.snapshot()["runs"][0]["ranks"][0]["gaps"] == []
