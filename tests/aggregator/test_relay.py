@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +24,9 @@ from rankwatch.aggregator.relay import (
 )
 from rankwatch.aggregator.service import Aggregator, ServeConfig
 
+from tests.polling import wait_until
+
 RUN = "relay-test"
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
 
 
 def step(rank: int, seq: int, world: int = 8) -> dict[str, Any]:

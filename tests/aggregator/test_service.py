@@ -9,7 +9,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,8 @@ from rankwatch.aggregator.service import LIVE_RETENTION_S, Aggregator, ServeConf
 from rankwatch.aggregator.store import Store, StoreError
 from rankwatch.aggregator.webhooks import WebhookConfig
 
+from tests.polling import wait_until
+
 WORLD = 4
 
 
@@ -37,17 +39,6 @@ def step(rank: int, seq: int, loss: float, run: str = "r1", world: int = WORLD) 
 def loss_at(rank: int, s: int, bad_rank: int | None = 2, from_step: int = 20) -> float:
     base = 2.0 / (1 + 0.05 * s) + 0.01 * rank
     return base * 3 if rank == bad_rank and s >= from_step else base
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
 
 
 def config(tmp_path: Path, **kw: Any) -> ServeConfig:

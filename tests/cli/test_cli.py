@@ -22,6 +22,8 @@ import zmq
 from rankwatch.agent import records
 from rankwatch.agent.records import StepRecord
 
+from tests import polling
+
 RANKWATCH = str(Path(sys.executable).parent / "rankwatch")
 START_TIMEOUT_S = 60.0
 
@@ -97,14 +99,7 @@ def servers() -> Iterator[Callable[..., Server]]:
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.1)
+    return polling.wait_until(predicate, timeout_s, every_s=0.1)
 
 
 def step(rank: int, s: int, run: str = "cli", loss: float | None = None) -> StepRecord:
