@@ -114,7 +114,7 @@ def main() -> int:
         lines = out.read_text().splitlines() if out.exists() else []
         entries = [json.loads(line) for line in lines]
         status = outcomes(junit) if junit.exists() else {}
-    big = None if args.no_fuzz else fuzz(args.fuzz_frames)
+    big = None if args.no_fuzz else fuzz(args.fuzz_frames) or {"ok": False, "crashed": True}
     rows = ["| kind | fault or input | result | records lost | figures | test |",
             "|---|---|---|---|---|---|"]  # fmt: skip
     reported = set()
@@ -130,7 +130,9 @@ def main() -> int:
         if name not in reported:
             rows.append(f"| check | {cell(name)} | {cell(message) or state} | – | – | "
                         f"{name} ({state}) |")  # fmt: skip
-    if big is not None:
+    if big is not None and big.get("crashed"):
+        rows.append("| input | bench/fuzz_ingest.py | FAIL: see its output above | ? | – | – |")
+    elif big is not None:
         rows.append(fuzz_row(big))
     print("\n".join(rows))
     failed = [n for n, (s, _) in status.items() if s == "failed"]
