@@ -99,7 +99,7 @@ def fuzz(serve: Serve, total: int, seed: int) -> tuple[Expected, list[float], in
     try:
         chunk_start = time.perf_counter()
         for i in range(1, total + 1):
-            message = random_message(rng, seqs)
+            message = random_message(rng, seqs, bounded=True)
             expected.add(message)
             sock.send_multipart(message)
             if i % OVERSIZED_EVERY == 0 or i == total // 2:

@@ -84,7 +84,8 @@ def fuzz_row(big: dict[str, Any]) -> str:
     result = "up; every rejection counted by reason; all valid data stored" if big["ok"] else "FAIL"
     reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(big["reasons"].items()))
     numbers = (
-        f"send rate median {big['rate_median']:,.0f}/s; rejected: {reasons}; "
+        f"sent in {big['sent_s']} s, all counted after {big['processed_s']} s, all stored after "
+        f"{big['stored_s']} s; send rate median {big['rate_median']:,.0f}/s; rejected: {reasons}; "
         f"{big['fuzz_records_stored']:,} valid fuzz records stored; /api/status ms median/p95 "
         f"{idle[0]}/{idle[1]} before, {busy[0]}/{busy[1]} under fuzz; internal errors "
         f"{int(big['counters']['internal_errors'])}, store errors "
