@@ -7,6 +7,8 @@
     ingest_host = "*"       # agents
     ingest_port = 8671
     token_env = "RANKWATCH_TOKEN"   # or token = "..."
+    lost_after_s = 10.0     # health: silence before a rank is lost
+    min_stall_s = 30.0      # health: no new step for this long makes a rank stalled
 
     [alerts]                # AlertConfig: disabled, severity, thresholds, plateau, ...
     [divergence]            # DivergenceConfig: z_threshold, confirm_steps, rules.<metric> ...
@@ -48,6 +50,7 @@ SERVE_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     "token_env": ("token", (str,)),
     "flush_interval_s": ("flush_interval_s", (int, float)),
     "lost_after_s": ("lost_after_s", (int, float)),
+    "min_stall_s": ("min_stall_s", (int, float)),
     "merge_grace_s": ("merge_grace_s", (int, float)),
     "console_alerts": ("console_alerts", (bool,)),
     "resend_gaps": ("resend_gaps", (bool,)),
@@ -202,6 +205,7 @@ def with_overrides(
     ingest_port: int | None = None,
     token: str | None = None,
     webhooks: Sequence[str] = (),
+    min_stall_s: float | None = None,
 ) -> ServeConfig:
     """Command-line flags over the file: only flags actually given (not None) change it."""
     changes: dict[str, Any] = {
@@ -212,6 +216,7 @@ def with_overrides(
             ("ingest_host", ingest_host),
             ("ingest_port", ingest_port),
             ("token", token),
+            ("min_stall_s", min_stall_s),
         )
         if value is not None
     }
@@ -229,7 +234,7 @@ def check(config: ServeConfig, where: str) -> None:
         value = getattr(config, name)
         if not 0 <= value <= 65535:
             raise ConfigError(f"{where}: {name} {value} is not a TCP port (0-65535)")
-    for name in ("flush_interval_s", "lost_after_s"):
+    for name in ("flush_interval_s", "lost_after_s", "min_stall_s"):
         if not getattr(config, name) > 0:
             raise ConfigError(f"{where}: {name} must be > 0 seconds")
     if config.merge_grace_s < 0:

@@ -12,6 +12,11 @@ allows every ``client*.key`` public key in DIR and re-reads DIR when an unknown 
 a client added later needs no restart. With curve on, traffic is encrypted and a peer without
 an allowed key never gets a record in: the ZAP handler (``zmq.auth``) refuses it, and the
 receiver counts refused handshakes.
+
+A node relay (``rankwatch relay --curve DIR``) is both: a server to its node's agents, with the
+same ``server.key_secret`` and allowed ``client*.key`` files as the head (so the agents' key
+directories work unchanged), and a client of the head with ``client.key_secret`` (DIR holds a
+copy of the head's key directory; the relay node is trusted like the head).
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+
+if TYPE_CHECKING:
+    from rankwatch.agent.sender import CurveKeys
 
 log = logging.getLogger("rankwatch.curve")
 
@@ -135,3 +143,21 @@ class CurveGate:
 
     def stop(self) -> None:
         self._auth.stop()
+
+
+def client_keys_of(directory: Path | str) -> CurveKeys:
+    """The keys an agent holds in ``directory``: ``server.key`` and one ``client*.key_secret``
+    (``client.key_secret`` first); ``CurveError`` names what is missing."""
+    from rankwatch.agent.sender import curve_keys  # the agents' own reading of DIR
+
+    try:
+        return curve_keys(directory)
+    except ValueError as exc:
+        raise CurveError(str(exc)) from None
+
+
+def configure_client(sock: zmq.Socket[Any], keys: CurveKeys) -> None:
+    """Make ``sock`` (before connect) a CURVE client of the aggregator."""
+    sock.curve_secretkey = keys.secret
+    sock.curve_publickey = keys.public
+    sock.curve_serverkey = keys.server

@@ -48,6 +48,7 @@ from rankwatch.aggregator.divergence_types import (
     RankScores,
     StepResult,
     StepStats,
+    new_result,
     new_stats,
 )
 from rankwatch.aggregator.merge import StepValues
@@ -140,6 +141,27 @@ class DivergenceDetector:
 
         if n:
             med, sc = stats.median, scale(cfg, st, stats)
+            if (
+                in_order
+                and not bad
+                and st.calm
+                and not st.active
+                and not resolved
+                and sc > 0
+                and (stats.max - med) / sc < cfg.z_allowance  # max(z), exactly: z rises with x
+                and (med - stats.min) / sc < cfg.z_allowance
+                and cfg.z_allowance <= cfg.z_threshold
+            ):
+                # The usual step: nobody is out, no evidence to keep. The scores are only read
+                # by the dashboard, so they are computed if and when it asks.
+                if n >= 2:
+                    learn_spread(cfg, st, stats, fin_ranks, fin_values)
+
+                def fill() -> tuple[list[float], list[float]]:
+                    return [(x - med) / sc for x in values], _rel_lists(values, med)
+
+                scores = RankScores.lazy(ranks, values, _no_outliers(n), fill)
+                return new_result(stats, scores, [], [])
             z = [(x - med) / sc for x in fin_values]
             rel = _rel_lists(fin_values, med)
         else:

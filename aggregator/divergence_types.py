@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -68,6 +68,7 @@ class Divergence:
 
 
 _RANKS, _VALUES, _Z, _REL, _OUTLIER = range(5)
+_NO_FLAGS: frozenset[int] = frozenset()
 
 
 class RankScores(Mapping[int, RankScore]):
@@ -91,15 +92,36 @@ class RankScores(Mapping[int, RankScore]):
         self._cols: list[Any] = [ranks, values, z, rel, outlier]
         self._flagged = flagged
         self._pos: dict[int, int] | None = None
+        self._fill: Callable[[], tuple[list[float], list[float]]] | None = None
+
+    @classmethod
+    def lazy(
+        cls,
+        ranks: list[int],
+        values: list[float],
+        outlier: Sequence[bool],
+        fill: Callable[[], tuple[list[float], list[float]]],
+    ) -> RankScores:
+        """Scores whose z and rel columns ``fill()`` computes on first read (most steps'
+        scores are never read: the dashboard shows only the latest)."""
+        scores = cls(ranks, values, None, None, outlier, _NO_FLAGS)  # type: ignore[arg-type]
+        scores._fill = fill
+        return scores
+
+    def _filled(self) -> list[Any]:
+        if self._fill is not None:
+            self._cols[_Z], self._cols[_REL] = self._fill()
+            self._fill = None
+        return self._cols
 
     def _array(self, col: int, dtype: type) -> np.ndarray:
-        value = self._cols[col]
+        value = self._filled()[col]
         if not isinstance(value, np.ndarray):
             value = self._cols[col] = np.asarray(value, dtype)
         return value
 
     def _list(self, col: int) -> list[Any]:
-        value = self._cols[col]
+        value = self._filled()[col]
         return value.tolist() if isinstance(value, np.ndarray) else value
 
     @property
@@ -130,7 +152,7 @@ class RankScores(Mapping[int, RankScore]):
         if self._pos is None:
             self._pos = {r: i for i, r in enumerate(self._list(_RANKS))}
         i = self._pos[rank]
-        _, values, z, rel, outlier = self._cols
+        _, values, z, rel, outlier = self._filled()
         value = float(values[i])
         return RankScore(
             rank,
@@ -155,3 +177,15 @@ class StepResult:
     scores: Mapping[int, RankScore]
     new: list[Divergence]
     resolved: list[Divergence]
+
+
+def new_result(
+    stats: StepStats,
+    scores: Mapping[int, RankScore],
+    new: list[Divergence],
+    resolved: list[Divergence],
+) -> StepResult:
+    """``StepResult(...)`` without the frozen ``__init__`` (one per scored (metric, step))."""
+    result = object.__new__(StepResult)
+    result.__dict__.update(stats=stats, scores=scores, new=new, resolved=resolved)
+    return result

@@ -108,14 +108,27 @@ class SeqTracker:
             iv.give_up_oldest_gap()
             self.given_up += 1
 
-    def gaps(self, run: str, rank: int) -> list[tuple[int, int]]:
-        """Missing inclusive seq ranges below the highest seen (seqs start at 1)."""
+    def gaps(self, run: str, rank: int, limit: int | None = None) -> list[tuple[int, int]]:
+        """Missing inclusive seq ranges below the highest seen (seqs start at 1), oldest first;
+        at most ``limit`` of them. A rank may have up to ``max_intervals`` gaps and the service
+        asks on every tick, so callers that need only the first few say so."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        iv = self._seen.get((run, rank))
+        if iv is None or not iv.los or limit == 0:
+            return []
+        los, his = iv.los, iv.his
+        out = [(1, los[0] - 1)] if los[0] > 1 else []
+        end = len(los) - 1 if limit is None else min(len(los) - 1, limit - len(out))
+        out.extend((his[i] + 1, los[i + 1] - 1) for i in range(end))
+        return out
+
+    def gap_count(self, run: str, rank: int) -> int:
+        """How many ranges ``gaps()`` would return, without building them."""
         iv = self._seen.get((run, rank))
         if iv is None or not iv.los:
-            return []
-        out = [(1, iv.los[0] - 1)] if iv.los[0] > 1 else []
-        out.extend((iv.his[i] + 1, iv.los[i + 1] - 1) for i in range(len(iv.los) - 1))
-        return out
+            return 0
+        return len(iv.los) - 1 + (iv.los[0] > 1)
 
     def max_seq(self, run: str, rank: int) -> int:
         """Highest seq seen, 0 when none."""

@@ -3,7 +3,14 @@
 Thin on purpose: receive ``[identity, frame]`` messages in batches, decode them with the wire
 schema, count what arrives per sender and per problem, and hand the records to the service.
 Bad input (not msgpack, wrong schema, extra frames, a newer schema version) is counted and
-logged once per sender and reason; it is never fatal and valid traffic keeps flowing.
+logged once per sender and reason; it is never fatal and valid traffic keeps flowing. A newer
+schema version is its own log line, once per sender and version, whatever that sender got wrong
+before: it is the one problem an operator fixes on the head node (upgrade the aggregator).
+
+Everything kept per peer is bounded, so a peer inventing run names or reconnecting at will
+costs counts, not memory: ``MAX_SENDERS`` identities, ``MAX_ROUTES`` (run, rank) routes in
+all and ``MAX_RANKS_PER_PEER`` per connection (a relay's oldest rank route gives way to its
+newest), ``MAX_RETIRED`` labels of evicted identities, ``MAX_LOGGED`` log-once keys.
 
 The socket belongs to the thread that calls ``recv()``: ``send_control()`` may be called from
 any thread, it only queues, and the queue is flushed by the next ``recv()``.
@@ -36,6 +43,10 @@ MAX_BATCH_MESSAGES = 2000  # messages drained per recv() before returning to the
 MAX_BATCH_RECORDS = 5000  # ... or records: bounds how long the service holds its lock
 RCVHWM_MESSAGES = 100_000  # per-peer inbound buffer, so a slow store tick does not push back
 MAX_SENDERS = 4096  # per-identity counters kept; DEALERs get a new identity on each reconnect
+MAX_RETIRED = 4096  # labels of evicted identities kept apart; the rest share OTHER_SENDERS
+OTHER_SENDERS = "(others)"
+MAX_ROUTES = 65_536  # (run, rank) -> identity routes for resend requests, in all ...
+MAX_RANKS_PER_PEER = 1024  # ... and per connection (a relay carries a node's ranks, every run)
 MAX_LOGGED = 10_000  # (sender, reason) pairs already logged, to log each once
 LINGER_MS = 0  # control messages are best effort: never hang on close
 # Monitor events: connections come and go; a failed handshake is a refused peer.
@@ -58,6 +69,8 @@ class SenderStats:
     records: int = 0
     bad: dict[str, int] = field(default_factory=dict)
     relayed: bool = False  # one connection carrying several ranks (a `rankwatch relay`)
+    # (run, rank) routed through this identity, oldest first (dict as an ordered set)
+    ranks: dict[tuple[str, int], None] = field(default_factory=dict)
 
 
 class Receiver:
@@ -115,7 +128,7 @@ class Receiver:
         self._control_lock = threading.Lock()
         self._senders: dict[bytes, SenderStats] = {}
         self._routes: dict[tuple[str, int], bytes] = {}  # (run, rank) -> latest identity
-        self._logged: set[tuple[str, str]] = set()
+        self._logged: set[tuple[str, str, str]] = set()  # (sender, reason, detail)
         self._retired: dict[str, SenderStats] = {}  # stats of evicted identities, by label
         self.totals: dict[str, int] = {
             "messages": 0,
@@ -127,6 +140,8 @@ class Receiver:
             "control_sent": 0,
             "control_failed": 0,
             "refused": 0,
+            "routes_evicted": 0,  # MAX_ROUTES reached: the oldest route was dropped
+            "peer_ranks_capped": 0,  # MAX_RANKS_PER_PEER reached on one connection
         }
         self.reasons: dict[str, int] = {}
         self.refused: dict[str, int] = {}  # refused handshakes by kind (HANDSHAKE_FAILED)
@@ -175,8 +190,11 @@ class Receiver:
             if batch and (stats.relayed or batch[-1].rank != stats.rank):
                 # A relay: every rank behind it is reached through this one identity.
                 stats.relayed = True
+                routes = self._routes
                 for rec in batch:
-                    self._routes[(rec.run, rec.rank)] = identity
+                    key = (rec.run, rec.rank)
+                    if routes.get(key) != identity:
+                        self._route(key, identity, stats)
             stats.records += len(batch)
             out.extend(batch)
         self.totals["messages"] += n
@@ -185,6 +203,9 @@ class Receiver:
 
     def _salvage(self, stats: SenderStats, frame: bytes, exc: DecodeError) -> list[Record]:
         """A frame failed to decode: keep its valid records when only some records are bad."""
+        if exc.reason == "version":
+            self._bad_version(stats, frame, exc)
+            return []
         if exc.reason != "field":
             self._bad(stats, exc.reason, str(exc))
             return []
@@ -197,6 +218,22 @@ class Receiver:
                 self._bad(stats, bad.reason, str(bad), record=True)
         return good
 
+    def _bad_version(self, stats: SenderStats, frame: bytes, exc: DecodeError) -> None:
+        version = _frame_version(frame)
+        if version is None or version <= records.SCHEMA_VERSION:
+            self._bad(stats, "version", str(exc))
+            return
+        self._bad(
+            stats,
+            "version",
+            f"it sends wire schema version {version}, newer than this aggregator's "
+            f"{records.SCHEMA_VERSION}: upgrade rankwatch on the head node (`pip install -U "
+            "rankwatch`, then restart `rankwatch serve`); until then its records are dropped "
+            "and counted",
+            detail=f"newer {version}",
+            level=logging.ERROR,
+        )
+
     def _new_sender(self, identity: bytes) -> SenderStats:
         if len(self._senders) >= MAX_SENDERS:
             # Reconnecting DEALERs get fresh identities; fold the oldest into per-label totals.
@@ -207,8 +244,12 @@ class Receiver:
         return stats
 
     def _retire(self, stats: SenderStats) -> None:
-        blank = SenderStats(stats.label, stats.run, stats.rank)
-        kept = self._retired.setdefault(stats.label, blank)
+        # Its routes stay (they are bounded by MAX_ROUTES and the identity may speak again).
+        label = stats.label
+        if label not in self._retired and len(self._retired) >= MAX_RETIRED:
+            label = OTHER_SENDERS  # a peer making up names must not grow this without end
+        blank = SenderStats(label, stats.run, stats.rank)
+        kept = self._retired.setdefault(label, blank)
         kept.messages += stats.messages
         kept.records += stats.records
         for reason, count in stats.bad.items():
@@ -217,27 +258,76 @@ class Receiver:
     def _learn(self, identity: bytes, stats: SenderStats, rec: Record) -> None:
         stats.run, stats.rank = rec.run, rec.rank
         stats.label = f"{rec.run}/{rec.rank}"
-        self._routes[(rec.run, rec.rank)] = identity
-        if len(self._routes) > MAX_SENDERS * 4:
-            self._routes.pop(next(iter(self._routes)))
+        if self._routes.get((rec.run, rec.rank)) != identity:
+            self._route((rec.run, rec.rank), identity, stats)
 
-    def _bad(self, stats: SenderStats, reason: str, message: str, record: bool = False) -> None:
+    def _route(self, key: tuple[str, int], identity: bytes, stats: SenderStats) -> None:
+        """Route resends for ``key`` to ``identity`` (newest last), within both bounds."""
+        routes = self._routes
+        owner = routes.pop(key, None)
+        if owner is not None:  # the rank moved (reconnect, or now behind a relay)
+            moved = self._senders.get(owner)
+            if moved is not None:
+                moved.ranks.pop(key, None)
+        elif len(routes) >= MAX_ROUTES:
+            gone, gone_owner = next(iter(routes.items()))
+            del routes[gone]
+            self.totals["routes_evicted"] += 1
+            held = self._senders.get(gone_owner)
+            if held is not None:
+                held.ranks.pop(gone, None)
+        if len(stats.ranks) >= MAX_RANKS_PER_PEER:
+            # One connection naming more ranks than a node has: its own oldest route goes,
+            # not another peer's, and a long-lived relay still reaches its newest runs.
+            gone = next(iter(stats.ranks))
+            del stats.ranks[gone]
+            routes.pop(gone, None)
+            self.totals["peer_ranks_capped"] += 1
+        routes[key] = identity
+        stats.ranks[key] = None
+
+    def _bad(
+        self,
+        stats: SenderStats,
+        reason: str,
+        message: str,
+        record: bool = False,
+        *,
+        detail: str = "",
+        level: int = logging.WARNING,
+    ) -> None:
+        """Count a problem; log it once per (sender, reason, detail)."""
         stats.bad[reason] = stats.bad.get(reason, 0) + 1
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
         self.totals["bad_records" if record else "bad_messages"] += 1
-        key = (stats.label, reason)
-        if key not in self._logged and len(self._logged) < MAX_LOGGED:
-            self._logged.add(key)
-            what = "record" if record else "message"
-            log.warning(
-                "dropped a bad %s from agent %s (%s): %s; further %r problems from this "
-                "sender are only counted",
-                what,
-                stats.label,
-                reason,
-                message[:300],
-                reason,
-            )
+        key = (stats.label, reason, detail)
+        logged = self._logged
+        if key in logged:
+            return
+        if len(logged) >= MAX_LOGGED:
+            if len(logged) == MAX_LOGGED:  # say once that the log goes quiet, and why
+                logged.add(("", "", "full"))
+                log.warning(
+                    "%d distinct (sender, problem) pairs logged; further bad input is only "
+                    "counted (rankwatch_aggregator_ingest_errors on /metrics)",
+                    MAX_LOGGED,
+                )
+            return
+        logged.add(key)
+        if detail.startswith("newer"):
+            log.log(level, "agent %s: %s", stats.label, message)
+            return
+        what = "record" if record else "message"
+        log.log(
+            level,
+            "dropped a bad %s from agent %s (%s): %s; further %r problems from this "
+            "sender are only counted",
+            what,
+            stats.label,
+            reason,
+            message[:300],
+            reason,
+        )
 
     def _read_monitor(self) -> None:
         while True:
@@ -329,3 +419,13 @@ class Receiver:
         if self._own_ctx is not None:
             self._own_ctx.term()
             self._own_ctx = None
+
+
+def _frame_version(frame: bytes) -> int | None:
+    """The ``v`` of a frame that decoded as far as its version check (so it is a msgpack map)."""
+    try:
+        envelope = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=0)
+    except Exception:  # msgpack raises several unrelated types
+        return None
+    version = envelope.get("v") if isinstance(envelope, dict) else None
+    return version if type(version) is int else None

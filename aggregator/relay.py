@@ -15,7 +15,13 @@ they queue, then count drops, and their JSONL files keep every record for a rese
 
 Control messages from the head (a resend request) go back to the agent that sent the rank's
 records when they name ``run`` and ``rank``; otherwise the relay cannot tell which of its ranks is
-meant and counts them as ``control_unroutable``.
+meant and counts them as ``control_unroutable``. At most ``MAX_ROUTES`` (run, rank) routes are
+kept; beyond, the oldest goes (``routes_evicted``).
+
+With ``curve_dir`` (``rankwatch relay --curve DIR``, DIR a copy of the head's key directory)
+both sides are CurveZMQ: the relay requires an allowed client key from its agents, exactly as
+the head does (refused handshakes are counted in ``refused``), and authenticates to the head
+with ``client.key_secret``. See ``curve.py``.
 
 One thread owns both sockets. ``counters()`` may be read from any thread.
 """
@@ -27,12 +33,15 @@ import socket
 import threading
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import zmq
 from rankwatch.agent.identity import DEFAULT_INGEST_PORT, parse_addr, resolve_addr
 from rankwatch.agent.records import MAX_FRAME_BYTES, DecodeError, check_version
+from rankwatch.aggregator.curve import CurveGate, client_keys_of, configure_client
+from rankwatch.aggregator.receiver import HANDSHAKE_FAILED
 from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger("rankwatch.relay")
@@ -120,6 +129,7 @@ class Relay:
         batch_ms: float = DEFAULT_BATCH_MS,
         max_pending_bytes: int = MAX_PENDING_BYTES,
         context: zmq.Context[Any] | None = None,
+        curve_dir: Path | str | None = None,
     ) -> None:
         if not batch_ms >= 0:
             raise ValueError(f"batch_ms must be >= 0, got {batch_ms}")
@@ -128,8 +138,24 @@ class Relay:
         self.batch_s = batch_ms / 1000
         self.max_pending_bytes = max_pending_bytes
         self.upstream = upstream
+        self._own_ctx: zmq.Context[Any] | None = None
+        if curve_dir is not None and context is None:
+            # The ZAP handler belongs to a context: one of its own keeps relays apart.
+            context = self._own_ctx = zmq.Context()
         self._ctx = context or zmq.Context.instance()
+        self.curve: CurveGate | None = None
+        client = None
+        if curve_dir is not None:
+            try:  # CurveError names the missing file, before anything is bound
+                client = client_keys_of(curve_dir)
+                self.curve = CurveGate(self._ctx, curve_dir)
+            except Exception:
+                self._term_own()
+                raise
+            self.curve.start()
         down = self._ctx.socket(zmq.ROUTER)
+        if self.curve is not None:
+            self.curve.configure(down)
         down.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         down.setsockopt(zmq.RCVHWM, RCVHWM_MESSAGES)
         down.setsockopt(zmq.LINGER, 0)
@@ -139,6 +165,7 @@ class Relay:
             down.bind(endpoint)
         except zmq.ZMQError as exc:
             down.close(0)
+            self._stop_curve()
             raise OSError(f"relay cannot listen on {endpoint}: {exc}") from None
         self.endpoint = down.getsockopt_string(zmq.LAST_ENDPOINT)
         self.port = int(self.endpoint.rsplit(":", 1)[1]) if self.endpoint.startswith("tcp") else 0
@@ -155,9 +182,14 @@ class Relay:
             (zmq.MAXMSGSIZE, 64 * 1024),  # control messages from the head are tiny
         ):
             up.setsockopt(opt, value)
+        if client is not None:
+            configure_client(up, client)
         up.connect(upstream)
         self._down, self._up = down, up
-        self._monitor = down.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        events = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+        for event in HANDSHAKE_FAILED:
+            events |= event
+        self._monitor = down.get_monitor_socket(events)
         self._batch: list[Any] = []
         self._batch_bytes = 0
         self._batch_version = 0
@@ -170,10 +202,12 @@ class Relay:
                 "frames_in", "records_in", "frames_out", "records_out", "bad_frames",
                 "connections", "disconnects", "control_in", "control_routed",
                 "control_unroutable", "control_failed", "pushback", "internal_errors",
+                "refused", "routes_evicted",
             ),
             0,
         )  # fmt: skip
         self.reasons: dict[str, int] = {}
+        self.refused_by: dict[str, int] = {}  # refused agent handshakes by kind (curve)
         self._reasons_lock = threading.Lock()
         self.pending_bytes = 0
         self._stop = threading.Event()
@@ -202,8 +236,11 @@ class Relay:
         with self._reasons_lock:  # the relay thread may add a reason meanwhile
             reasons = dict(self.reasons)
         out.update(
-            pending_frames=len(self._pending), pending_bytes=self.pending_bytes, reasons=reasons
-        )
+            pending_frames=len(self._pending), pending_bytes=self.pending_bytes, reasons=reasons,
+            refused_by=dict(self.refused_by), routes=len(self._routes),
+        )  # fmt: skip
+        if self.curve is not None:
+            out["curve_denied_keys"] = self.curve.denied
         return out
 
     # --- the loop --------------------------------------------------------------------------
@@ -267,6 +304,17 @@ class Relay:
             self._monitor.close(0)
             self._down.close(0)
             self._up.close(int(left * 1000))  # let ZeroMQ deliver what it already holds
+            self._stop_curve()
+
+    def _stop_curve(self) -> None:
+        if self.curve is not None:
+            self.curve.stop()
+        self._term_own()
+
+    def _term_own(self) -> None:
+        if self._own_ctx is not None:
+            self._own_ctx.term()  # waits for the upstream socket's linger
+            self._own_ctx = None
 
     def _internal_error(self, exc: Exception) -> None:
         self.n["internal_errors"] += 1
@@ -332,10 +380,13 @@ class Relay:
 
     def _route(self, run: str, rank: int, identity: bytes) -> None:
         routes = self._routes
-        if routes.get((run, rank)) != identity:
-            routes[(run, rank)] = identity
-            if len(routes) > MAX_ROUTES:
+        key = (run, rank)
+        if routes.get(key) != identity:
+            # A moved rank goes to the end; a new one past the cap pushes out the oldest.
+            if routes.pop(key, None) is None and len(routes) >= MAX_ROUTES:
                 del routes[next(iter(routes))]
+                self.n["routes_evicted"] += 1
+            routes[key] = identity
 
     def _bad(self, identity: bytes, reason: str, message: str) -> None:
         self.n["bad_frames"] += 1
@@ -360,6 +411,11 @@ class Relay:
                 self.n["connections"] += 1
             elif event == zmq.EVENT_DISCONNECTED:
                 self.n["disconnects"] += 1
+            elif event in HANDSHAKE_FAILED:  # an agent without an allowed key (curve)
+                kind = HANDSHAKE_FAILED[event]
+                self.n["refused"] += 1
+                with self._reasons_lock:
+                    self.refused_by[kind] = self.refused_by.get(kind, 0) + 1
 
     # --- relay -> head -------------------------------------------------------------------
 

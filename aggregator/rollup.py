@@ -15,8 +15,9 @@ of ``w`` + the open rows of every level ``<= w`` re-bucketed to ``w`` (which nev
 bucket with a closed row). Everything happens inside the caller's transaction, so rollups can
 never disagree with the raw rows after a crash.
 
-Also here: the per-step cross-rank band (``settle_bands``), level choice for a query and the
-numpy code turning bucket rows into the lists the dashboard draws. See docs/storage.md.
+Also here: the per-step cross-rank band (``settle_bands``) and level choice for a query; the
+numpy code turning bucket rows into the points the dashboard draws is ``columns.py``. See
+docs/storage.md.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
+from rankwatch.aggregator import columns
 
 if TYPE_CHECKING:
     from rankwatch.aggregator.store_rows import Mirror
@@ -244,15 +246,27 @@ def bucket_sql(
     )
 
 
-def sort_buckets(res: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Order rows by (key, b). Closed rows are stored per flush in (key, b) order and open rows
-    come last, so a stable sort on the key (a radix sort for int16) usually suffices."""
-    key, b = np.asarray(res["key"]), np.asarray(res["b"])
-    small = len(key) == 0 or (key.min() >= -(2**15) and key.max() < 2**15)
-    order = np.argsort(key.astype(np.int16) if small else key, kind="stable")
-    k, bb = key[order], b[order]
-    if np.any((np.diff(bb) <= 0) & (np.diff(k) == 0)):
+def sort_buckets(res: dict[str, np.ndarray], by: str = "b") -> dict[str, np.ndarray]:
+    """Order rows by (key, ``by``): the bucket, or any column increasing with it within a key
+    (a bucket's step, its minimum's step).
+
+    Rows come as a few runs already in order (closed rows are stored per flush in (key, b)
+    order, open rows last, scans hand row groups over in any order), which numpy's stable
+    sort (timsort) merges in a few ms; so both columns are folded into one int64 sort key.
+    """
+    key = np.asarray(res["key"]).astype(np.int64)
+    b = np.asarray(res[by]).astype(np.int64)
+    if len(key) == 0:
+        return res
+    k0, b0 = int(key.min()), int(b.min())
+    span = int(b.max()) - b0 + 1
+    if (int(key.max()) - k0 + 1) * span >= 2**62:
         order = np.lexsort((b, key))
+    else:
+        combined = (key - k0) * span + (b - b0)
+        if bool((np.diff(combined) > 0).all()):
+            return res
+        order = np.argsort(combined, kind="stable")
     return {name: np.asarray(col)[order] for name, col in res.items()}
 
 
@@ -332,6 +346,7 @@ def _band_rows(
 
 
 # --- turning rows into the points the dashboard draws ----------------------------------------
+# The store keeps them as numpy columns (columns.py); these give the same points as lists.
 
 
 def bucket_points(
@@ -343,119 +358,27 @@ def bucket_points(
     start: float,
     end: float,
 ) -> dict[int, dict[str, list]]:
-    """Two points per bucket (its minimum and its maximum, in step order) so spikes survive.
-
-    ``min``/``max`` repeat the bucket's extremes for every point drawn from it. Rows arrive
-    sorted by (key, b); a bucket's extremes may lie just outside the requested range (buckets
-    straddle its edges) and are dropped.
-    """
-    n = len(key)
-    first_is_min = mn_step <= mx_step
-    step = np.empty(2 * n, dtype=np.int64)
-    value = np.empty(2 * n, dtype=np.float64)
-    step[0::2] = np.where(first_is_min, mn_step, mx_step)
-    step[1::2] = np.where(first_is_min, mx_step, mn_step)
-    value[0::2] = np.where(first_is_min, mn, mx)
-    value[1::2] = np.where(first_is_min, mx, mn)
-    # Building Python floats is most of an overlay query's time: make one per point and let
-    # the min/max lists refer to the same objects.
-    objs = value.astype(object)
-    at = 2 * np.arange(n)
-    min_at, max_at = at + ~first_is_min, at + first_is_min
-    keep = (step >= start) & (step <= end)
-    keep[1::2] &= mn_step != mx_step  # a one-point bucket is drawn once
-    bucket = np.repeat(np.arange(n), 2)[keep]
-    return split_by_key(
-        np.repeat(key, 2)[keep], step[keep], objs[keep], objs[min_at[bucket]],
-        objs[max_at[bucket]],
-    )  # fmt: skip
-
-
-def split_by_key(
-    keys: np.ndarray, step: np.ndarray, value: np.ndarray, lows: np.ndarray, highs: np.ndarray
-) -> dict[int, dict[str, list]]:
-    """Rows sorted by key -> {key: {"step", "value", "min", "max"}} of plain Python lists.
-
-    ``lows``/``highs`` may be ``value`` itself (raw rows): those lists are then shallow copies
-    of the value list. Keys with the same number of points (the usual case) are converted in
-    one call each, and keys that logged the same steps share the step objects.
-    """
-    if len(keys) == 0:
-        return {}
-    firsts = np.r_[0, np.flatnonzero(np.diff(keys)) + 1]
-    counts = np.diff(np.r_[firsts, len(keys)])
-    same = lows is value and highs is value
-    if (counts == counts[0]).all():
-        shape = (len(firsts), int(counts[0]))
-        steps = step.reshape(shape)
-        shared = (steps == steps[0]).all(axis=1).tolist()
-        first = steps[0].tolist()
-        step_l = [
-            list(first) if sh else row.tolist() for sh, row in zip(shared, steps, strict=True)
-        ]
-        value_l = value.reshape(shape).tolist()
-        low_l = [list(v) for v in value_l] if same else lows.reshape(shape).tolist()
-        high_l = [list(v) for v in value_l] if same else highs.reshape(shape).tolist()
-    else:
-        cuts = firsts[1:]
-        step_l = [part.tolist() for part in np.split(step, cuts)]
-        value_l = [part.tolist() for part in np.split(value, cuts)]
-        low_l = [list(v) for v in value_l] if same else [p.tolist() for p in np.split(lows, cuts)]
-        high_l = [list(v) for v in value_l] if same else [p.tolist() for p in np.split(highs, cuts)]
-    return {
-        k: {"step": step_l[i], "value": value_l[i], "min": low_l[i], "max": high_l[i]}
-        for i, k in enumerate(keys[firsts].tolist())
-    }
+    """``columns.bucket_columns`` as {key: {"step", "value", "min", "max"}} lists."""
+    return columns.bucket_columns(key, mn, mn_step, mx, mx_step, start, end).to_lists()
 
 
 def minmax_reduce(points: dict[str, list], max_points: int) -> dict[str, list]:
-    """Cut one key's points to <= max_points by min/max per equal-width step bucket.
-
-    The safety net for ranges where the level estimate was off (uneven logging density).
-    """
+    """``columns.minmax_reduce`` for one key's points given as lists."""
     if len(points["step"]) <= max_points:
         return points
-    step = np.asarray(points["step"], dtype=np.int64)
-    value = np.asarray(points["value"], dtype=np.float64)
-    lows = np.asarray(points["min"], dtype=np.float64)
-    highs = np.asarray(points["max"], dtype=np.float64)
-    buckets = max(1, max_points // 2)
-    width = max(1, math.ceil((int(step[-1]) - int(step[0]) + 1) / buckets))
-    group = (step - step[0]) // width
-    # np.lexsort puts NaN last, so the last row of a group is its NaN or its maximum.
-    order = np.lexsort((value, group))
-    g = group[order]
-    first = np.r_[0, np.flatnonzero(np.diff(g)) + 1]
-    last = np.r_[first[1:] - 1, len(g) - 1]
-    low_i, high_i = order[first], order[last]
-    pick = np.sort(np.unique(np.r_[low_i, high_i]))
-    g_lo = np.minimum.reduceat(lows[order], first)
-    g_hi = np.maximum.reduceat(highs[order], first)
-    gid = np.searchsorted(np.unique(g), group[pick])
-    return {
-        "step": step[pick].tolist(),
-        "value": value[pick].tolist(),
-        "min": g_lo[gid].tolist(),
-        "max": g_hi[gid].tolist(),
-    }
+    cols = columns.SeriesColumns.from_rows(
+        np.zeros(len(points["step"]), np.int64),
+        np.asarray(points["step"], dtype=np.int64),
+        np.asarray(points["value"], dtype=np.float64),
+        np.asarray(points["min"], dtype=np.float64),
+        np.asarray(points["max"], dtype=np.float64),
+    )
+    return columns.minmax_reduce(cols, max_points).to_lists()[0]
 
 
 def band_reduce(band: dict[str, list], max_points: int) -> dict[str, list]:
-    """Cut band points to <= max_points equal-width step buckets: first step, mean median,
-    lowest p5/min, highest p95/max (NaN, i.e. no finite value, ignored)."""
+    """``columns.band_reduce`` for a band given as lists."""
     if len(band["step"]) <= max_points:
         return band
-    step = np.asarray(band["step"], dtype=np.int64)
-    width = max(1, math.ceil((int(step[-1]) - int(step[0]) + 1) / max_points))
-    group = (step - step[0]) // width
-    first = np.r_[0, np.flatnonzero(np.diff(group)) + 1]
-    out: dict[str, list] = {"step": step[first].tolist()}
-    med = np.asarray(band["median"], dtype=np.float64)
-    ok = ~np.isnan(med)
-    sums = np.add.reduceat(np.where(ok, med, 0.0), first)
-    counts = np.add.reduceat(ok.astype(np.int64), first)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out["median"] = np.where(counts > 0, sums / counts, math.nan).tolist()
-    for name, fn in (("p5", np.fmin), ("p95", np.fmax), ("min", np.fmin), ("max", np.fmax)):
-        out[name] = fn.reduceat(np.asarray(band[name], dtype=np.float64), first).tolist()
-    return out
+    arrays = {k: np.asarray(v) for k, v in band.items()}
+    return columns.band_lists(columns.band_reduce(arrays, max_points))

@@ -15,12 +15,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import duckdb
 import numpy as np
 from rankwatch.agent.records import Record
-from rankwatch.aggregator import rollup
+from rankwatch.aggregator import columns, rollup
+from rankwatch.aggregator.columns import SeriesColumns
 from rankwatch.aggregator.store_rows import (
     BUFFERED,
     META_BATCH,
@@ -108,13 +109,14 @@ class Store:
         self._check_open()
         now = self._clock()
         with self._buf_lock:
-            for rec in records:
-                self._buf.add(rec)
-                runs = self._arrival.get(rec.run)
+            self._buf.extend(records)  # checks the types first
+            senders = {(rec.run, rec.rank) for rec in records}
+            for run, rank in senders:
+                runs = self._arrival.get(run)
                 if runs is None:
-                    runs = self._arrival[rec.run] = {}
-                    self._run_first[rec.run] = now
-                runs[rec.rank] = now
+                    runs = self._arrival[run] = {}
+                    self._run_first[run] = now
+                runs[rank] = now
 
     def append_steps(
         self,
@@ -148,20 +150,40 @@ class Store:
                 runs[r] = now
 
     def flush(self) -> None:
-        """Write everything buffered in one transaction; raises StoreError and keeps the
-        records buffered (up to MAX_BUFFER_ROWS) when the disk refuses them."""
+        """Write everything buffered; raises StoreError and keeps the records buffered (up to
+        MAX_BUFFER_ROWS) when the disk refuses them.
+
+        One transaction per flush, unless DuckDB runs out of memory (a big backlog after an
+        outage, thousands of series at once): then the batch is written in halves, and halves
+        of those, oldest first, so a backlog that fits nowhere at once still gets stored."""
         self._check_open()
         with self._flush_lock:
             with self._buf_lock:
                 batch, self._buf = self._buf, Batch()
-            try:
-                self._write(batch)
-            except (duckdb.Error, OSError) as exc:
-                with self._buf_lock:
-                    dropped = batch.absorb(self._buf, MAX_BUFFER_ROWS)
-                    self._buf = batch
-                more = f"; {dropped} oldest buffered rows dropped" if dropped else ""
-                raise StoreError(f"cannot write to the store at {self.path}: {exc}{more}") from exc
+            pending = [batch]
+            while pending:
+                part = pending.pop(0)
+                try:
+                    self._write(part)
+                except duckdb.OutOfMemoryException as exc:
+                    halves = part.split()
+                    if halves is not None:
+                        pending[:0] = halves
+                        continue
+                    self._fail([part, *pending], exc)
+                except (duckdb.Error, OSError) as exc:
+                    self._fail([part, *pending], exc)
+
+    def _fail(self, unwritten: list[Batch], exc: Exception) -> NoReturn:
+        """Put what was not written back in front of the buffer, and raise."""
+        rest = unwritten[0]
+        for later in unwritten[1:]:
+            rest.absorb(later, math.inf)
+        with self._buf_lock:
+            dropped = rest.absorb(self._buf, MAX_BUFFER_ROWS)
+            self._buf = rest
+        more = f"; {dropped} oldest buffered rows dropped" if dropped else ""
+        raise StoreError(f"cannot write to the store at {self.path}: {exc}{more}") from exc
 
     def _write(self, batch: Batch) -> None:
         cur = self._writer
@@ -358,35 +380,52 @@ class Store:
         max_points: int = 2000,
     ) -> dict[int, dict[str, list]]:
         """rank -> {"step", "value", "min", "max"}: at most ``max_points`` per rank; downsampled
-        ranges draw each bucket's minimum and maximum at their own steps (spikes survive)."""
+        ranges draw each bucket's minimum and maximum at their own steps (spikes survive).
+        ``series_columns`` is the same as numpy arrays, without building Python lists."""
+        return self.series_columns(run, metric, ranks, start, end, max_points).to_lists()
+
+    def series_columns(
+        self,
+        run: str,
+        metric: str,
+        ranks: Sequence[int] | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        max_points: int = 2000,
+    ) -> SeriesColumns:
+        """The points of ``series()``, every rank concatenated in rank order (columns.py)."""
         plan = self._plan(run, metric, ranks, start, end, max_points, 2)
         if plan is None:
-            return {}
+            return SeriesColumns.empty()
         level, lo, hi, where, params = plan
         cur = self._cur()
+        # cur.sql(): DuckDB's relation path converts to numpy about twice as fast as
+        # execute()'s result (measured, bench/overlay_query.py), and the conversion is most
+        # of a big overlay's query time.
         if level < 0:
-            res = cur.execute(
+            res = cur.sql(
                 f"SELECT rank AS key, step, value FROM steps WHERE "
                 f"{where.replace('key', 'rank')} AND step BETWEEN $lo AND $hi",
-                {**params, "lo": lo, "hi": hi},
+                params={**params, "lo": lo, "hi": hi},
             ).fetchnumpy()
-            res = rollup.sort_buckets({**res, "b": res["step"]})
-            v = res["value"]
-            out = rollup.split_by_key(res["key"], res["step"], v, v, v)
+            res = rollup.sort_buckets(res, "step")
+            out = SeriesColumns.from_rows(res["key"], res["step"], res["value"])
         else:
             width = rollup.LEVELS[level]
+            # no ``b`` column: a bucket's minimum's step orders buckets just as well
             res = rollup.sort_buckets(
-                cur.execute(
-                    "SELECT key, b, mn, mn_step, mx, mx_step FROM ("
+                cur.sql(
+                    "SELECT key, mn, mn_step, mx, mx_step FROM ("
                     + rollup.bucket_sql("series", level, where, lo // width, hi // width)
                     + ")",
-                    params,
-                ).fetchnumpy()
+                    params=params,
+                ).fetchnumpy(),
+                "mn_step",
             )
-            out = rollup.bucket_points(
+            out = columns.bucket_columns(
                 res["key"], res["mn"], res["mn_step"], res["mx"], res["mx_step"], lo, hi
             )
-        return {k: rollup.minmax_reduce(p, max_points) for k, p in out.items()}
+        return columns.minmax_reduce(out, max_points)
 
     def band(
         self,
@@ -397,12 +436,22 @@ class Store:
         max_points: int = 2000,
     ) -> dict[str, list]:
         """Cross-rank {"step", "median", "p5", "p95", "min", "max"} over finite values; a
-        downsampled point is a bucket: mean of medians, lowest p5/min, highest p95/max."""
-        out_keys = ("step", "median", "p5", "p95", "min", "max")
-        empty: dict[str, list] = {k: [] for k in out_keys}
+        downsampled point is a bucket: mean of medians, lowest p5/min, highest p95/max.
+        ``band_columns`` is the same as numpy arrays."""
+        return columns.band_lists(self.band_columns(run, metric, start, end, max_points))
+
+    def band_columns(
+        self,
+        run: str,
+        metric: str,
+        start: int | None = None,
+        end: int | None = None,
+        max_points: int = 2000,
+    ) -> dict[str, np.ndarray]:
+        """``band()`` as arrays: "step" int64, the statistics float64 (NaN: no finite value)."""
         plan = self._plan(run, metric, None, start, end, max_points, 1)
         if plan is None:
-            return empty
+            return columns.empty_band()
         level, lo, hi, where, params = plan
         with self._state_lock:
             done = self._mirror.band.get(run, NO_STEP)
@@ -422,11 +471,11 @@ class Store:
             sql = rollup.band_pivot_sql(
                 rollup.bucket_sql("band", level, where, lo // width, hi // width, tail_long)
             )
-        res = self._cur().execute(sql, params).fetchnumpy()
-        out = {"step": np.asarray(res["step"]).astype(np.int64).tolist()}
-        for name, col in zip(out_keys[1:], ("median", "p5", "p95", "vmin", "vmax"), strict=True):
-            out[name] = np.ma.filled(np.ma.asarray(res[col], dtype=np.float64), math.nan).tolist()
-        return rollup.band_reduce(out, max_points)
+        res = self._cur().sql(sql, params=params).fetchnumpy()
+        out = {"step": np.asarray(res["step"]).astype(np.int64)}
+        for name, col in zip(columns.BAND_KEYS[1:], rollup.BAND_COLUMNS, strict=True):
+            out[name] = np.ma.filled(np.ma.asarray(res[col], dtype=np.float64), math.nan)
+        return columns.band_reduce(out, max_points)
 
     def _plan(
         self,
@@ -495,6 +544,7 @@ def _warm_up_duckdb() -> None:
             con = duckdb.connect()
             try:
                 con.execute("SELECT 1::DOUBLE AS v").fetchnumpy()
+                con.sql("SELECT 1::DOUBLE AS v").fetchnumpy()  # the read path's way
             finally:
                 con.close()
             _warm = True

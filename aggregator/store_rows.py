@@ -132,36 +132,23 @@ def select_sql(name: str, src: str) -> str:
 
 
 class Batch:
-    """Records waiting for the next flush: a column list per field (cheap to append to), plus
-    whole numpy parts (bulk appends, or a batch handed back by a failed flush)."""
+    """Records waiting for the next flush, plus whole numpy parts (bulk appends, or a batch
+    handed back by a failed flush). Records are kept as they came (an append is a list
+    extend) and turned into columns in bulk by the flush: ~2 µs less per record."""
 
     def __init__(self) -> None:
-        self.cols = {name: [[] for _ in LAYOUT[name]] for name in BUFFERED}
+        self.records: list[Record] = []
         self.parts: list[dict[str, dict[str, np.ndarray]]] = []
-        self.listed = 0
 
     @property
     def empty(self) -> bool:
-        return self.listed == 0 and not self.parts
+        return not self.records and not self.parts
 
-    def add(self, rec: Record) -> None:
-        self.listed += 1
-        c, head = self.cols, (rec.run, rec.rank, rec.seq, rec.time)
-        if isinstance(rec, StepRecord):
-            _push(c["recs"], (*head, "step", rec.world_size, rec.host, rec.pid, rec.step, None))
-            # a step record without metrics still gets a row, so that it is stored too
-            for name, value in rec.metrics.items() or [(None, None)]:
-                _push(c["steps"], (*head[:3], rec.step, rec.epoch, rec.time, name, value))
-        elif isinstance(rec, EventRecord):
-            ident = (rec.world_size, rec.host, rec.pid)
-            _push(c["recs"], (*head, "event", *ident, None, rec.event))
-            info = json.dumps(dict(rec.info), default=str)
-            _push(c["events"], (*head, *ident, rec.event, rec.step, info))
-        elif isinstance(rec, Heartbeat):
-            _push(c["recs"], (*head, "heartbeat", None, None, None, None, None))
-            _push(c["heartbeats"], (*head, rec.last_step, rec.next_in, rec.dropped, rec.paused))
-        else:
-            raise TypeError(f"Store.append takes records, got {type(rec).__name__}")
+    def extend(self, records: Sequence[Record]) -> None:
+        for rec in records:
+            if not isinstance(rec, (StepRecord, EventRecord, Heartbeat)):
+                raise TypeError(f"Store.append takes records, got {type(rec).__name__}")
+        self.records.extend(records)
 
     def add_columns(
         self, run: str, metric: str, rank: np.ndarray, step: np.ndarray, value: np.ndarray,
@@ -179,29 +166,130 @@ class Batch:
         self.parts.append(part)
 
     def as_parts(self) -> list[dict[str, dict[str, np.ndarray]]]:
-        if not self.listed:
+        if not self.records:
             return list(self.parts)
-        return [*self.parts, {name: columns(name, cols) for name, cols in self.cols.items()}]
+        return [*self.parts, record_part(self.records)]
 
     def to_numpy(self) -> dict[str, dict[str, np.ndarray]]:
         parts = self.as_parts() or [{n: columns(n, [[]] * len(LAYOUT[n])) for n in BUFFERED}]
+        if len(parts) == 1:
+            return parts[0]
         return {
             name: {c: np.concatenate([p[name][c] for p in parts]) for c, _ in LAYOUT[name]}
             for name in BUFFERED
         }
 
-    def absorb(self, newer: Batch, cap_rows: int) -> int:
-        """Take ``newer``'s records after ours; drop whole oldest parts beyond ``cap_rows``
-        (never half a part, so seq intervals and rows stay consistent). Returns rows dropped."""
-        parts = self.as_parts() + newer.as_parts()
-        size = [len(p["steps"]["seq"]) + len(p["recs"]["seq"]) for p in parts]
+    def split(self) -> tuple[Batch, Batch] | None:
+        """Two batches holding this one's content, oldest first; None if it is one piece."""
+        first, second = Batch(), Batch()
+        if len(self.records) >= 2:
+            half = len(self.records) // 2
+            first.parts, first.records = self.parts, self.records[:half]
+            second.records = self.records[half:]
+        elif len(self.parts) >= 2 and not self.records:
+            half = len(self.parts) // 2
+            first.parts, second.parts = self.parts[:half], self.parts[half:]
+        else:
+            return None
+        return first, second
+
+    def absorb(self, newer: Batch, cap_rows: float) -> int:
+        """Take ``newer``'s content after ours, then drop the oldest beyond ``cap_rows`` rows:
+        whole parts first, then whole records (never half of either, so seq intervals and rows
+        stay consistent; the newest piece always stays). Returns the rows dropped."""
+        self.parts += newer.parts
+        self.records += newer.records
+        rows = sum(map(_part_rows, self.parts)) + sum(map(_record_rows, self.records))
         dropped = 0
-        while len(parts) > 1 and sum(size) > cap_rows:
-            dropped += size.pop(0)
-            parts.pop(0)
-        self.cols = {name: [[] for _ in LAYOUT[name]] for name in BUFFERED}
-        self.parts, self.listed = parts, 0
+        while rows > cap_rows and self.parts and (len(self.parts) > 1 or self.records):
+            size = _part_rows(self.parts.pop(0))
+            rows, dropped = rows - size, dropped + size
+        gone = 0
+        while rows > cap_rows and gone < len(self.records) - 1:
+            size = _record_rows(self.records[gone])
+            rows, dropped, gone = rows - size, dropped + size, gone + 1
+        del self.records[:gone]
         return dropped
+
+
+def _part_rows(part: dict[str, dict[str, np.ndarray]]) -> int:
+    return sum(len(cols["seq"]) for cols in part.values())
+
+
+def _record_rows(rec: Record) -> int:
+    """Buffered rows of one record: its ``recs`` row plus its table's rows."""
+    return 1 + max(1, len(rec.metrics)) if type(rec) is StepRecord else 2
+
+
+_NO_METRICS = {None: None}  # a step record without metrics still gets a row, so it is stored
+
+
+def record_part(records: Sequence[Record]) -> dict[str, dict[str, np.ndarray]]:
+    """Records -> numpy columns per buffered table, column by column (step records, the bulk,
+    without a Python call per record; events and heartbeats row by row)."""
+    steps = [r for r in records if type(r) is StepRecord]
+    others = [r for r in records if type(r) is not StepRecord] if len(steps) < len(records) else []
+    cols = {name: [[] for _ in LAYOUT[name]] for name in BUFFERED}
+    for rec in others:
+        _add_row(cols, rec)
+    part = {name: columns(name, c) for name, c in cols.items()}
+    if steps:
+        part["recs"] = _concat(part["recs"], _step_recs(steps))
+        part["steps"] = _concat(part["steps"], _step_rows(steps))
+    return part
+
+
+def _step_recs(steps: list[StepRecord]) -> dict[str, np.ndarray]:
+    n = len(steps)
+    return columns(
+        "recs",
+        [
+            [r.run for r in steps], [r.rank for r in steps], [r.seq for r in steps],
+            [r.time for r in steps], ["step"] * n, [r.world_size for r in steps],
+            [r.host for r in steps], [r.pid for r in steps], [r.step for r in steps], [None] * n,
+        ],
+    )  # fmt: skip
+
+
+def _step_rows(steps: list[StepRecord]) -> dict[str, np.ndarray]:
+    """One row per (record, metric)."""
+    per = [r.metrics or _NO_METRICS for r in steps]
+    counts = np.fromiter(map(len, per), np.int64, len(per))
+    head = columns(
+        "steps",
+        [
+            [r.run for r in steps], [r.rank for r in steps], [r.seq for r in steps],
+            [r.step for r in steps], [r.epoch for r in steps], [r.time for r in steps], [], [],
+        ],
+    )  # fmt: skip
+    # one repeat count for all when every record has as many metrics (the usual case)
+    reps: int | np.ndarray = int(counts[0]) if (counts == counts[0]).all() else counts
+    out = {c: np.repeat(head[c], reps) for c, _ in LAYOUT["steps"][:6]}
+    out["metric"] = np.array([k for m in per for k in m], dtype=object)
+    out["value"] = np.array([v for m in per for v in m.values()], dtype=np.float64)
+    return out
+
+
+def _concat(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    if not len(a["seq"]):
+        return b
+    return {c: np.concatenate([a[c], b[c]]) for c in a}
+
+
+def _add_row(c: dict[str, list[list]], rec: Record) -> None:
+    head = (rec.run, rec.rank, rec.seq, rec.time)
+    if isinstance(rec, EventRecord):
+        ident = (rec.world_size, rec.host, rec.pid)
+        _push(c["recs"], (*head, "event", *ident, None, rec.event))
+        info = json.dumps(dict(rec.info), default=str)
+        _push(c["events"], (*head, *ident, rec.event, rec.step, info))
+    elif isinstance(rec, Heartbeat):
+        _push(c["recs"], (*head, "heartbeat", None, None, None, None, None))
+        _push(c["heartbeats"], (*head, rec.last_step, rec.next_in, rec.dropped, rec.paused))
+    else:  # a StepRecord subclass
+        _push(c["recs"], (*head, "step", rec.world_size, rec.host, rec.pid, rec.step, None))
+        for name, value in (rec.metrics or _NO_METRICS).items():
+            _push(c["steps"], (*head[:3], rec.step, rec.epoch, rec.time, name, value))
 
 
 def _push(cols: list[list], values: tuple) -> None:

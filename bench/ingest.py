@@ -8,7 +8,8 @@ sends them) it measures:
 * baseline: a bare ROUTER socket (same options as the receiver) doing ``recv_multipart`` and
   ``msgpack.unpackb`` per message and nothing else: the most Python can take in;
 * aggregator: a real ``Aggregator`` (receiver, decode, dedupe, health, store, merge, divergence,
-  alerts) until every record is accepted, and until every record is flushed to the store.
+  alerts), with the collector set up as ``rankwatch serve`` sets it (``tune_gc``), until every
+  record is accepted, and until every record is flushed to the store.
 
 The senders run in another process with frames encoded in advance. Each figure is the median
 (and p95) of ``--repeats`` runs; the ratio aggregator / baseline is the goal (>= 0.25).
@@ -38,7 +39,7 @@ from rankwatch.agent import records
 from rankwatch.aggregator.divergence import DivergenceDetector
 from rankwatch.aggregator.merge import SeqTracker, StepMerger
 from rankwatch.aggregator.receiver import MAX_BATCH_RECORDS, RCVHWM_MESSAGES
-from rankwatch.aggregator.service import Aggregator, ServeConfig
+from rankwatch.aggregator.service import Aggregator, ServeConfig, tune_gc
 from rankwatch.aggregator.store import Store
 
 METRICS = ("loss", "lr", "grad_norm", "step_time", "throughput", "loss_scale", "acc", "tokens")
@@ -137,6 +138,7 @@ def aggregator(args: dict[str, Any], expected: int, subscribers: int) -> tuple[f
         )  # fmt: skip
         agg = Aggregator(cfg)
         agg.start()
+        tune_gc()  # as `rankwatch serve` runs it
         stop = threading.Event()
         readers = [threading.Thread(target=_drain, args=(agg, stop)) for _ in range(subscribers)]
         for reader in readers:

@@ -47,6 +47,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="frames held while the aggregator is away before agents are pushed back (default 64)",
     )
     parser.add_argument(
+        "--curve",
+        metavar="DIR",
+        help="CurveZMQ on both sides, for a head run with `serve --curve`: DIR is a copy of "
+        "the head's `rankwatch keys` directory; agents need the same keys as for the head",
+    )
+    parser.add_argument(
         "--report-s",
         type=float,
         default=REPORT_S,
@@ -68,11 +74,14 @@ def format_counters(c: dict[str, Any]) -> str:
         f"({c['connections'] - c['disconnects']} agents connected), out {c['frames_out']:,} "
         f"frames / {c['records_out']:,} records, pending {c['pending_frames']} frames "
         f"({c['pending_bytes'] / 1e6:.1f} MB), bad frames {c['bad_frames']} ({bad}), "
-        f"control {c['control_routed']} routed / {c['control_unroutable']} unroutable"
+        f"control {c['control_routed']} routed / {c['control_unroutable']} unroutable, "
+        f"refused agents {c['refused']}"
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from rankwatch.aggregator import relay as relay_mod
 
     try:
@@ -88,8 +97,11 @@ def run(args: argparse.Namespace) -> int:
             pending = int(args.max_pending_mb * 1024 * 1024)
             if pending < relay_mod.MAX_FRAME_BYTES:
                 raise ValueError("--max-pending-mb must be at least 4 (one frame)")
-        relay = relay_mod.Relay(listen, upstream, batch_ms=batch_ms, max_pending_bytes=pending)
-    except (ValueError, OSError) as exc:
+        curve = Path(args.curve).expanduser() if args.curve else None
+        relay = relay_mod.Relay(
+            listen, upstream, batch_ms=batch_ms, max_pending_bytes=pending, curve_dir=curve
+        )
+    except (ValueError, OSError) as exc:  # CurveError is a ValueError naming the key file
         return _fail(str(exc))
 
     stop = threading.Event()
@@ -100,9 +112,10 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     relay.start()
+    encrypted = " (CurveZMQ both ways: agents need an allowed client key)" if curve else ""
     print(
         f"rankwatch relay: agents connect to {relay.endpoint}, forwarding to {upstream} "
-        f"(batches of up to {batch_ms:g} ms)",
+        f"(batches of up to {batch_ms:g} ms){encrypted}",
         flush=True,
     )
     next_report = time.monotonic() + args.report_s

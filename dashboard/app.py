@@ -1,9 +1,10 @@
 """``create_app(aggregator, token=None)``: the FastAPI app ``rankwatch serve`` runs with uvicorn.
 
 The app serves the page and its static files from this package only (``StaticFiles`` on a fixed
-folder, never a path built from a request), the API in ``routes.py`` and the live stream in
-``live.py``. The aggregator is started and stopped by the caller; the app's lifespan only owns
-the live stream, so shutdown ends every open EventSource instead of waiting on it.
+folder, never a path built from a request), the API in ``routes.py`` (``POST /api/ingest`` in
+``ingest.py``) and the live stream in ``live.py``. The aggregator is started and stopped by the
+caller; the app's lifespan only owns the live stream, so shutdown ends every open EventSource
+instead of waiting on it.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from starlette.types import Scope
 import rankwatch
 
 from .auth import TokenGuard
+from .ingest import IngestCounts, ingest_api
 from .jsonenc import StrictJSONResponse
 from .live import LiveHub
-from .routes import api, ops
+from .routes import api, ops, run_query_routes
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
@@ -81,7 +83,10 @@ def create_app(aggregator: Any, token: str | None = None) -> FastAPI:
     app.state.aggregator = aggregator
     app.state.live = live
     app.state.store_queries = threading.Lock()  # see routes._queries
+    app.state.ingest_counts = IngestCounts()
     app.include_router(api)
+    app.include_router(run_query_routes(api))
+    app.include_router(ingest_api)
     app.include_router(ops)
     app.mount("/static", _StaticFiles(directory=STATIC_DIR), name="static")
 

@@ -1,5 +1,5 @@
 """The dashboard's HTTP API. Reads only ``Aggregator.snapshot()``, ``.store``, ``.alerts`` and
-``.feed`` (and ``.add`` for ``POST /api/ingest``).
+``.feed`` (``POST /api/ingest``, the one route that writes, is in ``ingest.py``).
 
 Store queries block (DuckDB), so the routes that touch the store are plain ``def``: FastAPI
 runs them in its thread pool and the event loop keeps serving the live stream meanwhile.
@@ -7,17 +7,19 @@ runs them in its thread pool and the event loop keeps serving the live stream me
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from rankwatch.agent import records
+from rankwatch.aggregator.columns import SeriesColumns
+from starlette.convertors import Convertor, register_url_convertor
 
-from . import prom, views
+from . import prom, seriesfmt, views
+from .ingest import ingest_counts
 from .jsonenc import StrictJSONResponse
 
 DEFAULT_MAX_POINTS = 2000  # per rank, before the store's min/max downsampling
@@ -25,12 +27,26 @@ MAX_MAX_POINTS = 20_000
 DEFAULT_HEATMAP_BUCKETS = 120  # step columns of the divergence heatmap
 MAX_HEATMAP_BUCKETS = 600
 ALERT_HISTORY_LIMIT = 200
-MAX_INGEST_BYTES = 64 * 1024 * 1024  # one POST /api/ingest body
-MAX_INGEST_RECORDS = 200_000
-MAX_REPORTED_ERRORS = 50  # per-record errors echoed back in full; the rest are only counted
 
 api = APIRouter(prefix="/api", tags=["api"])
 ops = APIRouter(tags=["operations"])
+
+
+class RunName(Convertor[str]):
+    """``{run:run}``: a run name in a path, whatever it holds. The wire takes any string as a run
+    name, and Starlette's ``path`` convertor (``.*``) stops at a line break, so a run whose name
+    held one was listed but every one of its routes answered 404."""
+
+    regex = r"[\s\S]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("run", RunName())
 
 Ranks = Annotated[str | None, Query(description="Selected ranks, e.g. '0,3,8-11'", max_length=4000)]
 Step = Annotated[int | None, Query(description="First/last step of the window (inclusive)")]
@@ -58,10 +74,13 @@ def _bad(message: str) -> HTTPException:
     return HTTPException(status_code=422, detail=message)
 
 
-def _require_run(agg: Any, run: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The snapshot and the run's entry in it; 404 when neither the store nor the live state
-    knows the run."""
-    snapshot = agg.snapshot()
+def _require_run(
+    agg: Any, run: str, ranks: bool = False
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The snapshot of ``run`` and its entry; 404 when neither the store nor the live state
+    knows the run. ``ranks``: with the per-rank entries (costly for thousands of ranks, and
+    built under the lock ingest needs), else ``ranks_seen`` and ``metrics`` only."""
+    snapshot = agg.snapshot(run=run, ranks=ranks)
     entry = views.find_run(snapshot, run)
     if entry is None and all(r.get("run") != run for r in agg.store.runs()):
         raise HTTPException(status_code=404, detail=f"unknown run {run!r}")
@@ -76,6 +95,7 @@ def _require_metric(agg: Any, run: str, entry: dict[str, Any] | None, metric: st
 def _metrics(agg: Any, run: str, entry: dict[str, Any] | None) -> set[str]:
     """Stored metrics plus those only live so far (seen, not flushed to the store yet)."""
     names = set(agg.store.metrics(run))
+    names.update((entry or {}).get("metrics") or ())
     for rank in (entry or {}).get("ranks") or []:
         names.update(rank.get("values") or {})
     return names
@@ -108,19 +128,19 @@ def _alerted(agg: Any, run: str) -> list[tuple[int | None, str | None]]:
 def list_runs(request: Request) -> StrictJSONResponse:
     agg = _agg(request)
     now = time.time()
-    snapshot = agg.snapshot(now=now)
+    snapshot = agg.snapshot(now=now, ranks=False)
     runs = views.merge_runs(agg.store.runs(), snapshot)
     return _json({"now": snapshot.get("now", now), "runs": runs})
 
 
-@api.get("/runs/{run:path}/metrics", summary="Metric names a run has logged, in chart order")
+@api.get("/runs/{run:run}/metrics", summary="Metric names a run has logged, in chart order")
 def run_metrics(request: Request, run: str) -> StrictJSONResponse:
     agg = _agg(request)
     _, entry = _require_run(agg, run)
     return _json({"run": run, "metrics": views.order_metrics(_metrics(agg, run, entry))})
 
 
-@api.get("/runs/{run:path}/series", summary="One metric of a run, every rank or band + outliers")
+@api.get("/runs/{run:run}/series", summary="One metric of a run, every rank or band + outliers")
 def run_series(
     request: Request,
     run: str,
@@ -133,7 +153,19 @@ def run_series(
         Literal["auto", "ranks", "band"],
         Query(description="auto: every rank up to 32 ranks, band + outliers beyond"),
     ] = "auto",
-) -> StrictJSONResponse:
+    fmt: Annotated[
+        Literal["json", "bin"],
+        Query(
+            alias="format",
+            description="json, or bin: the same fields with the points as little-endian "
+            "float64 columns (application/octet-stream; layout in dashboard/seriesfmt.py)",
+        ),
+    ] = "json",
+    minmax: Annotated[
+        bool,
+        Query(description="each point's bucket min and max; false: step and value only"),
+    ] = True,
+) -> Response:
     agg = _agg(request)
     _check_window(start, end)
     selected = _parse_ranks(ranks)
@@ -143,33 +175,34 @@ def run_series(
     band_mode = view == "band" or (view == "auto" and total > views.BAND_THRESHOLD_RANKS)
     outliers = views.outlier_ranks(entry, metric, _alerted(agg, run))
     wanted = sorted({*outliers, *selected}) if band_mode else None
-    series: dict[int, dict[str, list]] = {}
+    # Numpy columns from the store to the response: a million points as Python lists would
+    # cost more than the query (seriesfmt.py).
+    series = SeriesColumns.empty()
     with _queries(request):
         if wanted or not band_mode:
-            series = agg.store.series(
+            series = agg.store.series_columns(
                 run, metric, ranks=wanted, start=start, end=end, max_points=max_points
             )
-        band = agg.store.band(run, metric, start=start, end=end, max_points=max_points)
-    if total == 0:
-        total = len(series)
-    return _json(
-        {
-            "run": run,
-            "metric": metric,
-            "mode": "band" if band_mode else "ranks",
-            "start": start,
-            "end": end,
-            "max_points": max_points,
-            "ranks_total": total,
-            "selected": selected,
-            "outliers": outliers,
-            "series": {str(rank): data for rank, data in sorted(series.items())},
-            "band": band,
-        }
-    )
+        band = agg.store.band_columns(run, metric, start=start, end=end, max_points=max_points)
+    head = {
+        "run": run,
+        "metric": metric,
+        "mode": "band" if band_mode else "ranks",
+        "start": start,
+        "end": end,
+        "max_points": max_points,
+        "ranks_total": total or len(series),
+        "selected": selected,
+        "outliers": outliers,
+    }
+    if fmt == "bin":
+        body = seriesfmt.encode(head, series, band, minmax)
+        return Response(body, media_type=seriesfmt.MEDIA_TYPE)
+    points = seriesfmt.series_json(series, minmax)
+    return _json({**head, "series": points, "band": seriesfmt.band_json(band)})
 
 
-@api.get("/runs/{run:path}/heatmap", summary="Robust z per rank per step bucket (heatmap)")
+@api.get("/runs/{run:run}/heatmap", summary="Robust z per rank per step bucket (heatmap)")
 def run_heatmap(
     request: Request,
     run: str,
@@ -199,10 +232,10 @@ def run_heatmap(
     )
 
 
-@api.get("/runs/{run:path}/divergence", summary="Active divergences and latest z per rank")
+@api.get("/runs/{run:run}/divergence", summary="Active divergences and latest z per rank")
 def run_divergence(request: Request, run: str) -> StrictJSONResponse:
     agg = _agg(request)
-    _, entry = _require_run(agg, run)
+    _, entry = _require_run(agg, run, ranks=True)
     entry = entry or {}
     return _json(
         {
@@ -220,10 +253,10 @@ def run_divergence(request: Request, run: str) -> StrictJSONResponse:
     )
 
 
-@api.get("/runs/{run:path}/ranks", summary="The rank table: health, last values, z-scores")
+@api.get("/runs/{run:run}/ranks", summary="The rank table: health, last values, z-scores")
 def run_ranks(request: Request, run: str) -> StrictJSONResponse:
     agg = _agg(request)
-    snapshot, entry = _require_run(agg, run)
+    snapshot, entry = _require_run(agg, run, ranks=True)
     entry = entry or {}
     return _json(
         {
@@ -236,7 +269,7 @@ def run_ranks(request: Request, run: str) -> StrictJSONResponse:
     )
 
 
-@api.get("/runs/{run:path}/events", summary="Start, end, crash, pause ... events of a run")
+@api.get("/runs/{run:run}/events", summary="Start, end, crash, pause ... events of a run")
 def run_events(request: Request, run: str) -> StrictJSONResponse:
     agg = _agg(request)
     _require_run(agg, run)
@@ -262,77 +295,6 @@ def status(request: Request) -> StrictJSONResponse:
     return _json(_agg(request).snapshot())
 
 
-INGEST_BODY = {
-    "required": True,
-    "content": {
-        "application/json": {
-            "schema": {
-                "type": "object",
-                "required": ["records"],
-                "properties": {
-                    "records": {
-                        "type": "array",
-                        "items": {"type": "object"},
-                        "description": 'wire records (agent/records.py); NaN as "NaN"',
-                    }
-                },
-            }
-        }
-    },
-}
-
-
-@api.post(
-    "/ingest",
-    summary="Records as JSON (what `rankwatch import --url` sends)",
-    openapi_extra={"requestBody": INGEST_BODY},
-)
-async def ingest(request: Request) -> StrictJSONResponse:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_INGEST_BYTES:
-        raise HTTPException(413, f"body over {MAX_INGEST_BYTES} bytes: send smaller batches")
-    body = bytearray()
-    async for chunk in request.stream():
-        body.extend(chunk)
-        if len(body) > MAX_INGEST_BYTES:
-            raise HTTPException(413, f"body over {MAX_INGEST_BYTES} bytes: send smaller batches")
-    try:
-        payload = json.loads(body)
-    except ValueError as exc:
-        raise _bad(f"body is not JSON: {exc}") from None
-    raw = payload.get("records") if isinstance(payload, dict) else None
-    if not isinstance(raw, list):
-        raise _bad('body must be a JSON object {"records": [record, ...]}')
-    if len(raw) > MAX_INGEST_RECORDS:
-        raise HTTPException(413, f"{len(raw)} records in one request, max {MAX_INGEST_RECORDS}")
-    return await run_in_threadpool(_decode_and_add, _agg(request), raw)
-
-
-def _decode_and_add(agg: Any, raw: list[Any]) -> StrictJSONResponse:
-    """Decode each record on its own so one bad line costs only itself, then add the rest."""
-    good: list[records.Record] = []
-    errors: list[dict[str, Any]] = []
-    by_reason: dict[str, int] = {}
-    for index, item in enumerate(raw):
-        try:
-            good.append(records.decode_record(item))
-        except records.DecodeError as exc:
-            by_reason[exc.reason] = by_reason.get(exc.reason, 0) + 1
-            if len(errors) < MAX_REPORTED_ERRORS:
-                errors.append({"index": index, "reason": exc.reason, "error": str(exc)})
-    result = agg.add(good) if good else None
-    return _json(
-        {
-            "received": len(raw),
-            "accepted": len(good),
-            "rejected": len(raw) - len(good),
-            "errors": errors,
-            "errors_by_reason": by_reason,
-            "result": result,
-        }
-    )
-
-
 @api.get("/stream", summary="Server-Sent Events: live increments (points, ranks, alerts ...)")
 async def stream(
     request: Request,
@@ -355,5 +317,33 @@ async def healthz() -> StrictJSONResponse:
 @ops.get("/metrics", summary="Prometheus text exposition", response_class=PlainTextResponse)
 def metrics(request: Request) -> PlainTextResponse:
     agg = _agg(request)
-    body = prom.render(agg.snapshot(), agg.counters(), len(agg.alerts.firing()))
+    counters = {**agg.counters(), **ingest_counts(request).counters()}
+    body = prom.render(agg.snapshot(), counters, len(agg.alerts.firing()))
     return PlainTextResponse(body, media_type=prom.CONTENT_TYPE)
+
+
+RUN_PATH_PREFIXES = ("/api/runs/{run:path}/", "/api/runs/{run:run}/")
+
+
+def run_query_routes(router: APIRouter) -> APIRouter:
+    """Every ``/api/runs/{run}/X`` route of ``router`` once more as ``/api/run/X?run=NAME``.
+
+    No path can carry a run named "." or "..": browsers and HTTP clients remove such segments
+    (even spelled %2E%2E) before the request leaves. A query parameter carries any name.
+    The handlers are the same functions: without ``{run}`` in the path, FastAPI reads the
+    ``run`` argument from the query string.
+    """
+    aliases = APIRouter(prefix="/api", tags=["api"])
+    for route in router.routes:
+        if not isinstance(route, APIRoute):
+            continue
+        for prefix in RUN_PATH_PREFIXES:
+            if route.path.startswith(prefix):
+                aliases.add_api_route(
+                    "/run/" + route.path.removeprefix(prefix),
+                    route.endpoint,
+                    methods=sorted(route.methods),
+                    summary=f"{route.summary} (run name in ?run=, for any name)",
+                    response_class=route.response_class,
+                )
+    return aliases

@@ -82,7 +82,7 @@ def merge_runs(
         row.update(
             state=entry.get("state"),
             world_size=entry.get("world_size") or row.get("world_size"),
-            ranks=len(entry.get("ranks") or []) or row.get("ranks"),
+            ranks=len(entry.get("ranks") or []) or entry.get("ranks_seen") or row.get("ranks"),
             last_step=row.get("last_step")
             if entry.get("last_step") is None
             else entry["last_step"],
@@ -96,7 +96,8 @@ def merge_runs(
 def rank_count(run_entry: Mapping[str, Any] | None, stored_ranks: Iterable[int] = ()) -> int:
     if run_entry is None:
         return len(set(stored_ranks))
-    return max(int(run_entry.get("world_size") or 0), len(run_entry.get("ranks") or []))
+    seen = len(run_entry.get("ranks") or []) or int(run_entry.get("ranks_seen") or 0)
+    return max(int(run_entry.get("world_size") or 0), seen)
 
 
 def outlier_ranks(

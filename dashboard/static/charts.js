@@ -46,15 +46,16 @@ function insertPoint(line, step, value) {
 function linesFrom(series) {
   const lines = emptyLines();
   for (const [rank, data] of Object.entries(series || {})) {
-    lines.set(Number(rank), { steps: data.step.slice(), values: data.value.map(num) });
+    // Array.from: plain arrays (live points are spliced in) from JSON lists or binary columns
+    lines.set(Number(rank), { steps: Array.from(data.step), values: Array.from(data.value, num) });
   }
   return lines;
 }
 
 function bandFrom(band) {
   if (!band || !band.step) return emptyBand();
-  const pick = (k) => (band[k] || []).map(num);
-  return { steps: band.step.slice(), median: pick('median'), p5: pick('p5'), p95: pick('p95'), min: pick('min'), max: pick('max') };
+  const pick = (k) => Array.from(band[k] || [], num);
+  return { steps: Array.from(band.step), median: pick('median'), p5: pick('p5'), p95: pick('p95'), min: pick('min'), max: pick('max') };
 }
 
 // The store lags the live stream by a flush or so: points already drawn past what a fresh read

@@ -110,11 +110,51 @@ export async function api(path, params = {}) {
     } catch (_) { /* not JSON: keep the status text */ }
     throw new ApiError(`${res.status} ${detail}`);
   }
+  const type = res.headers.get('Content-Type') || '';
+  if (type.startsWith('application/octet-stream')) return decodeSeries(await res.arrayBuffer());
   return res.json();
 }
 
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+// The series route's binary body (`format=bin`, layout in dashboard/seriesfmt.py) in the shape
+// of its JSON: every column a Float64Array (views into the body), NaN and ±Inf as numbers.
+export function decodeSeries(buf) {
+  const view = new DataView(buf);
+  if (buf.byteLength < 8 || String.fromCharCode(...new Uint8Array(buf, 0, 4)) !== 'RWS1') {
+    throw new ApiError('not a rankwatch series body');
+  }
+  const size = view.getUint32(4, true);
+  const resp = JSON.parse(new TextDecoder().decode(new Uint8Array(buf, 8, size)));
+  const cols = {};
+  let at = 8 + size;
+  for (const [name, n] of resp.columns) {
+    if (LITTLE_ENDIAN) cols[name] = new Float64Array(buf, at, n);
+    else cols[name] = Float64Array.from({ length: n }, (_, i) => view.getFloat64(at + 8 * i, true));
+    at += 8 * n;
+  }
+  const series = {};
+  let first = 0;
+  resp.series.ranks.forEach((rank, i) => {
+    const end = first + resp.series.counts[i];
+    series[rank] = {};
+    for (const f of ['step', 'value', 'min', 'max']) {
+      const col = cols[`series.${f}`];
+      if (col) series[rank][f] = col.subarray(first, end); // min/max: unless minmax=false
+    }
+    first = end;
+  });
+  resp.series = series;
+  resp.band = {};
+  for (const k of ['step', 'median', 'p5', 'p95', 'min', 'max']) resp.band[k] = cols[`band.${k}`];
+  delete resp.columns;
+  return resp;
+}
+
+// The query form of a run's routes: it serves every run name, '.' and '..' included
+// (browsers drop such segments from a URL path).
 export function runPath(run, tail) {
-  return `/api/runs/${encodeURIComponent(run)}/${tail}`;
+  return `/api/run/${tail}?run=${encodeURIComponent(run)}`;
 }
 
 // Calls fn at most once per `ms`, always with the latest arguments, trailing call included.

@@ -93,6 +93,8 @@ BAD_FILES = [
     ("[serve]\nport = 70000\n", "port 70000 is not a TCP port"),
     ("[serve]\nconsole_alerts = 1\n", "'serve.console_alerts' must be true/false"),
     ("[serve]\nlost_after_s = 0\n", "lost_after_s must be > 0"),
+    ("[serve]\nmin_stall_s = -1\n", "min_stall_s must be > 0"),
+    ("[serve]\nmin_stall_s = '5'\n", "'serve.min_stall_s' must be a number"),
     ("[serve]\ntoken_env = 'RW_NOT_SET_ANYWHERE'\n", "RW_NOT_SET_ANYWHERE is not set"),
     ("[sever]\nport = 1\n", "unknown section or key 'sever'"),
     ("serve = 3\n", "'serve' must be a table"),
@@ -140,3 +142,15 @@ def test_bad_webhook_flags(flag: str, message: str) -> None:
 def test_flag_errors_name_the_command_line() -> None:
     with pytest.raises(ConfigError, match="command line: ingest_port -1"):
         with_overrides(ServeConfig(), ingest_port=-1)
+
+
+def test_min_stall_from_the_file_and_the_flag(tmp_path: Path) -> None:
+    from rankwatch.aggregator.health import DEFAULT_MIN_STALL_S
+
+    assert ServeConfig().min_stall_s == DEFAULT_MIN_STALL_S
+    cfg = load_config(write(tmp_path, "[serve]\nmin_stall_s = 4\n"))
+    assert cfg.min_stall_s == 4
+    assert with_overrides(cfg, min_stall_s=1.5).min_stall_s == 1.5
+    assert with_overrides(cfg).min_stall_s == 4
+    with pytest.raises(ConfigError, match="command line: min_stall_s must be > 0"):
+        with_overrides(cfg, min_stall_s=0.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import msgpack
 import pytest
@@ -19,39 +19,6 @@ def step(rank: int, seq: int, run: str = "r1", loss: float = 1.0) -> StepRecord:
         run=run, rank=rank, seq=seq, time=1000.0 + seq, world_size=2, host="h", pid=1,
         step=seq, epoch=None, metrics={"loss": loss},
     )  # fmt: skip
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    # Sockets must be closed before term(): with warnings as errors, a socket left to the
-    # garbage collector raises ResourceWarning in __del__ instead of closing, and term() hangs.
-    context.destroy(linger=0)
-
-
-@pytest.fixture
-def receiver(ctx: zmq.Context) -> Iterator[Receiver]:
-    rx = Receiver("127.0.0.1", 0, context=ctx)
-    yield rx
-    rx.close()
-
-
-@pytest.fixture
-def dealer(ctx: zmq.Context, receiver: Receiver) -> Iterator[Callable[[], zmq.Socket]]:
-    made: list[zmq.Socket] = []
-
-    def make() -> zmq.Socket:
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RECONNECT_IVL, 50)
-        sock.connect(f"tcp://127.0.0.1:{receiver.port}")
-        made.append(sock)
-        return sock
-
-    yield make
-    for sock in made:
-        sock.close(0)
 
 
 def collect(rx: Receiver, want: int, timeout_s: float = 5.0) -> list[Record]:

@@ -154,3 +154,23 @@ def test_band_reduce_envelope() -> None:
     assert max(out["max"]) == 99.0
     assert out["median"] == [1.0] * 50  # the NaN is ignored, not propagated
     assert out["step"][:2] == [0, 20]
+
+
+@pytest.mark.parametrize(
+    ("key", "b"),
+    [
+        ([0, 1, 0, 1], [1, 1, 2, 2]),  # per flush, every key: the stored order
+        ([0, 0, 0, 1, 1, 1], [3, 1, 2, 3, 1, 2]),  # a scan that handed row groups over rotated
+        ([5, 5, 5], [1, 2, 3]),  # already sorted: returned as is
+        ([2**40, -(2**40), 0], [2**40, 5, -7]),  # too wide for one int64 key: lexsort
+        ([], []),
+    ],
+)
+def test_sort_buckets_orders_by_key_then_column(key: list[int], b: list[int]) -> None:
+    res = {"key": np.array(key, dtype=np.int64), "mn_step": np.array(b, dtype=np.int64)}
+    res["tag"] = np.arange(len(key))
+    out = rollup.sort_buckets(res, "mn_step")
+    assert list(zip(out["key"].tolist(), out["mn_step"].tolist(), strict=True)) == sorted(
+        zip(key, b, strict=True)
+    )
+    assert [(key[t], b[t]) for t in out["tag"].tolist()] == sorted(zip(key, b, strict=True))

@@ -342,3 +342,35 @@ def test_runs_over_for_long_leave_the_live_state_but_stay_deduped(agg: Aggregato
     agg.tick(later)
     assert {r["run"] for r in agg.snapshot(later)["runs"]} == {"live"}
     assert agg.add([step(0, 1, 1.0, run="done", world=1)]) == 0
+
+
+def test_tick_sees_a_crash_at_once_and_a_silent_rank_lost_within_a_second(
+    tmp_path: Path,
+) -> None:
+    """Rank health is re-evaluated at once after a record that may change a state, and at
+    least every HEALTH_EVERY_S otherwise (only the passing of time moves states then)."""
+    agg = Aggregator(config(tmp_path))  # not started: the test drives the ticks and the clock
+    try:
+        t = 1000.0
+
+        def fired(alerts: list[Alert], rule: str) -> list[int | None]:
+            return [a.rank for a in alerts if a.rule == rule and a.state == "firing"]
+
+        agg.add([step(r, 1, 1.0, run="h", world=2) for r in (0, 1)], imported=False, now=t)
+        assert fired(agg.tick(t), "crashed") == []
+        crash = EventRecord(
+            run="h", rank=1, seq=2, time=t, world_size=2, host="h", pid=101, event="crash",
+            step=1, info={"exc_type": "E"},
+        )  # fmt: skip
+        agg.add([crash], imported=False, now=t + 0.2)
+        assert fired(agg.tick(t + 0.2), "crashed") == [1]  # 0.2 s after the last evaluation
+        lost_at = None
+        for i in range(2, 80):  # a tick every 0.2 s; rank 0 is silent from t on
+            now = t + 0.2 * i
+            if fired(agg.tick(now), "lost") == [0]:
+                lost_at = now
+                break
+        assert lost_at is not None
+        assert t + agg.config.lost_after_s < lost_at <= t + agg.config.lost_after_s + 1.2
+    finally:
+        agg.stop()

@@ -366,3 +366,34 @@ def test_append_steps_bulk_path(tmp_path: Path) -> None:
         assert s.runs()[0]["records"] == 300 and s.runs()[0]["world_size"] == 3
         assert s.series("b", "loss")[1]["value"] == [x * 2.0 for x in range(100)]
         assert s.seen_seqs() == [("b", r, 1, 100) for r in range(3)]
+
+
+def test_append_refuses_what_is_not_a_record_and_keeps_nothing_of_that_call(
+    tmp_path: Path,
+) -> None:
+    with Store(tmp_path / "s.duckdb") as s:
+        s.append([step("r", 0, 1, 1, loss=1.0)])
+        with pytest.raises(TypeError, match="takes records, got dict"):
+            s.append([step("r", 0, 2, 2, loss=2.0), {"kind": "step"}])  # type: ignore[list-item]
+        s.flush()
+        assert [r.seq for r in s.records("r")] == [1]
+
+
+def test_a_backlog_too_big_for_memory_is_written_in_parts(tmp_path: Path) -> None:
+    """With a 32 MB buffer pool, 20,000 records of 10 metrics over 50 runs do not fit in one
+    flush (DuckDB runs out of memory); the store writes them in halves instead of failing for
+    good, and every record is stored."""
+    recs = [
+        StepRecord(f"run{i % 50}", i % 8, i // 8 + 1, 1e9 + i, 8, "h", 1, i // 8, None,
+                   {f"m{j}": float(i + j) for j in range(10)})
+        for i in range(20_000)
+    ]  # fmt: skip
+    with Store(tmp_path / "s.duckdb", memory_limit="32MB") as s:
+        s.append(recs)
+        s.flush()
+        assert sum(r["records"] for r in s.runs()) == 20_000
+        got = list(s.records("run7"))
+        assert len(got) == 400 and all(len(g.metrics) == 10 for g in got)
+        for g in got:  # record i has rank i % 8, seq i // 8 + 1 and values i + j
+            i = (g.seq - 1) * 8 + g.rank
+            assert g.metrics == {f"m{j}": float(i + j) for j in range(10)}

@@ -20,6 +20,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 from rankwatch.agent.records import StepRecord, to_wire
+from rankwatch.dashboard.jsonenc import dumps
 
 from .conftest import fixture_rows
 from .procs import Rank, Server
@@ -405,3 +406,43 @@ def test_page_helpers(server: Server, watched: Watched) -> None:
     assert out["stale"] == "fresh stale"  # 100 s without a record, still running: red
     assert out["finished"] == "fresh"  # a finished run is not stale
     assert out["fresh"] == "fresh" and out["text"] == "last record 5 s ago"
+
+
+# The page's series fetch (binary) against the JSON of the same query, decoded in the page.
+BINARY_JS = """async ([run, params]) => {
+  const u = await import('/static/util.js');
+  const path = u.runPath(run, 'series');
+  const asJson = await u.api(path, params);
+  const asBin = await u.api(path, {...params, format: 'bin'});
+  const norm = (xs) => Array.from(xs, (x) => String(u.num(x)));
+  const pick = (r) => ({
+    ...Object.fromEntries(Object.entries(r).filter(([k]) => k !== 'series' && k !== 'band')),
+    series: Object.fromEntries(Object.entries(r.series).map(([rank, d]) => [rank,
+      Object.fromEntries(Object.entries(d).map(([k, v]) => [k, norm(v)]))])),
+    band: Object.fromEntries(Object.entries(r.band).map(([k, v]) => [k, norm(v)])),
+  });
+  return {json: pick(asJson), bin: pick(asBin), typed: asBin.series['1'].value.constructor.name};
+}"""
+
+
+def test_binary_series_decodes_like_json(server: Server, watched: Watched) -> None:
+    run, t0 = "bin-run", time.time() - 30
+    records = [
+        StepRecord(run, rank, step, t0 + step, 3, "h", 1, step, None,
+                   {"loss": math.nan if (rank, step) == (1, 4) else
+                    math.inf if (rank, step) == (1, 7) else 1.0 / step + rank})
+        for rank in range(3) for step in range(1, 301)
+    ]  # fmt: skip
+    body = {"records": [to_wire(r) for r in records]}  # NaN as "NaN", as in the JSONL
+    res = httpx.post(f"{server.url}/api/ingest", content=dumps(body), timeout=120)
+    assert res.status_code == 200 and res.json()["rejected"] == 0, res.text
+    server.wait_for("step 300 stored", lambda: stored_up_to(server, run, 3, 300))
+    watched.page.goto(server.url)
+    out = watched.page.evaluate(BINARY_JS, [run, {"metric": "loss"}])
+    assert out["typed"] == "Float64Array"
+    assert out["bin"] == out["json"]
+    assert out["bin"]["series"]["1"]["value"][3:7:3] == ["NaN", "Infinity"]
+    assert len(out["bin"]["band"]["median"]) == 300
+    out = watched.page.evaluate(BINARY_JS, [run, {"metric": "loss", "max_points": 20, "start": 3}])
+    assert out["bin"] == out["json"]
+    assert "NaN" in out["bin"]["series"]["1"]["value"]  # downsampled, the NaN survives

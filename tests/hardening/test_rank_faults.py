@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rankwatch.aggregator.config import SERVE_KEYS
-from rankwatch.aggregator.health import DEFAULT_MIN_STALL_S, LOST_MARGIN_S
+from rankwatch.aggregator.health import LOST_MARGIN_S
 
 from .conftest import Spawner
 from .procs import SERVE, compare, read_jsonl, read_store, wait_until
@@ -23,6 +22,7 @@ WORLD = 3
 HEARTBEAT_S = 0.5
 LOST_AFTER_S = 2.0
 VICTIM = 1
+STALL_S = 2.0  # --min-stall-s for the frozen rank (the default, 30 s, would make a slow test)
 
 
 def _config(path: Path, **keys: float) -> list[str]:
@@ -30,8 +30,10 @@ def _config(path: Path, **keys: float) -> list[str]:
     return ["--config", str(path)]
 
 
-def _start(spawn: Spawner, tmp_path: Path, **keys: float) -> tuple[Any, list[Any], Path]:
-    serve = spawn.serve(extra=_config(tmp_path / "serve.toml", **keys))
+def _start(
+    spawn: Spawner, tmp_path: Path, *flags: str, **keys: float
+) -> tuple[Any, list[Any], Path]:
+    serve = spawn.serve(extra=[*_config(tmp_path / "serve.toml", **keys), *flags])
     stop = tmp_path / "stop"
     logs = tmp_path / "logs"
     ranks = [
@@ -98,25 +100,28 @@ def test_a_killed_rank_is_lost_within_the_timeout(
     assert result == {**result, "missing": 0, "extra": 0, "differ": 0}
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(90)
 def test_a_frozen_rank_is_stalled_then_alive_again_on_sigcont(
     spawn: Spawner, tmp_path: Path, report: Any
 ) -> None:
     # A frozen process sends nothing, not even heartbeats: it is "stalled" once its step has
     # not advanced for min_stall_s, and "lost" only after lost_after_s; keep lost further off.
-    stall_s = 2.0 if "min_stall_s" in SERVE_KEYS else DEFAULT_MIN_STALL_S
-    keys = {"min_stall_s": stall_s} if "min_stall_s" in SERVE_KEYS else {}
-    serve, ranks, stop = _start(spawn, tmp_path, lost_after_s=stall_s + 30, **keys)
+    serve, ranks, stop = _start(
+        spawn, tmp_path, "--min-stall-s", str(STALL_S), lost_after_s=STALL_S + 30
+    )
     ranks[VICTIM].signal(signal.SIGSTOP)
     frozen = time.monotonic()
     wait_until(
         "the frozen rank to be stalled",
         lambda: serve.rank_states(RUN)[VICTIM] == "stalled",
-        stall_s + 15,
+        STALL_S + 15,
         0.25,
     )
     detected = time.monotonic() - frozen
     assert serve.rank_states(RUN) == {0: "alive", 1: "stalled", 2: "alive"}
+    # The rank logs a step every 0.02 s, so min_stall_s alone sets the limit: the default
+    # (30 s) would not have been reached yet.
+    assert detected < STALL_S + 5.0
     ranks[VICTIM].signal(signal.SIGCONT)
     resumed = time.monotonic()
     wait_until("the rank to be alive again", lambda: serve.rank_states(RUN)[VICTIM] == "alive", 10)
@@ -124,7 +129,8 @@ def test_a_frozen_rank_is_stalled_then_alive_again_on_sigcont(
     result = _finish(serve, ranks, stop, tmp_path, alive=[0, 1, 2])
     report(
         kind="fault", what="rank SIGSTOP (hung), then SIGCONT",
-        result=f"stalled after {detected:.1f} s, alive {back:.1f} s after SIGCONT",
+        result=f"stalled after {detected:.1f} s (--min-stall-s {STALL_S:g}), alive "
+        f"{back:.1f} s after SIGCONT",
         stalled_s=round(detected, 1), alive_again_s=round(back, 1), **result,
     )  # fmt: skip
     assert result == {**result, "missing": 0, "extra": 0, "differ": 0}
