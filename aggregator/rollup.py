@@ -39,6 +39,7 @@ BAND_STATS: tuple[str, ...] = ("median", "p5", "p95", "min", "max")  # key = ind
 SOURCES = ("series", "band")
 NO_STEP = -(2**63)  # "no step yet" for the band frontier
 FINE_READ_ROWS = 50_000  # rows a query may read beyond its points to use the whole budget
+FINE_SCAN_ROWS = 4_000_000  # rows of all ranks a query for some ranks may scan at one level
 
 COLUMNS = "run, metric, key, b, n, s, mn, mn_step, mx, mx_step, lo, hi"
 _SCHEMA = (
@@ -196,7 +197,12 @@ def band_pivot_sql(buckets_sql: str) -> str:
 
 
 def choose_level(
-    rows_per_key: float, span: int, max_points: int, points_per_bucket: int, keys: int = 1
+    rows_per_key: float,
+    span: int,
+    max_points: int,
+    points_per_bucket: int,
+    keys: int = 1,
+    all_keys: int | None = None,
 ) -> int:
     """Index into LEVELS of the level to read; -1 for raw rows.
 
@@ -204,15 +210,25 @@ def choose_level(
     points in the range, ``span`` its width in steps). When few keys are asked for, a finer
     level is read as long as it stays under FINE_READ_ROWS; the caller then reduces it to
     ``max_points`` (``minmax_reduce``/``band_reduce``), so one rank zoomed gets the full budget.
+
+    ``all_keys``: the keys the run has, when only ``keys`` of them are asked for. Rows are not
+    indexed by key, so reading a few ranks scans every rank's rows of the range at that level:
+    a level whose scan passes FINE_SCAN_ROWS is skipped for a coarser one (3 outlier ranks of
+    a 4,096-rank run at 3,000 steps: 12 M raw rows scanned, against 0.8 M at level 16).
     """
 
     def rows(level: int) -> float:
         return rows_per_key if level < 0 else min(span // LEVELS[level] + 2, rows_per_key)
 
+    def scan_ok(level: int) -> bool:
+        if all_keys is None or all_keys <= keys or level >= len(LEVELS) - 1:
+            return True
+        return rows(level) * all_keys <= FINE_SCAN_ROWS
+
     fits = [i for i in range(-1, len(LEVELS)) if rows(i) * (points_per_bucket if i >= 0 else 1)
-            <= max_points]  # fmt: skip
+            <= max_points and scan_ok(i)]  # fmt: skip
     level = fits[0] if fits else len(LEVELS) - 1
-    while level >= 0 and rows(level - 1) * keys <= FINE_READ_ROWS:
+    while level >= 0 and rows(level - 1) * keys <= FINE_READ_ROWS and scan_ok(level - 1):
         level -= 1
     return level
 

@@ -503,7 +503,10 @@ class Store:
         per_key = stats.rows / len(stats.keys) * (hi - lo + 1) / (stats.hi - stats.lo + 1)
         # the band reads one row per statistic, a series one per rank
         width = len(rollup.BAND_STATS) if points_per_bucket == 1 else len(keys)
-        level = rollup.choose_level(per_key, hi - lo + 1, max_points, points_per_bucket, width)
+        all_keys = len(stats.keys) if ranks is not None and points_per_bucket != 1 else None
+        level = rollup.choose_level(
+            per_key, hi - lo + 1, max_points, points_per_bucket, width, all_keys
+        )
         where = "run = $run AND metric = $metric"
         if ranks is not None:
             where += f" AND key IN ({', '.join(str(k) for k in sorted(keys))})"

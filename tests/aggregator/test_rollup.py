@@ -107,6 +107,22 @@ def test_choose_level(rows_per_key: int, span: int, max_points: int, keys: int, 
     assert rollup.choose_level(rows_per_key, span, max_points, 2, keys) == level
 
 
+@pytest.mark.parametrize(
+    ("rows_per_key", "keys", "all_keys", "level"),
+    [
+        (3000, 3, 4096, 0),  # 3 outliers of 4,096 ranks: 12 M raw rows to scan; level 16 instead
+        (3000, 3, 8, -1),  # a small run: the raw rows are cheap to find
+        (900, 1, 4096, -1),  # one rank zoomed to 900 steps: 3.7 M rows scanned, raw kept
+        (3000, 4096, 4096, 0),  # every rank asked for: nothing scanned in vain (as before)
+        (200_000, 3, 4096, 1),  # level 256 (3.2 M rows scanned), not level 16 (51 M)
+    ],
+)
+def test_choose_level_for_a_few_ranks_of_many_avoids_scanning_them_all(
+    rows_per_key: int, keys: int, all_keys: int, level: int
+) -> None:
+    assert rollup.choose_level(rows_per_key, rows_per_key, 2000, 2, keys, all_keys) == level
+
+
 def test_bucket_points_orders_min_and_max_and_drops_out_of_range() -> None:
     out = rollup.bucket_points(
         key=np.array([0, 0, 1]),
