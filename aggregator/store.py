@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 import duckdb
 import numpy as np
-from rankwatch.agent.records import Record
+from rankwatch.agent.records import Record, StepRecord
 from rankwatch.aggregator import columns, rollup
 from rankwatch.aggregator.columns import SeriesColumns
 from rankwatch.aggregator.store_rows import (
@@ -40,7 +40,7 @@ STORE_FILENAME = "store.duckdb"  # inside the data dir when Store is given a dir
 SCHEMA_VERSION = 1
 MEMORY_LIMIT = "512MB"  # DuckDB's buffer pool; keeps the aggregator well under 1 GB RSS
 MAX_BUFFER_ROWS = 5_000_000  # rows held in memory while the disk refuses them (~400 MB)
-BAND_STALE_S = 30.0  # a rank silent this long no longer holds back the band
+BAND_STALE_S = 30.0  # a rank without a step record this long no longer holds back the band
 BAND_WAIT_UNSEEN_S = 60.0  # ranks of world_size never seen hold it back this long
 BAND_REPAIR_QUIET_S = 10.0  # a run with late rows is re-banded after this long without input
 BAND_REPAIR_ROWS = 200_000  # ... or at once if re-banding reads fewer raw rows than this
@@ -110,13 +110,17 @@ class Store:
         now = self._clock()
         with self._buf_lock:
             self._buf.extend(records)  # checks the types first
-            senders = {(rec.run, rec.rank) for rec in records}
-            for run, rank in senders:
+            # Only step records count as arrival for the band: a hung rank goes on sending
+            # heartbeats, and must not hold every later step's band back (unsettled steps are
+            # banded from raw rows at each query: a chart would grow slower with every step).
+            senders = {(rec.run, rec.rank, type(rec) is StepRecord) for rec in records}
+            for run, rank, stepped in senders:
                 runs = self._arrival.get(run)
                 if runs is None:
                     runs = self._arrival[run] = {}
                     self._run_first[run] = now
-                runs[rank] = now
+                if stepped:
+                    runs[rank] = now
 
     def append_steps(
         self,

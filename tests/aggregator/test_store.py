@@ -397,3 +397,36 @@ def test_a_backlog_too_big_for_memory_is_written_in_parts(tmp_path: Path) -> Non
         for g in got:  # record i has rank i % 8, seq i // 8 + 1 and values i + j
             i = (g.seq - 1) * 8 + g.rank
             assert g.metrics == {f"m{j}": float(i + j) for j in range(10)}
+
+
+def test_a_hung_rank_sending_only_heartbeats_releases_the_band(tmp_path: Path) -> None:
+    """Steps are settled into the band behind the slowest live rank; a rank whose steps stopped
+    while its heartbeats go on (hung in a collective) stops counting after BAND_STALE_S."""
+    clock = Clock()
+
+    def done(s: Store) -> int:
+        return s._cur().execute("SELECT done FROM band_done WHERE run = 'r'").fetchone()[0]
+
+    with Store(tmp_path / "s.duckdb", clock=clock) as s:
+        seq = dict.fromkeys(range(4), 0)
+
+        def send(rank: int, rec_step: int | None) -> None:
+            seq[rank] += 1
+            if rec_step is None:
+                s.append([Heartbeat("r", rank, seq[rank], clock.now, 5, 1.0, 0, None)])
+            else:
+                s.append([step("r", rank, seq[rank], rec_step, loss=1.0 + rank)])
+
+        for st in range(1, 21):  # rank 3 hangs after step 5: heartbeats only from then on
+            for rank in range(4):
+                send(rank, st if rank < 3 or st <= 5 else None)
+            clock.now += 1.0
+            s.flush()
+        assert done(s) == 4  # held back by rank 3 while its heartbeats are recent
+        last = 5 + int(store_mod.BAND_STALE_S) + 5  # well past the stale limit of rank 3
+        for st in range(21, last + 1):
+            for rank in range(4):
+                send(rank, st if rank < 3 else None)
+            clock.now += 1.0
+            s.flush()
+        assert done(s) == last - 1  # the live ranks' latest step - 1
