@@ -120,7 +120,8 @@ class HealthTracker:
         if r.terminal is not None and not _reopens(r, rec):
             return  # a straggling record from before the end/crash: it changes nothing
         was_alive = self._state(r, now)[0] is RankState.ALIVE
-        if not was_alive or type(rec) is EventRecord or getattr(rec, "paused", None) is not None:
+        kind = type(rec)
+        if not was_alive or kind is EventRecord or (kind is Heartbeat and rec.paused is not None):
             self.version += 1  # maybe a state change (not just the passing of time)
         r.last_seen = now
         if isinstance(rec, StepRecord):
