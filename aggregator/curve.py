@@ -145,6 +145,39 @@ class CurveGate:
         self._auth.stop()
 
 
+class ServerContext:
+    """The ZeroMQ context a listening socket (receiver, relay) lives in, with its CurveZMQ gate
+    when ``curve_dir`` is given. The ZAP handler belongs to a context, so a gated socket with no
+    context handed in gets one of its own, kept apart from other listeners in the process."""
+
+    def __init__(self, context: zmq.Context[Any] | None, curve_dir: Path | str | None) -> None:
+        self._own: zmq.Context[Any] | None = None
+        if curve_dir is not None and context is None:
+            context = self._own = zmq.Context()
+        self.context = context or zmq.Context.instance()
+        self.gate: CurveGate | None = None
+        if curve_dir is not None:
+            try:
+                self.gate = CurveGate(self.context, curve_dir)
+            except Exception:
+                self.close()
+                raise
+            self.gate.start()
+
+    def configure(self, sock: zmq.Socket[Any]) -> None:
+        """Make ``sock`` (before bind) a CURVE server, if there is a gate."""
+        if self.gate is not None:
+            self.gate.configure(sock)
+
+    def close(self) -> None:
+        """Stop the gate and end a context of our own (it waits for its sockets' linger)."""
+        if self.gate is not None:
+            self.gate.stop()
+        if self._own is not None:
+            self._own.term()
+            self._own = None
+
+
 def client_keys_of(directory: Path | str) -> CurveKeys:
     """The keys an agent holds in ``directory``: ``server.key`` and one ``client*.key_secret``
     (``client.key_secret`` first); ``CurveError`` names what is missing."""

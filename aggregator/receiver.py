@@ -33,7 +33,7 @@ import msgpack
 import zmq
 from rankwatch.agent import records
 from rankwatch.agent.records import DecodeError, Record
-from rankwatch.aggregator.curve import CurveGate
+from rankwatch.aggregator.curve import CurveGate, ServerContext
 from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger("rankwatch.receiver")
@@ -85,22 +85,11 @@ class Receiver:
         endpoint: str | None = None,
         curve_dir: Path | str | None = None,
     ) -> None:
-        self._own_ctx: zmq.Context[Any] | None = None
-        if curve_dir is not None and context is None:
-            # The ZAP handler belongs to a context: one of its own keeps receivers apart.
-            context = self._own_ctx = zmq.Context()
-        self._ctx = context or zmq.Context.instance()
-        self.curve: CurveGate | None = None
-        if curve_dir is not None:
-            try:
-                self.curve = CurveGate(self._ctx, curve_dir)
-            except Exception:
-                self._term_own()
-                raise
-            self.curve.start()
+        self._server = ServerContext(context, curve_dir)
+        self._ctx = self._server.context
+        self.curve: CurveGate | None = self._server.gate
         sock = self._ctx.socket(zmq.ROUTER)
-        if self.curve is not None:
-            self.curve.configure(sock)
+        self._server.configure(sock)
         sock.setsockopt(zmq.MAXMSGSIZE, records.MAX_FRAME_BYTES)
         sock.setsockopt(zmq.RCVHWM, RCVHWM_MESSAGES)
         sock.setsockopt(zmq.LINGER, LINGER_MS)
@@ -113,7 +102,7 @@ class Receiver:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
             sock.close(0)
-            self._stop_curve()
+            self._server.close()
             raise OSError(f"cannot listen for agents on {endpoint}: {exc}") from None
         self._sock = sock
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -408,17 +397,7 @@ class Receiver:
         self._sock.disable_monitor()
         self._monitor.close(0)
         self._sock.close(0)
-        self._stop_curve()
-
-    def _stop_curve(self) -> None:
-        if self.curve is not None:
-            self.curve.stop()
-        self._term_own()
-
-    def _term_own(self) -> None:
-        if self._own_ctx is not None:
-            self._own_ctx.term()
-            self._own_ctx = None
+        self._server.close()
 
 
 def _frame_version(frame: bytes) -> int | None:

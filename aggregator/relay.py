@@ -40,7 +40,12 @@ import msgpack
 import zmq
 from rankwatch.agent.identity import DEFAULT_INGEST_PORT, parse_addr, resolve_addr
 from rankwatch.agent.records import MAX_FRAME_BYTES, DecodeError, check_version
-from rankwatch.aggregator.curve import CurveGate, client_keys_of, configure_client
+from rankwatch.aggregator.curve import (
+    CurveGate,
+    ServerContext,
+    client_keys_of,
+    configure_client,
+)
 from rankwatch.aggregator.receiver import HANDSHAKE_FAILED
 from zmq.utils.monitor import parse_monitor_message
 
@@ -138,24 +143,13 @@ class Relay:
         self.batch_s = batch_ms / 1000
         self.max_pending_bytes = max_pending_bytes
         self.upstream = upstream
-        self._own_ctx: zmq.Context[Any] | None = None
-        if curve_dir is not None and context is None:
-            # The ZAP handler belongs to a context: one of its own keeps relays apart.
-            context = self._own_ctx = zmq.Context()
-        self._ctx = context or zmq.Context.instance()
-        self.curve: CurveGate | None = None
-        client = None
-        if curve_dir is not None:
-            try:  # CurveError names the missing file, before anything is bound
-                client = client_keys_of(curve_dir)
-                self.curve = CurveGate(self._ctx, curve_dir)
-            except Exception:
-                self._term_own()
-                raise
-            self.curve.start()
+        # CurveError names a missing key file before anything is made or bound.
+        client = client_keys_of(curve_dir) if curve_dir is not None else None
+        self._server = ServerContext(context, curve_dir)
+        self._ctx = self._server.context
+        self.curve: CurveGate | None = self._server.gate
         down = self._ctx.socket(zmq.ROUTER)
-        if self.curve is not None:
-            self.curve.configure(down)
+        self._server.configure(down)
         down.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         down.setsockopt(zmq.RCVHWM, RCVHWM_MESSAGES)
         down.setsockopt(zmq.LINGER, 0)
@@ -165,7 +159,7 @@ class Relay:
             down.bind(endpoint)
         except zmq.ZMQError as exc:
             down.close(0)
-            self._stop_curve()
+            self._server.close()
             raise OSError(f"relay cannot listen on {endpoint}: {exc}") from None
         self.endpoint = down.getsockopt_string(zmq.LAST_ENDPOINT)
         self.port = int(self.endpoint.rsplit(":", 1)[1]) if self.endpoint.startswith("tcp") else 0
@@ -304,17 +298,7 @@ class Relay:
             self._monitor.close(0)
             self._down.close(0)
             self._up.close(int(left * 1000))  # let ZeroMQ deliver what it already holds
-            self._stop_curve()
-
-    def _stop_curve(self) -> None:
-        if self.curve is not None:
-            self.curve.stop()
-        self._term_own()
-
-    def _term_own(self) -> None:
-        if self._own_ctx is not None:
-            self._own_ctx.term()  # waits for the upstream socket's linger
-            self._own_ctx = None
+            self._server.close()  # an own context waits for the upstream socket's linger
 
     def _internal_error(self, exc: Exception) -> None:
         self.n["internal_errors"] += 1
