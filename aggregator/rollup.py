@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
-from rankwatch.aggregator import columns
 
 if TYPE_CHECKING:
     from rankwatch.aggregator.store_rows import Mirror
@@ -359,42 +358,3 @@ def _band_rows(
         {**args, "from": fold_from, "upto": upto},
     )
     fold(cur, "band", band_long_sql("rw_bandf"), [])
-
-
-# --- turning rows into the points the dashboard draws ----------------------------------------
-# The store keeps them as numpy columns (columns.py); these give the same points as lists.
-
-
-def bucket_points(
-    key: np.ndarray,
-    mn: np.ndarray,
-    mn_step: np.ndarray,
-    mx: np.ndarray,
-    mx_step: np.ndarray,
-    start: float,
-    end: float,
-) -> dict[int, dict[str, list]]:
-    """``columns.bucket_columns`` as {key: {"step", "value", "min", "max"}} lists."""
-    return columns.bucket_columns(key, mn, mn_step, mx, mx_step, start, end).to_lists()
-
-
-def minmax_reduce(points: dict[str, list], max_points: int) -> dict[str, list]:
-    """``columns.minmax_reduce`` for one key's points given as lists."""
-    if len(points["step"]) <= max_points:
-        return points
-    cols = columns.SeriesColumns.from_rows(
-        np.zeros(len(points["step"]), np.int64),
-        np.asarray(points["step"], dtype=np.int64),
-        np.asarray(points["value"], dtype=np.float64),
-        np.asarray(points["min"], dtype=np.float64),
-        np.asarray(points["max"], dtype=np.float64),
-    )
-    return columns.minmax_reduce(cols, max_points).to_lists()[0]
-
-
-def band_reduce(band: dict[str, list], max_points: int) -> dict[str, list]:
-    """``columns.band_reduce`` for a band given as lists."""
-    if len(band["step"]) <= max_points:
-        return band
-    arrays = {k: np.asarray(v) for k, v in band.items()}
-    return columns.band_lists(columns.band_reduce(arrays, max_points))

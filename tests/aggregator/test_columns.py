@@ -1,4 +1,5 @@
-"""Chart points as numpy columns: table-driven, against the list forms they replace."""
+"""Chart points as numpy columns: table-driven; several keys at once give what each key alone
+gives."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from rankwatch.aggregator import columns, rollup
+from rankwatch.aggregator import columns
 from rankwatch.aggregator.columns import SeriesColumns
 
 NAN, INF = math.nan, math.inf
@@ -69,7 +70,9 @@ def test_bucket_columns_matches_the_list_form(
     cols = columns.bucket_columns(*args, start, end)
     got = {k: (p["step"], p["value"]) for k, p in cols.to_lists().items()}
     assert got == want
-    assert cols.to_lists() == rollup.bucket_points(*args, start, end)
+    for k, points in cols.to_lists().items():  # several keys at once: each as if alone
+        alone = [a[args[0] == k] for a in args]
+        assert columns.bucket_columns(*alone, start, end).to_lists() == {k: points}
     for p in cols.to_lists().values():  # every point lies within its bucket's extremes
         assert all(lo <= v <= hi for v, lo, hi in zip(p["value"], p["min"], p["max"], strict=True))
 
@@ -89,12 +92,11 @@ def test_minmax_reduce_touches_only_keys_over_budget() -> None:
         assert out[k]["step"] == sorted(out[k]["step"])
     assert out[0]["step"][out[0]["value"].index(50.0)] == 123
     assert math.isnan(out[2]["value"][-1])
-    # same as the per-key list form
+    # same as each key reduced alone
     for k in (0, 2):
         rows = key == k
-        v = value[rows].tolist()
-        ref = rollup.minmax_reduce({"step": step[rows].tolist(), "value": v, "min": v, "max": v},
-                                   100)  # fmt: skip
+        alone = SeriesColumns.from_rows(key[rows], step[rows], value[rows])
+        ref = columns.minmax_reduce(alone, 100).to_lists()[k]
         np.testing.assert_array_equal(out[k]["step"], ref["step"])
         np.testing.assert_array_equal(out[k]["value"], ref["value"])
         np.testing.assert_array_equal(out[k]["min"], ref["min"])

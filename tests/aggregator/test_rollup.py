@@ -8,7 +8,8 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pytest
-from rankwatch.aggregator import rollup
+from rankwatch.aggregator import columns, rollup
+from rankwatch.aggregator.columns import SeriesColumns
 
 
 def _fold_batches(con: duckdb.DuckDBPyConnection, batches: list[dict[str, np.ndarray]]) -> None:
@@ -124,7 +125,7 @@ def test_choose_level_for_a_few_ranks_of_many_avoids_scanning_them_all(
 
 
 def test_bucket_points_orders_min_and_max_and_drops_out_of_range() -> None:
-    out = rollup.bucket_points(
+    out = columns.bucket_columns(
         key=np.array([0, 0, 1]),
         mn=np.array([1.0, 2.0, 5.0]),
         mn_step=np.array([3, 20, 7]),
@@ -132,7 +133,7 @@ def test_bucket_points_orders_min_and_max_and_drops_out_of_range() -> None:
         mx_step=np.array([1, 20, 40]),
         start=0,
         end=30,
-    )
+    ).to_lists()
     assert out[0] == {
         "step": [1, 3, 20],
         "value": [9.0, 1.0, 2.0],
@@ -146,7 +147,9 @@ def test_minmax_reduce_keeps_spikes_and_budget() -> None:
     step = list(range(10_000))
     value = [0.0] * 10_000
     value[1234], value[8765] = 50.0, -50.0
-    out = rollup.minmax_reduce({"step": step, "value": value, "min": value, "max": value}, 100)
+    keys = np.zeros(len(step), np.int64)
+    one_key = SeriesColumns.from_rows(keys, np.array(step), np.array(value))
+    out = columns.minmax_reduce(one_key, 100).to_lists()[0]
     assert len(out["step"]) <= 100
     assert 50.0 in out["value"] and -50.0 in out["value"]
     assert out["step"] == sorted(out["step"])
@@ -165,7 +168,7 @@ def test_band_reduce_envelope() -> None:
     }
     band["max"][500] = 99.0
     band["median"][10] = math.nan
-    out = rollup.band_reduce(band, 50)
+    out = columns.band_lists(columns.band_reduce({k: np.asarray(v) for k, v in band.items()}, 50))
     assert len(out["step"]) == 50
     assert max(out["max"]) == 99.0
     assert out["median"] == [1.0] * 50  # the NaN is ignored, not propagated
