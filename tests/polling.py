@@ -12,13 +12,16 @@ def wait_until(
     timeout_s: float = 10.0,
     every_s: float = 0.02,
     what: str = "condition",
+    detail: Callable[[], Any] | None = None,
 ) -> Any:
-    """Poll ``predicate`` until it returns something truthy, and return that value."""
+    """Poll ``predicate`` until it returns something truthy, and return that value; fail
+    naming ``what`` (and what ``detail()`` says about the state at that moment)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout_s:g} s")
+            more = f"\n{detail()}" if detail is not None else ""
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}{more}")
         time.sleep(every_s)

@@ -17,13 +17,14 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 from rankwatch.agent import records
+
+from tests import polling
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 90.0  # serve imports DuckDB, FastAPI and numpy on a busy 2-core machine
@@ -47,17 +48,9 @@ def wait_until(
     every_s: float = 0.1,
     detail: Callable[[], Any] | None = None,
 ) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` (and what
-    ``detail()`` says about the state at that moment)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            more = f"\n{detail()}" if detail is not None else ""
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}{more}")
-        time.sleep(every_s)
+    """``tests.polling.wait_until`` with what is awaited first, and the slower pace and longer
+    patience of whole processes."""
+    return polling.wait_until(predicate, timeout_s, every_s, what, detail)
 
 
 def stop_process(proc: subprocess.Popen[Any], first: int = signal.SIGTERM) -> int | None:
