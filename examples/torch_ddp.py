@@ -62,6 +62,7 @@ def main() -> None:
             mon.log(step, loss=loss.item(), lr=optimizer.param_groups[0]["lr"])  # rankwatch
             if args.step_sleep > 0:
                 time.sleep(args.step_sleep)
+    dist.barrier()  # leave together: gloo aborts a rank torn down while another still talks
     dist.destroy_process_group()
     print(f"rank {rank}: finished {args.steps} steps", flush=True)
 
