@@ -41,6 +41,7 @@ import math
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import msgpack
@@ -120,6 +121,42 @@ class Heartbeat:
 Record = StepRecord | EventRecord | Heartbeat
 
 
+@dataclass(slots=True)
+class StepBlock:
+    """Consecutive step records of one rank, column-wise: what an agent's batched frame holds
+    in the usual case (one run, rank and process, the same metric names in every record).
+
+    ``decode_frame_blocks`` returns one for such a frame, so the aggregator can dedupe, merge,
+    score and store a whole frame with a few calls instead of one per record. ``records()``
+    gives the same records one by one. Columns hold one entry per record, in frame order.
+    """
+
+    run: str
+    rank: int
+    world_size: int
+    host: str
+    pid: int
+    seq: list[int]
+    time: list[float]
+    step: list[int]
+    epoch: list[int | None]
+    metrics: dict[str, list[float]]  # metric name -> one value per record
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def record(self, i: int) -> StepRecord:
+        """Record ``i`` (negative counts from the end) as a StepRecord."""
+        metrics = {name: values[i] for name, values in self.metrics.items()}
+        return StepRecord(
+            self.run, self.rank, self.seq[i], self.time[i], self.world_size, self.host,
+            self.pid, self.step[i], self.epoch[i], metrics,
+        )  # fmt: skip
+
+    def records(self) -> list[StepRecord]:
+        return [self.record(i) for i in range(len(self.seq))]
+
+
 def to_wire(record: Record) -> dict[str, Any]:
     """The record as a plain map (msgpack-ready; NaN stays a float)."""
     out: dict[str, Any] = {"kind": record.kind}
@@ -152,6 +189,105 @@ def decode_frame(frame: bytes) -> list[Record]:
         raise DecodeError("envelope", "frame has no 'records' list")
     # The maps came out of this frame: the records may keep them (no copy of metrics).
     return [_step_fast(r, copy=False) or _decode_checked(r) for r in records]
+
+
+def decode_frame_blocks(frame: bytes) -> list[Record | StepBlock]:
+    """``decode_frame``, with a frame of two or more step records of one rank, one process
+    and one metric set returned as a single ``StepBlock`` (the agent's usual batch). Anything
+    else decodes as ``decode_frame`` does; the checks and errors are the same."""
+    if len(frame) > MAX_FRAME_BYTES:
+        raise DecodeError("size", f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
+    try:
+        envelope = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise DecodeError("msgpack", f"not a msgpack frame: {exc}") from None
+    if not isinstance(envelope, dict):
+        raise DecodeError("envelope", f"frame is a {type(envelope).__name__}, expected a map")
+    check_version(envelope.get("v"))
+    raws = envelope.get("records")
+    if not isinstance(raws, list):
+        raise DecodeError("envelope", "frame has no 'records' list")
+    if len(raws) >= 2:
+        block = _step_block(raws)
+        if block is not None:
+            return [block]
+    return [_step_fast(r, copy=False) or _decode_checked(r) for r in raws]
+
+
+def _step_block(raws: list[Any]) -> StepBlock | None:
+    """The records as one StepBlock, or None when they are not all step records passing
+    ``_step_fast``'s checks with the first record's run, rank, identity and metric names.
+    Checked column by column (a few C-level passes), not record by record."""
+    first = raws[0]
+    if type(first) is not dict or "epoch" not in first or _step_fast(first, copy=False) is None:
+        return None
+    try:
+        rows = [_block_fields(raw) for raw in raws]  # unknown fields are ignored, as ever
+    except (KeyError, TypeError):  # a field missing, or a record that is not a map
+        return None
+    runs, ranks, sizes, hosts, pids, kinds, seq, time_, step, epoch, maps = zip(*rows, strict=True)
+    run, rank, world_size, host, pid = (first[k] for k in _BLOCK_SAME)
+    if not _all_hashable(runs, hosts, kinds):
+        return None
+    if not (
+        set(runs) == {run} and set(hosts) == {host} and set(kinds) == {"step"}
+        and _all_type(ranks, int) and set(ranks) == {rank}
+        and _all_type(sizes, int) and set(sizes) == {world_size}
+        and _all_type(pids, int) and set(pids) == {pid}
+        and _all_type(seq, int) and min(seq) >= 1 and max(seq) < _INT64_END
+        and _all_type(time_, float)
+        and _all_type(step, int) and min(step) >= -_INT64_END and max(step) < _INT64_END
+        and _all_type(maps, dict)
+    ):  # fmt: skip
+        return None
+    if not _all_type(epoch, int):
+        if not all(e is None or (type(e) is int and -_INT64_END <= e < _INT64_END) for e in epoch):
+            return None
+    elif min(epoch) < -_INT64_END or max(epoch) >= _INT64_END:
+        return None
+    names = list(first["metrics"])
+    values: dict[str, list[float]] = {}
+    if set(map(len, maps)) != {len(names)}:
+        return None
+    if names:
+        get = _getter(names)
+        try:  # as many names as the first record and all of its names: the same names
+            per_record = [get(m) for m in maps]
+        except KeyError:
+            return None
+        if len(names) == 1:
+            per_record = [(v,) for v in per_record]
+        for name, column in zip(names, zip(*per_record, strict=True), strict=True):
+            if not _all_type(column, float):
+                return None
+            values[name] = list(column)
+    return StepBlock(
+        run, rank, world_size, host, pid, list(seq), list(time_), list(step), list(epoch), values
+    )
+
+
+def _all_type(column: tuple[Any, ...], kind: type) -> bool:
+    """Every item of ``column`` is exactly of type ``kind`` (bool is not an int here)."""
+    return set(map(type, column)) == {kind}
+
+
+def _all_hashable(*columns: tuple[Any, ...]) -> bool:
+    """No list or map among the values (a bad record; ``set()`` of it would raise)."""
+    return all(set(map(type, column)) <= {str, int, float, bool, type(None)} for column in columns)
+
+
+def _getter(names: list[str]) -> Any:
+    getter = _getters.get(tuple(names))
+    if getter is None:
+        if len(_getters) > 256:  # metric name sets a peer makes up must not grow this
+            _getters.clear()
+        getter = _getters[tuple(names)] = itemgetter(*names)
+    return getter
+
+
+_BLOCK_SAME = ("run", "rank", "world_size", "host", "pid")
+_block_fields = itemgetter(*_BLOCK_SAME, "kind", "seq", "time", "step", "epoch", "metrics")
+_getters: dict[tuple[str, ...], Any] = {}
 
 
 def check_version(version: Any) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from rankwatch.aggregator.divergence import (
     Divergence,
     DivergenceConfig,
+    QuietSteps,
     StepResult,
     StepStats,
     step_lag,
@@ -284,11 +285,16 @@ class AlertEngine:
         self,
         now: float,
         *,
-        results: Iterable[StepResult] = (),
+        results: Iterable[StepResult | QuietSteps] = (),
         health: Mapping[str, Mapping[int, RankHealth]] | None = None,
     ) -> list[Alert]:
         """Update the conditions; return the alerts that started firing or resolved."""
         for res in results:
+            if type(res) is QuietSteps:  # nothing flagged or resolved: only the step rules
+                if self._watched(res.metric):
+                    for stats in res.stats():
+                        self._step_rules(stats, now)
+                continue
             self._divergences(res, now)
             self._step_rules(res.stats, now)
         if health is not None:
@@ -330,6 +336,15 @@ class AlertEngine:
             rule, d.run, d.rank, d.metric, d.since_step, now, d.value, d.message,
             self.config.severity_of(rule),
         )  # fmt: skip
+
+    def _watched(self, metric: str) -> bool:
+        """A step rule reads this metric's statistics."""
+        cfg = self.config
+        return (
+            any(rule.metric == metric for rule in cfg.thresholds)
+            or (cfg.plateau is not None and cfg.plateau.metric == metric)
+            or (cfg.throughput_drop is not None and cfg.throughput_drop.metric == metric)
+        )
 
     def _step_rules(self, s: StepStats, now: float) -> None:
         cfg = self.config

@@ -29,8 +29,16 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from rankwatch.aggregator.divergence_batch import (
+    MIN_BATCH_RANKS,
+    MIN_BATCH_STEPS,
+    QuietSteps,
+    score_run,
+)
 from rankwatch.aggregator.divergence_config import DivergenceConfig, MetricRule
 from rankwatch.aggregator.divergence_lists import PAIRWISE_BLOCK, step_stats
+from rankwatch.aggregator.divergence_lists import no_outliers as _no_outliers
+from rankwatch.aggregator.divergence_lists import rel_list as _rel_lists
 from rankwatch.aggregator.divergence_state import (
     MAD_TO_SIGMA,
     MetricState,
@@ -66,10 +74,12 @@ __all__ = [
     "DivergenceConfig",
     "DivergenceDetector",
     "MetricRule",
+    "QuietSteps",
     "RankScore",
     "RankScores",
     "StepResult",
     "StepStats",
+    "expand",
     "step_lag",
 ]
 
@@ -109,6 +119,50 @@ class DivergenceDetector:
             if top < PY_MAX_RANKS and min(values) >= 0:
                 return self._update_lists(st, sv, top)
         return self._update_arrays(st, sv)
+
+    def update_many(self, svs: Sequence[StepValues]) -> list[StepResult | QuietSteps]:
+        """``update`` of each of ``svs``: the same verdicts, the same state after. Results come
+        per (run, metric) in the order given, (run, metric)s in order of first appearance.
+
+        Consecutive steps of one (run, metric) with the same ranks in the same order, in a
+        small world, are scored together (``divergence_batch``): their statistics in a few
+        numpy calls, only the steps that are not quiet one by one, and each run of quiet steps
+        comes as one ``QuietSteps`` (``QuietSteps.results()`` gives its StepResults)."""
+        if len(svs) < MIN_BATCH_STEPS:
+            return [self.update(sv) for sv in svs]
+        by_key: dict[tuple[str, str], list[StepValues]] = {}
+        for sv in svs:
+            same = by_key.get((sv.run, sv.metric))
+            if same is None:
+                same = by_key[(sv.run, sv.metric)] = []
+            same.append(sv)
+        out: list[StepResult | QuietSteps] = []
+        for same in by_key.values():
+            start = 0
+            while start < len(same):
+                ranks = list(same[start].values)
+                end = start + 1
+                while end < len(same) and list(same[end].values) == ranks:
+                    end += 1
+                out += self._update_group(same[start:end], ranks)
+                start = end
+        return out
+
+    def _update_group(
+        self, svs: list[StepValues], ranks: list[int]
+    ) -> list[StepResult] | list[StepResult | QuietSteps]:
+        if len(svs) < MIN_BATCH_STEPS or len(ranks) < MIN_BATCH_RANKS:
+            return [self.update(sv) for sv in svs]
+        if min(ranks) < 0 or max(ranks) >= PY_MAX_RANKS:
+            return [self.update(sv) for sv in svs]
+        key = (svs[0].run, svs[0].metric)
+        st = self._states.get(key)
+        if st is None:
+            st = self._states[key] = MetricState(self.config.rule(svs[0].metric))
+        if not st.lists:
+            return [self.update(sv) for sv in svs]
+        st.grow(max(ranks), PY_MAX_RANKS)
+        return score_run(self.config, st, svs, self.update)
 
     # --- small worlds: lists --------------------------------------------------------------
 
@@ -394,34 +448,6 @@ class DivergenceDetector:
             new_outliers(cfg, st, sv, stats, fresh, ranks, v, z, rel, new)
 
 
-def _no_outliers(n: int) -> tuple[bool, ...]:
-    """(False,) * n, shared: most steps have no outlier (a tuple: never written to)."""
-    out = _NO_OUTLIERS.get(n)
-    if out is None:
-        out = _NO_OUTLIERS[n] = (False,) * n
-    return out
-
-
-_NO_OUTLIERS: dict[int, tuple[bool, ...]] = {}
-
-
-def _rel_lists(v: list[float], med: float) -> list[float]:
-    """rel per finite value: x / median, or for a pair leave-one-out (x / the other rank)."""
-    if len(v) == 2:
-        a, b = v
-        return [_pair_rel(a, b), _pair_rel(b, a)]
-    absmed = abs(med)
-    if absmed > 0:
-        return [1.0 + (x - med) / absmed for x in v]
-    return [1.0 if x == 0 else math.copysign(math.inf, x) for x in v]
-
-
-def _pair_rel(x: float, other: float) -> float:
-    if other != 0:
-        return x / other
-    return 1.0 if x == 0 else math.inf
-
-
 def _no_stats(sv: StepValues) -> StepStats:
     nan = math.nan
     return StepStats(sv.run, sv.metric, sv.step, 0, nan, nan, nan, nan, nan, nan, nan, nan, nan)
@@ -437,6 +463,11 @@ def _stats(sv: StepValues, v: np.ndarray) -> StepStats:
         sv.run, sv.metric, sv.step, n, med, mad, float(v.mean()), float(v.min()), float(v.max()),
         p5, p25, p75, p95,
     )  # fmt: skip
+
+
+def expand(items: Sequence[StepResult | QuietSteps]) -> list[StepResult]:
+    """``update_many``'s results with each QuietSteps as its StepResults."""
+    return [r for it in items for r in (it.results() if type(it) is QuietSteps else (it,))]
 
 
 def step_lag(run: str, last_steps: Mapping[int, int], config: DivergenceConfig) -> list[Divergence]:

@@ -22,7 +22,7 @@ QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)  # PERCENTILES / 100, as numpy divides
 _plans: dict[int, list[tuple[int, int, float]]] = {}
 
 
-def _plan(n: int) -> list[tuple[int, int, float]]:
+def quantile_plan(n: int) -> list[tuple[int, int, float]]:
     plan = []
     for q in QUANTILES:
         virtual = (n - 1) * q
@@ -37,7 +37,7 @@ def _plan(n: int) -> list[tuple[int, int, float]]:
 
 def quantiles(s: list[float]) -> list[float]:
     """p5, p25, p50, p75, p95 of the sorted, non-empty ``s``, as ``np.percentile`` computes."""
-    plan = _plans.get(len(s)) or _plan(len(s))
+    plan = _plans.get(len(s)) or quantile_plan(len(s))
     out = []
     for lo, hi, gamma in plan:
         a, b = s[lo], s[hi]
@@ -82,3 +82,31 @@ def step_stats(v: list[float]) -> tuple[float, ...]:
     half = n >> 1
     mad = dev[half] if n & 1 else (dev[half - 1] + dev[half]) / 2
     return med, mad, np_sum(v) / n, s[0], s[-1], p5, p25, p75, p95
+
+
+def no_outliers(n: int) -> tuple[bool, ...]:
+    """(False,) * n, shared: most steps have no outlier (a tuple: never written to)."""
+    out = NO_OUTLIERS_BY_N.get(n)
+    if out is None:
+        out = NO_OUTLIERS_BY_N[n] = (False,) * n
+    return out
+
+
+NO_OUTLIERS_BY_N: dict[int, tuple[bool, ...]] = {}
+
+
+def rel_list(v: list[float], med: float) -> list[float]:
+    """rel per finite value: x / median, or for a pair leave-one-out (x / the other rank)."""
+    if len(v) == 2:
+        a, b = v
+        return [pair_rel(a, b), pair_rel(b, a)]
+    absmed = abs(med)
+    if absmed > 0:
+        return [1.0 + (x - med) / absmed for x in v]
+    return [1.0 if x == 0 else math.copysign(math.inf, x) for x in v]
+
+
+def pair_rel(x: float, other: float) -> float:
+    if other != 0:
+        return x / other
+    return 1.0 if x == 0 else math.inf

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rankwatch.agent.records import EventRecord, StepRecord, json_value
+from rankwatch.agent.records import EventRecord, StepBlock, StepRecord, json_value
 
 if TYPE_CHECKING:
     from rankwatch.aggregator.health import RankHealth
@@ -273,17 +273,35 @@ def jsonable(value: Any) -> Any:
 
 
 def points_messages(
-    steps: Sequence[StepRecord], max_points: int
+    steps: Sequence[StepRecord | StepBlock], max_points: int
 ) -> tuple[list[dict[str, Any]], bool]:
-    """One ``points`` message per (run, metric); beyond ``max_points`` values the records are
-    sampled (a browser cannot draw more per tick; it re-reads the store when it zooms)."""
-    total = sum(len(r.metrics) for r in steps)
+    """One ``points`` message per (run, metric); beyond ``max_points`` values every k-th
+    record is kept (a browser cannot draw more per tick; it re-reads the store when it zooms).
+    A ``StepBlock`` counts as its records, in order."""
+    total = sum(len(r.metrics) * (len(r) if type(r) is StepBlock else 1) for r in steps)
     sampled = total > max_points
-    if sampled:
-        steps = steps[:: math.ceil(total / max_points)]
+    every = math.ceil(total / max_points) if sampled else 1
     by_metric: dict[tuple[str, str], list[list[Any]]] = {}
+    at = 0  # records before this one: record i is kept when i % every == 0
     for rec in steps:
-        run, rank, step = rec.run, rec.rank, rec.step
+        run, rank = rec.run, rec.rank
+        if type(rec) is StepBlock:
+            first = -at % every
+            at += len(rec)
+            block_steps = rec.step[first::every]
+            for metric, column in rec.metrics.items():
+                points = by_metric.get((run, metric))
+                if points is None:
+                    points = by_metric[(run, metric)] = []
+                points += [
+                    [rank, step, value if math.isfinite(value) else json_value(value)]
+                    for step, value in zip(block_steps, column[first::every], strict=True)
+                ]
+            continue
+        at += 1
+        if (at - 1) % every:
+            continue
+        step = rec.step
         for metric, value in rec.metrics.items():
             points = by_metric.get((run, metric))
             if points is None:

@@ -19,7 +19,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from rankwatch.agent.records import StepRecord
+from rankwatch.agent.records import StepBlock, StepRecord
 
 DEFAULT_GRACE_S = 5.0  # wait this long for the slowest rank before scoring a partial step
 MAX_STEP_WINDOW = 1_000  # steps older than the newest by more than this are closed at once
@@ -97,6 +97,27 @@ class SeqTracker:
             iv.give_up_oldest_gap()
             self.given_up += 1
         return True
+
+    def accept_many(self, run: str, rank: int, seqs: list[int]) -> list[bool] | None:
+        """``accept`` for each of ``seqs``; None means all were new. The usual batch (seqs
+        consecutive, above every seq seen) costs one interval update, not one per seq."""
+        iv = self._seen.get((run, rank))
+        lo = seqs[0] if seqs else 0
+        hi = lo + len(seqs) - 1
+        if (
+            iv is not None
+            and seqs
+            and (not iv.his or lo > iv.his[-1])
+            and seqs[-1] == hi
+            and seqs == list(range(lo, hi + 1))
+        ):
+            iv.add(lo, hi)
+            if len(iv.los) > self._max_intervals:
+                iv.give_up_oldest_gap()
+                self.given_up += 1
+            return None
+        fresh = [self.accept(run, rank, seq) for seq in seqs]
+        return None if all(fresh) else fresh
 
     def load(self, run: str, rank: int, lo: int, hi: int) -> None:
         """Mark the inclusive range [lo, hi] as seen (rebuilding from the store after a restart)."""
@@ -229,6 +250,45 @@ class StepMerger:
                 del values[metric]
                 group.done.add(metric)
                 out.append(StepValues(rec.run, metric, step, per_rank, need, _full(per_rank, need)))
+        return out
+
+    def add_block(
+        self, block: StepBlock, now: float, fresh: list[bool] | None = None
+    ) -> list[StepValues]:
+        """``add`` for each record of ``block`` (only those ``fresh`` marks, if given), in
+        order; returns the groups they completed, in completion order."""
+        name = block.run
+        run = self._runs.get(name)
+        if run is None:
+            run = self._runs[name] = _Run()
+        groups, rank, world_size = run.groups, block.rank, block.world_size
+        metrics = list(block.metrics)
+        # a metric-less record still opens its step's group, as ``add`` does
+        rows = zip(*block.metrics.values(), strict=True) if metrics else [()] * len(block)
+        out: list[StepValues] = []
+        for i, (step, row) in enumerate(zip(block.step, rows, strict=True)):
+            if fresh is not None and not fresh[i]:
+                continue
+            group = groups.get(step)
+            if group is None:
+                if step in run.closed or (run.floor is not None and step <= run.floor):
+                    self.late += len(metrics)
+                    continue
+                group = self._open(name, run, step, world_size, now)
+            need, values = group.world_size, group.values
+            for metric, value in zip(metrics, row, strict=True):
+                per_rank = values.get(metric)
+                if per_rank is None:
+                    if metric in group.done:
+                        self.late += 1
+                        continue
+                    per_rank = values[metric] = {}
+                per_rank[rank] = value
+                if len(per_rank) >= need:
+                    del values[metric]
+                    group.done.add(metric)
+                    full = _full(per_rank, need)
+                    out.append(StepValues(name, metric, step, per_rank, need, full))
         return out
 
     def expire(self, now: float) -> list[StepValues]:

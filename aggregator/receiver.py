@@ -32,7 +32,7 @@ from typing import Any
 import msgpack
 import zmq
 from rankwatch.agent import records
-from rankwatch.agent.records import DecodeError, Record
+from rankwatch.agent.records import DecodeError, Record, StepBlock
 from rankwatch.aggregator.curve import CurveGate, ServerContext
 from zmq.utils.monitor import parse_monitor_message
 
@@ -138,23 +138,24 @@ class Receiver:
 
     # --- receiving --------------------------------------------------------------------------
 
-    def recv(self, timeout_ms: int) -> list[Record]:
+    def recv(self, timeout_ms: int) -> list[Record | StepBlock]:
         """Wait up to ``timeout_ms`` for traffic, then drain what is queued (bounded).
 
-        Returns the valid records of every message received, in arrival order.
+        Returns the valid records of every message received, in arrival order; a batched
+        frame of one rank's step records comes as one ``StepBlock``.
         """
         self._flush_control()
-        out: list[Record] = []
+        out: list[Record | StepBlock] = []
         events = dict(self._poller.poll(timeout_ms))
         if self._monitor in events:
             self._read_monitor()
         if self._sock not in events:
             return out
         recv = self._sock.recv_multipart
-        decode = records.decode_frame
+        decode = records.decode_frame_blocks
         senders = self._senders
-        n = 0
-        while n < MAX_BATCH_MESSAGES and len(out) < MAX_BATCH_RECORDS:
+        n = count = 0
+        while n < MAX_BATCH_MESSAGES and count < MAX_BATCH_RECORDS:
             try:
                 parts = recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -169,7 +170,7 @@ class Receiver:
                 self._bad(stats, "frames", f"message has {len(parts) - 1} frames, expected 1")
                 continue
             try:
-                batch = decode(parts[1])
+                batch: list[Record] | list[Record | StepBlock] = decode(parts[1])
             except DecodeError as exc:
                 batch = self._salvage(stats, parts[1], exc)
                 if not batch:
@@ -184,10 +185,12 @@ class Receiver:
                     key = (rec.run, rec.rank)
                     if routes.get(key) != identity:
                         self._route(key, identity, stats)
-            stats.records += len(batch)
+            size = len(batch[0]) if batch and type(batch[0]) is StepBlock else len(batch)
+            stats.records += size
+            count += size
             out.extend(batch)
         self.totals["messages"] += n
-        self.totals["records"] += len(out)
+        self.totals["records"] += count
         return out
 
     def _salvage(self, stats: SenderStats, frame: bytes, exc: DecodeError) -> list[Record]:
@@ -244,7 +247,7 @@ class Receiver:
         for reason, count in stats.bad.items():
             kept.bad[reason] = kept.bad.get(reason, 0) + count
 
-    def _learn(self, identity: bytes, stats: SenderStats, rec: Record) -> None:
+    def _learn(self, identity: bytes, stats: SenderStats, rec: Record | StepBlock) -> None:
         stats.run, stats.rank = rec.run, rec.rank
         stats.label = f"{rec.run}/{rec.rank}"
         if self._routes.get((rec.run, rec.rank)) != identity:

@@ -23,12 +23,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rankwatch.agent.records import EventRecord, Record, StepRecord
+from rankwatch.agent.records import EventRecord, Record, StepBlock, StepRecord
 from rankwatch.aggregator.alerts import Alert, AlertConfig, AlertEngine
 from rankwatch.aggregator.console import ConsoleSink
 from rankwatch.aggregator.divergence import (
     DivergenceConfig,
     DivergenceDetector,
+    QuietSteps,
     RankScore,
     StepResult,
 )
@@ -129,8 +130,8 @@ class Aggregator:
         self._threads: list[threading.Thread] = []
         self._started = False
         # Per-tick buffers, emptied by the tick.
-        self._results: list[StepResult] = []
-        self._tick_steps: list[StepRecord] = []
+        self._results: list[StepResult | QuietSteps] = []
+        self._tick_steps: list[StepRecord | StepBlock] = []
         self._tick_events: list[EventRecord] = []
         self._health: tuple[int, float, dict[str, dict[int, RankHealth]]] | None = None
         # Latest values for the snapshot.
@@ -251,20 +252,24 @@ class Aggregator:
     # --- the pipeline --------------------------------------------------------------------
 
     def add(
-        self, records: Sequence[Record], *, imported: bool = True, now: float | None = None
+        self,
+        records: Sequence[Record | StepBlock],
+        *,
+        imported: bool = True,
+        now: float | None = None,
     ) -> int:
         """Accept records from the wire or an import; returns how many were new (the rest
-        were duplicates). The importer's sinks follow the same contract.
+        were duplicates). The importer's sinks follow the same contract. A ``StepBlock`` (a
+        batched frame) counts as its records and goes through each stage whole.
 
         Imported records older than ``IMPORT_LIVE_WINDOW_S`` only go to the store."""
         now = time.time() if now is None else now
         with self._lock:
-            accept = self.seqs.accept
-            fresh = [r for r in records if accept(r.run, r.rank, r.seq)]
-            accepted = len(fresh)
+            fresh, received = self._dedupe(records)
+            accepted = sum(len(r) if type(r) is StepBlock else 1 for r in fresh)
             n = self.n
-            n["received"] += len(records)
-            n["duplicates"] += len(records) - accepted
+            n["received"] += received
+            n["duplicates"] += received - accepted
             if imported:
                 n["imported"] += accepted
             if not fresh:
@@ -277,42 +282,83 @@ class Aggregator:
                 # An imported history is stored, not replayed: its ranks must not turn "lost"
                 # (and alert) ten seconds from now. A recent import (a live run's backfill)
                 # goes through the live path like traffic from the wire.
-                fresh = [r for r in fresh if r.time >= now - IMPORT_LIVE_WINDOW_S]
-            observe = self.health.observe
-            merge = self.merger.add
-            values = self._values
-            tick_steps = self._tick_steps
-            # Health only needs the newest step record of a rank in a batch; older ones are
-            # observed only when an event or heartbeat of that rank must follow them in order.
-            newest: dict[tuple[str, int], StepRecord] = {}
-            for rec in fresh:
-                key = (rec.run, rec.rank)
-                if type(rec) is StepRecord:
-                    newest[key] = rec
-                    last = values.get(key)
-                    if last is None:
-                        last = values[key] = {}
-                    last.update(rec.metrics)
-                    tick_steps.append(rec)
-                    for sv in merge(rec, now):
-                        self._score(sv)
-                    continue
-                held = newest.pop(key, None)
-                if held is not None:
-                    observe(held, now)
-                observe(rec, now)
-                if type(rec) is EventRecord:
-                    self._tick_events.append(rec)
-            for rec in newest.values():
-                observe(rec, now)
+                fresh = [
+                    r
+                    for item in fresh
+                    for r in (item.records() if type(item) is StepBlock else (item,))
+                    if r.time >= now - IMPORT_LIVE_WINDOW_S
+                ]
+            self._live(fresh, now)
             n["accepted"] += accepted  # counted once processed (benchmarks wait on it)
         return accepted
 
-    def _score(self, sv: StepValues) -> None:
-        result = self.detector.update(sv)
+    def _dedupe(self, items: Sequence[Record | StepBlock]) -> tuple[list[Record | StepBlock], int]:
+        """The items not seen before (a block whole when all of it is new), and how many
+        records came in."""
+        accept, accept_many = self.seqs.accept, self.seqs.accept_many
+        fresh: list[Record | StepBlock] = []
+        received = 0
+        for item in items:
+            if type(item) is not StepBlock:
+                received += 1
+                if accept(item.run, item.rank, item.seq):
+                    fresh.append(item)
+                continue
+            received += len(item)
+            new = accept_many(item.run, item.rank, item.seq)
+            if new is None:
+                fresh.append(item)
+            else:  # a resend overlapping what arrived: keep the new records only
+                fresh.extend(item.record(i) for i, ok in enumerate(new) if ok)
+        return fresh, received
+
+    def _live(self, fresh: list[Record | StepBlock], now: float) -> None:
+        """Health, latest values, merge and divergence for accepted records."""
+        observe = self.health.observe
+        merge, merge_block = self.merger.add, self.merger.add_block
+        values = self._values
+        tick_steps = self._tick_steps
+        groups: list[StepValues] = []
+        # Health only needs the newest step record of a rank in a batch; older ones are
+        # observed only when an event or heartbeat of that rank must follow them in order.
+        newest: dict[tuple[str, int], StepRecord] = {}
+        for rec in fresh:
+            key = (rec.run, rec.rank)
+            kind = type(rec)
+            if kind is StepRecord or kind is StepBlock:
+                last = values.get(key)
+                if last is None:
+                    last = values[key] = {}
+                tick_steps.append(rec)
+                if kind is StepBlock:
+                    newest[key] = rec.record(-1)  # one metric set: its last values are the latest
+                    last.update(newest[key].metrics)
+                    groups += merge_block(rec, now)
+                else:
+                    newest[key] = rec
+                    last.update(rec.metrics)
+                    groups += merge(rec, now)
+                continue
+            held = newest.pop(key, None)
+            if held is not None:
+                observe(held, now)
+            observe(rec, now)
+            if kind is EventRecord:
+                self._tick_events.append(rec)
+        for rec in newest.values():
+            observe(rec, now)
+        # scored together: runs of quiet steps cost a few numpy calls (divergence_batch.py)
+        for result in self.detector.update_many(groups):
+            self._take(result)
+
+    def _take(self, result: StepResult | QuietSteps) -> None:
         self._results.append(result)
-        if result.scores:  # the latest scores; z is read from them only when shown
-            self._z[(sv.run, sv.metric)] = result.scores
+        # the latest scores; z is read from them only when shown
+        if type(result) is QuietSteps:
+            self._z[(result.run, result.metric)] = result.last_scores()
+            return
+        if result.scores:
+            self._z[(result.stats.run, result.stats.metric)] = result.scores
         if result.new or result.resolved:
             for state, items in (("new", result.new), ("resolved", result.resolved)):
                 for d in items:
@@ -322,8 +368,8 @@ class Aggregator:
         """Periodic work; returns the alert transitions (the service thread calls it)."""
         now = time.time() if now is None else now
         with self._lock:
-            for sv in self.merger.expire(now):
-                self._score(sv)
+            for result in self.detector.update_many(self.merger.expire(now)):
+                self._take(result)
             health = self._health_snapshot(now)
             results, self._results = self._results, []
             transitions = self.alerts.evaluate(now, results=results, health=health)
@@ -371,7 +417,7 @@ class Aggregator:
                         del table[key]
                 self._ranks_sent.pop(run, None)
 
-    def _publish_points(self, steps: list[StepRecord]) -> None:
+    def _publish_points(self, steps: list[StepRecord | StepBlock]) -> None:
         messages, sampled = points_messages(steps, MAX_FEED_POINTS)
         self.n["feed_sampled_ticks"] += sampled
         for message in messages:

@@ -19,19 +19,20 @@ from typing import Any, NoReturn
 
 import duckdb
 import numpy as np
-from rankwatch.agent.records import Record, StepRecord
+from rankwatch.agent.records import Record, StepBlock, StepRecord
 from rankwatch.aggregator import columns, rollup
 from rankwatch.aggregator.columns import SeriesColumns
 from rankwatch.aggregator.store_rows import (
     BUFFERED,
     META_BATCH,
     RANK_BATCH,
-    SEQ_BATCH,
+    RANK_FIELDS,
     SEQ_MERGE,
     TABLES,
     Batch,
+    Item,
     Mirror,
-    ranks_columns,
+    ranks_values,
     read_records,
     select_sql,
 )
@@ -87,6 +88,9 @@ class Store:
         try:
             self._create()
             self._mirror = Mirror.load(self._writer)
+            # the flush's numpy columns are found by name in its frame, also when the cursor
+            # is wrapped (a profiler): see _insert_batch
+            self._writer.execute("SET python_scan_all_frames = true")
         except (duckdb.Error, StoreError) as exc:
             self._con.close()
             raise StoreError(f"cannot read the store at {path}: {exc}") from exc
@@ -104,8 +108,9 @@ class Store:
 
     # --- writing ---------------------------------------------------------------------------
 
-    def append(self, records: Sequence[Record]) -> None:
-        """Buffer accepted records (cheap; any thread). They reach disk at the next flush()."""
+    def append(self, records: Sequence[Item]) -> None:
+        """Buffer accepted records and ``StepBlock``s (cheap; any thread). They reach disk at
+        the next flush(); a block is stored exactly as its ``records()`` would be."""
         self._check_open()
         now = self._clock()
         with self._buf_lock:
@@ -113,7 +118,11 @@ class Store:
             # Only step records count as arrival for the band: a hung rank goes on sending
             # heartbeats, and must not hold every later step's band back (unsettled steps are
             # banded from raw rows at each query: a chart would grow slower with every step).
-            senders = {(rec.run, rec.rank, type(rec) is StepRecord) for rec in records}
+            senders = {
+                (rec.run, rec.rank, type(rec) is StepRecord or (type(rec) is StepBlock and
+                                                                 len(rec) > 0))
+                for rec in records
+            }  # fmt: skip
             for run, rank, stepped in senders:
                 runs = self._arrival.get(run)
                 if runs is None:
@@ -196,52 +205,73 @@ class Store:
             mirror = self._mirror.copy()
         with self._buf_lock:
             arrival = {run: dict(ranks) for run, ranks in self._arrival.items()}
-        arrays = batch.to_numpy() if not batch.empty else {}
-        sizes = {name: len(cols["seq"]) for name, cols in arrays.items()}
-        for name, cols in arrays.items():
-            cur.register(f"raw_{name}", cols)
-        cur.execute("BEGIN TRANSACTION")
+        part = None if batch.empty else batch.to_numpy()
+        raw = {} if part is None else {n: c for n, c in part.tables.items() if len(c["seq"])}
+        if raw:
+            raw["names"] = _names_columns(part.names)  # type: ignore[union-attr]
+        # Statements go to DuckDB joined, a few calls per flush (rollup.query says why).
+        script = ["BEGIN TRANSACTION"]
         try:
-            if arrays:
-                for name in (n for n in BUFFERED if sizes[n] or n in ("steps", "recs")):
-                    cur.execute(
-                        f"CREATE OR REPLACE TEMP TABLE buf_{name} AS "
-                        + select_sql(name, f"raw_{name}")
-                    )
-                self._insert_batch(cur, mirror, sizes)
-            rollup.settle_bands(
+            if "recs" in raw:
+                script = self._insert_batch(cur, mirror, script, raw)
+            script = rollup.settle_bands(
                 cur, mirror, arrival, self._run_first, now, stale_s=BAND_STALE_S,
                 wait_unseen_s=BAND_WAIT_UNSEEN_S, repair_quiet_s=BAND_REPAIR_QUIET_S,
-                repair_rows=BAND_REPAIR_ROWS,
+                repair_rows=BAND_REPAIR_ROWS, script=script,
             )  # fmt: skip
-            cur.execute("COMMIT")
+            rollup.run_script(cur, [*script, "COMMIT"])
         except BaseException:
             # the transaction may already be gone; the original error is what matters
             with contextlib.suppress(duckdb.Error):
                 cur.execute("ROLLBACK")
             raise
-        finally:
-            for name in arrays:
-                cur.unregister(f"raw_{name}")
         with self._state_lock:
             self._mirror = mirror
 
     def _insert_batch(
-        self, cur: duckdb.DuckDBPyConnection, mirror: Mirror, sizes: dict[str, int]
-    ) -> None:
-        cur.execute("INSERT INTO steps SELECT * FROM buf_steps")
-        for name in ("events", "heartbeats"):
-            if sizes[name]:
-                cur.execute(f"INSERT INTO {name} SELECT * FROM buf_{name}")
-        for sql in (*SEQ_BATCH, SEQ_MERGE):
-            cur.execute(sql)
-        cur.execute(
+        self,
+        cur: duckdb.DuckDBPyConnection,
+        mirror: Mirror,
+        script: list[str],
+        raw: dict[str, dict[str, np.ndarray]],
+    ) -> list[str]:
+        script = [
+            *script,
+            "CREATE OR REPLACE TEMP TABLE buf_recs AS " + select_sql("recs", "raw_recs"),
+            *(f"INSERT INTO {n} " + select_sql(n, f"raw_{n}") for n in ("events", "heartbeats")
+              if n in raw),
+            SEQ_MERGE,
             "DELETE FROM seqs USING (SELECT DISTINCT run, rank FROM rw_seq) k "
-            "WHERE seqs.run = k.run AND seqs.rank = k.rank"
+            "WHERE seqs.run = k.run AND seqs.rank = k.rank",
+            "INSERT INTO seqs SELECT * FROM rw_seq",
+        ]  # fmt: skip
+        if "steps" in raw:
+            script += [
+                "CREATE OR REPLACE TEMP TABLE buf_steps AS " + select_sql("steps", "raw_steps"),
+                "INSERT INTO steps SELECT * FROM buf_steps",
+            ]
+        # what the bookkeeping needs back, in one row: lists of structs
+        stats = (
+            "SELECT run, metric, count(*), min(step), max(step), list(DISTINCT rank) "
+            "FROM buf_steps WHERE metric IS NOT NULL GROUP BY run, metric"
+            if "steps" in raw
+            else "SELECT NULL WHERE false"
         )
-        cur.execute("INSERT INTO seqs SELECT * FROM rw_seq")
+        lists = ", ".join(
+            f"(SELECT list(t{order}) FROM ({q}) t)"
+            for q, order in ((META_BATCH, " ORDER BY t.run, t.rank, t.seq"), (RANK_BATCH, ""),
+                             (stats, ""))
+        )  # fmt: skip
+        # DuckDB finds the numpy columns by their names in this frame (a replacement scan), so
+        # no register()/unregister(): each of those is a GIL hand-over (~20 ms each with the
+        # ingest thread busy). Later statements read the buf_ tables.
+        raw_names, raw_recs = raw["names"], raw["recs"]
+        raw_steps, raw_events, raw_heartbeats = (raw.get(n) for n in BUFFERED[:3])
+        sql = ";\n".join([*script, "SELECT " + lists])
+        ((meta_rows, rank_rows, stat_rows),) = cur.execute(sql).fetchall()
+        del raw_names, raw_recs, raw_steps, raw_events, raw_heartbeats
         meta, prev = [], None
-        for row in cur.execute(META_BATCH).fetchall():
+        for row in map(_values, meta_rows or []):
             key, ident = row[:2], row[3:]
             known = prev[3:] if prev is not None and prev[:2] == key else mirror.identity(*key)
             if ident != known:
@@ -249,37 +279,35 @@ class Store:
             prev = row
         if meta:
             cur.executemany("INSERT INTO rank_meta VALUES (?, ?, ?, ?, ?, ?)", meta)
-        changed = mirror.merge_ranks(cur.execute(RANK_BATCH).fetchall())
-        cur.register("raw_ranks", ranks_columns(changed))
-        cur.execute("CREATE OR REPLACE TEMP TABLE rw_ranks AS " + select_sql("ranks", "raw_ranks"))
-        cur.unregister("raw_ranks")
-        cur.execute(
-            "DELETE FROM ranks USING rw_ranks k WHERE ranks.run = k.run AND ranks.rank = k.rank"
-        )
-        cur.execute("INSERT INTO ranks SELECT * FROM rw_ranks")
-        mirror.merge_metrics(
-            cur.execute(
-                "SELECT run, metric, count(*), min(step), max(step), list(DISTINCT rank) "
-                "FROM buf_steps WHERE metric IS NOT NULL AND value IS NOT NULL "
-                "GROUP BY run, metric"
-            ).fetchall()
-        )
-        rollup.fold(
+        changed = mirror.merge_ranks([_values(r) for r in rank_rows or []])
+        new_ranks = ranks_values(changed)
+        script = [
+            f"DELETE FROM ranks USING (VALUES {new_ranks}) k({', '.join(RANK_FIELDS)}) "
+            "WHERE ranks.run = k.run AND ranks.rank = k.rank",
+            f"INSERT INTO ranks VALUES {new_ranks}",
+        ]
+        if "steps" not in raw:
+            return script
+        stats = [_values(r) for r in stat_rows or []]
+        mirror.merge_metrics(stats)
+        # Values for steps whose band is already settled: the band misses them until repaired.
+        # (A metric's first step in this flush is its earliest late step, if any is late.)
+        for run, metric, _, lo, _, _ in stats:
+            if run in mirror.band and lo <= mirror.band[run]:
+                key = (run, metric)
+                mirror.late[key] = min(lo, mirror.late.get(key, lo))
+                where = f"run = {rollup.literal(run)} AND metric = {rollup.literal(metric)}"
+                script += [
+                    f"DELETE FROM band_late WHERE {where}",
+                    f"INSERT INTO band_late VALUES ({rollup.literal(run)}, "
+                    f"{rollup.literal(metric)}, {mirror.late[key]})",
+                ]
+        return rollup.fold(
             cur,
             "series",
             "SELECT run, metric, rank AS key, step, value FROM buf_steps WHERE metric IS NOT NULL",
-            [],
+            script,
         )
-        # Values for steps whose band is already settled: the band misses them until repaired.
-        for run, metric, late in cur.execute(
-            "SELECT b.run, b.metric, min(b.step) FROM buf_steps b JOIN band_done d "
-            "ON b.run = d.run WHERE b.step <= d.done AND b.metric IS NOT NULL "
-            "GROUP BY b.run, b.metric"
-        ).fetchall():
-            key = (run, metric)
-            mirror.late[key] = min(late, mirror.late.get(key, late))
-            cur.execute("DELETE FROM band_late WHERE run = ? AND metric = ?", [run, metric])
-            cur.execute("INSERT INTO band_late VALUES (?, ?, ?)", [run, metric, mirror.late[key]])
 
     def rebuild_band(self, run: str) -> None:
         """Recompute the band of ``run`` from its raw rows at the next flush (after an import
@@ -532,6 +560,16 @@ class Store:
             .fetchone()
         )
         return int(row[0]) if row else 0
+
+
+def _values(row: dict[str, Any]) -> tuple:
+    """A row fetched as a struct (dict) back as a tuple."""
+    return tuple(row.values())
+
+
+def _names_columns(names: list[str]) -> dict[str, np.ndarray]:
+    """The name table of a part's coded columns (select_sql)."""
+    return {"i": np.arange(len(names), dtype=np.int32), "name": np.array(names, dtype=object)}
 
 
 _warmed = threading.Lock()

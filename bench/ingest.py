@@ -37,7 +37,7 @@ import msgpack
 import zmq
 from rankwatch.agent import records
 from rankwatch.aggregator.divergence import DivergenceDetector
-from rankwatch.aggregator.merge import SeqTracker, StepMerger
+from rankwatch.aggregator.merge import SeqTracker, StepMerger, StepValues
 from rankwatch.aggregator.receiver import MAX_BATCH_RECORDS, RCVHWM_MESSAGES
 from rankwatch.aggregator.service import Aggregator, ServeConfig, tune_gc
 from rankwatch.aggregator.store import Store
@@ -174,11 +174,20 @@ def stages(args: dict[str, Any]) -> None:
     """Print this thread's CPU time per record for each ingest stage (see the module doc)."""
     per_rank = make_frames(**args)
     frames = [f[i] for i in range(max(map(len, per_rank))) for f in per_rank if i < len(f)]
-    recs = [r for f in frames for r in records.decode_frame(f)]
-    chunks = [recs[i : i + MAX_BATCH_RECORDS] for i in range(0, len(recs), MAX_BATCH_RECORDS)]
+    # what the receiver hands over: a batched frame of one rank is one StepBlock
+    items = [item for f in frames for item in records.decode_frame_blocks(f)]
+    count = sum(len(i) if type(i) is records.StepBlock else 1 for i in items)
+    chunks, chunk, size = [], [], 0
+    for item in items:
+        chunk.append(item)
+        size += len(item) if type(item) is records.StepBlock else 1
+        if size >= MAX_BATCH_RECORDS:
+            chunks.append(chunk)
+            chunk, size = [], 0
+    chunks += [chunk] if chunk else []
     now = time.time()
     merger = StepMerger()
-    groups = [sv for r in recs for sv in merger.add(r, now)]
+    groups = [[sv for item in c for sv in _merge(item, merger, now)] for c in chunks]
     # The inputs held here are not the service's: keep the collector from scanning them.
     gc.collect()
     gc.freeze()
@@ -187,8 +196,8 @@ def stages(args: dict[str, Any]) -> None:
 
         def store(filled: bool = False) -> Store:
             stores.append(Store(Path(tmp) / f"s{len(stores)}.duckdb"))
-            for chunk in chunks if filled else ():
-                stores[-1].append(chunk)
+            for c in chunks if filled else ():
+                stores[-1].append(c)
             return stores[-1]
 
         def unpack() -> None:
@@ -197,24 +206,30 @@ def stages(args: dict[str, Any]) -> None:
 
         def decode() -> None:
             for f in frames:
-                records.decode_frame(f)
+                records.decode_frame_blocks(f)
 
-        def each(fn: Callable[..., object], items: list[Any], *more: Any) -> Callable[[], None]:
+        def each(fn: Callable[..., object], todo: list[Any], *more: Any) -> Callable[[], None]:
             def run() -> None:
-                for item in items:
+                for item in todo:
                     fn(item, *more)
 
             return run
 
+        def dedupe(item: Any, seqs: SeqTracker) -> None:
+            if type(item) is records.StepBlock:
+                seqs.accept_many(item.run, item.rank, item.seq)
+            else:
+                seqs.accept(item.run, item.rank, item.seq)
+
+        per_group = sum(map(len, groups)) / count
         rows = {
             "msgpack.unpackb (the baseline's work)": lambda: unpack,
-            "records.decode_frame (incl. unpackb)": lambda: decode,
-            "SeqTracker.accept": lambda: each(lambda r, a: a(r.run, r.rank, r.seq), recs,
-                                              SeqTracker().accept),
+            "records.decode_frame_blocks (incl. unpackb)": lambda: decode,
+            "SeqTracker.accept / accept_many": lambda: each(dedupe, items, SeqTracker()),
             "Store.append": lambda: each(store().append, chunks),
-            "StepMerger.add": lambda: each(StepMerger().add, recs, now),
-            f"DivergenceDetector.update x{len(groups) / len(recs):.2f}": lambda: each(
-                DivergenceDetector().update, groups
+            "StepMerger.add / add_block": lambda: each(_merge, items, StepMerger(), now),
+            f"DivergenceDetector.update_many x{per_group:.2f}": lambda: each(
+                DivergenceDetector().update_many, groups
             ),
             # and a tick per receive batch, as the ingest thread (about one per 0.2 s)
             "Aggregator.add, tick (all of the above)": lambda: each(
@@ -225,12 +240,18 @@ def stages(args: dict[str, Any]) -> None:
         }  # fmt: skip
         try:
             for name, make in rows.items():
-                us = _best_cpu(make) / len(recs) * 1e6
-                print(f"  stage {name:40s} {us:7.2f} us/record CPU")
+                us = _best_cpu(make) / count * 1e6
+                print(f"  stage {name:44s} {us:7.2f} us/record CPU")
         finally:
             for st in stores:
                 st.close()
             gc.unfreeze()
+
+
+def _merge(item: Any, merger: StepMerger, now: float) -> list[StepValues]:
+    if type(item) is records.StepBlock:
+        return merger.add_block(item, now)
+    return merger.add(item, now)
 
 
 def _best_cpu(make: Callable[[], Callable[[], object]]) -> float:

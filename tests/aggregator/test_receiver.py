@@ -10,7 +10,7 @@ import msgpack
 import pytest
 import zmq
 from rankwatch.agent import records
-from rankwatch.agent.records import Record, StepRecord
+from rankwatch.agent.records import Record, StepBlock, StepRecord
 from rankwatch.aggregator.receiver import Receiver
 
 
@@ -21,11 +21,15 @@ def step(rank: int, seq: int, run: str = "r1", loss: float = 1.0) -> StepRecord:
     )  # fmt: skip
 
 
+def flat(items: list[Record | StepBlock]) -> list[Record]:
+    return [r for i in items for r in (i.records() if isinstance(i, StepBlock) else [i])]
+
+
 def collect(rx: Receiver, want: int, timeout_s: float = 5.0) -> list[Record]:
     got: list[Record] = []
     deadline = time.monotonic() + timeout_s
     while len(got) < want and time.monotonic() < deadline:
-        got.extend(rx.recv(50))
+        got.extend(flat(rx.recv(50)))
     return got
 
 
@@ -47,6 +51,24 @@ def test_valid_frames_from_two_agents_arrive_and_are_counted_per_sender(
     assert receiver.identity_of("r1", 1) is not None
 
 
+def test_a_batched_frame_of_one_rank_arrives_as_one_block_holding_its_records(
+    dealer: Callable[[], zmq.Socket], receiver: Receiver
+) -> None:
+    sent = [step(3, s, loss=0.5 * s) for s in range(1, 41)]
+    mixed = [step(4, 1), records.Heartbeat("r1", 4, 2, 1001.0, 1, 5.0, 0)]
+    a, b = dealer(), dealer()
+    a.send(records.encode_frame(sent))
+    b.send(records.encode_frame(mixed))  # not all step records: records, as before
+    items: list[Record | StepBlock] = []
+    deadline = time.monotonic() + 5.0
+    while len(flat(items)) < 42 and time.monotonic() < deadline:
+        items += receiver.recv(50)
+    blocks = [i for i in items if isinstance(i, StepBlock)]
+    assert len(blocks) == 1 and blocks[0].records() == sent
+    assert sorted(type(i).__name__ for i in items) == ["Heartbeat", "StepBlock", "StepRecord"]
+    assert receiver.counters()["records"] == 42
+
+
 def test_malformed_input_is_counted_by_reason_logged_once_and_valid_traffic_flows(
     dealer: Callable[[], zmq.Socket], receiver: Receiver, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -66,7 +88,7 @@ def test_malformed_input_is_counted_by_reason_logged_once_and_valid_traffic_flow
         good.send(records.encode_frame([step(0, seq)]))
     got = collect(receiver, 6)
     time.sleep(0.1)
-    got += receiver.recv(50)
+    got += flat(receiver.recv(50))
     assert sorted((r.rank, r.seq) for r in got) == [(0, s) for s in range(1, 6)] + [(5, 2)]
     counters = receiver.counters()
     assert counters["reasons"] == {

@@ -187,7 +187,13 @@ def test_cli_relay_curve_forwards_to_a_curve_head_and_reports_refusals(
         plain.connect(f"tcp://127.0.0.1:{port}")
         plain.send(records.encode_frame([step(1, 1)]))
         got: list[records.Record] = []
-        wait_until(lambda: got.extend(receiver.recv(50)) or len(got) >= 2)
+
+        def more() -> bool:
+            for item in receiver.recv(50):
+                got.extend(item.records() if isinstance(item, records.StepBlock) else [item])
+            return len(got) >= 2
+
+        wait_until(more)
         assert [(r.rank, r.seq) for r in got] == [(0, 1), (0, 2)]
         assert receiver.counters()["refused"] == 0
     finally:

@@ -17,14 +17,13 @@ def _fold_batches(con: duckdb.DuckDBPyConnection, batches: list[dict[str, np.nda
         con.register("src", batch)
         con.execute("BEGIN TRANSACTION")
         # numpy NaN reaches DuckDB as NULL; the store restores it the same way
-        rollup.fold(
+        rest = rollup.fold(
             con,
             "series",
             "SELECT 'r' AS run, 'loss' AS metric, key, step, coalesce(value, 'nan'::DOUBLE) "
             "AS value FROM src",
-            [],
         )
-        con.execute("COMMIT")
+        rollup.run_script(con, [*rest, "COMMIT"])
         con.unregister("src")
 
 

@@ -6,6 +6,7 @@ reason exactly as the wire schema predicts, and stores every valid record, the v
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
@@ -79,12 +80,24 @@ envelopes = st.fixed_dictionaries(
     )
 )
 def test_decode_only_ever_raises_decode_error(frame: bytes) -> None:
+    # the receiver's decoder (batched frames as blocks) accepts and refuses exactly the same
+    try:
+        blocks = records.decode_frame_blocks(frame)
+    except records.DecodeError as exc:
+        blocks = exc
     try:
         decoded = records.decode_frame(frame)
     except records.DecodeError as exc:
         assert exc.reason in ("msgpack", "envelope", "version", "field", "size")
         assert len(str(exc)) < 1000  # messages quote values, boundedly
+        assert isinstance(blocks, records.DecodeError) and str(blocks) == str(exc)
         return
+    assert not isinstance(blocks, records.DecodeError)
+    flat = [r for i in blocks for r in (i.records() if type(i) is records.StepBlock else [i])]
+    # through JSON, where NaN is "NaN" (NaN != NaN); metric order is not part of a record
+    assert [json.loads(records.to_json_line(r)) for r in flat] == [
+        json.loads(records.to_json_line(r)) for r in decoded
+    ]
     for rec in decoded:  # what is accepted must survive the JSONL round trip
         assert records.from_json_line(records.to_json_line(rec)).seq == rec.seq
 

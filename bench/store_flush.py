@@ -1,0 +1,160 @@
+"""Per-record cost of the history store's flush (aggregator/store.py), by flush size.
+
+8 ranks x 4 metrics, the frames bench/ingest.py sends, appended N records at a time (as the
+StepBlocks ``decode_frame_blocks`` makes, and as StepRecords) then ``flush()``. Printed per flush
+size: median per-record wall and thread CPU of a flush, quiet and with a busy Python thread
+beside it (the ingest thread's stand-in), and how much that thread lost per record (time it
+could not run: the flush holding the GIL, or DuckDB's threads holding the cores). Baseline,
+measured in the same run: msgpack-unpacking the same records; ratio = flush / unpack.
+
+    python bench/store_flush.py [--sizes 5000,25000,100000] [--flushes 5] [--switch-interval S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ingest import make_frames
+from rankwatch.agent import records
+from rankwatch.aggregator.store import Store
+
+RANKS = 8
+METRICS = 4
+FRAME_RECORDS = 100  # records per agent frame (one StepBlock each)
+SPIN_CHUNK = 1000  # loop iterations per spinner count
+_RECORD_TYPES = (records.StepRecord, records.EventRecord, records.Heartbeat)
+
+
+class Spinner:
+    """A pure-Python busy thread; counts work done, so lost time = missed work / solo rate."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop:
+            for _ in range(SPIN_CHUNK):
+                pass
+            self.count += 1
+
+    def __enter__(self) -> Spinner:
+        self._thread.start()
+        time.sleep(0.2)
+        c0, t0 = self.count, time.perf_counter()
+        time.sleep(0.5)
+        self.rate = (self.count - c0) / (time.perf_counter() - t0)  # counts per second alone
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop = True
+        self._thread.join()
+
+
+def run_size(items: list[Any], n: int, flushes: int, spin: bool) -> dict[str, float]:
+    """Median per-record wall/CPU (µs) of ``flushes`` flushes of ``n`` records each."""
+    chunks = _chunks(items, n, flushes + 1)
+    walls, cpus, lost = [], [], []
+    with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "s.duckdb") as store:
+        spinner = Spinner().__enter__() if spin else None
+        try:
+            for i, chunk in enumerate(chunks):
+                store.append(chunk)
+                c0 = spinner.count if spinner else 0
+                t0, cpu0 = time.perf_counter(), time.thread_time()
+                store.flush()
+                wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
+                if i == 0:
+                    continue  # the first flush creates the rows of every rank and series
+                walls.append(wall / n * 1e6)
+                cpus.append(cpu / n * 1e6)
+                if spinner:
+                    lost.append((wall - (spinner.count - c0) / spinner.rate) / n * 1e6)
+        finally:
+            if spinner:
+                spinner.__exit__()
+    out = {"wall": statistics.median(walls), "cpu": statistics.median(cpus)}
+    if spin:
+        out["lost"] = statistics.median(lost)
+    return out
+
+
+def _chunks(items: list[Any], n: int, count: int) -> list[list[Any]]:
+    """``count`` chunks of ``n`` records each (blocks count as their records)."""
+    out, cur, size, pos = [], [], 0, 0
+    while len(out) < count:
+        if pos >= len(items):
+            raise SystemExit("not enough records for the sizes asked for")
+        item = items[pos]
+        pos += 1
+        cur.append(item)
+        size += 1 if isinstance(item, _RECORD_TYPES) else len(item)
+        if size >= n:
+            out.append(cur)
+            cur, size = [], 0
+    return out
+
+
+def unpack_us(frames: list[bytes], total: int) -> float:
+    """Median msgpack-unpack time per record (µs) over the frames."""
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for f in frames:
+            msgpack.unpackb(f, raw=False)
+        times.append((time.perf_counter() - t0) / total * 1e6)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="5000,25000,100000")
+    ap.add_argument("--flushes", type=int, default=5, help="timed flushes per size")
+    ap.add_argument("--records-only", action="store_true", help="skip the StepBlock input")
+    ap.add_argument(
+        "--switch-interval", type=float, default=None, help="sys.setswitchinterval (s) to try"
+    )
+    args = ap.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    total = max(sizes) * (args.flushes + 1)
+    per_rank = make_frames(RANKS, METRICS, total + RANKS * FRAME_RECORDS, FRAME_RECORDS, "r")
+    frames = [f[i] for i in range(max(map(len, per_rank))) for f in per_rank if i < len(f)]
+    recs = [r for f in frames for r in records.decode_frame(f)]
+    decode_blocks = getattr(records, "decode_frame_blocks", None)
+    blocks = [b for f in frames for b in decode_blocks(f)] if decode_blocks else None
+    base = unpack_us(frames, len(recs))
+    print(f"{len(recs)} records ({RANKS} ranks x {METRICS} metrics, {FRAME_RECORDS} per frame)")
+    print(f"baseline: msgpack unpack {base:.2f} µs/record")
+    inputs = [("records", recs)]
+    if blocks is not None and not args.records_only:
+        inputs.insert(0, ("blocks", blocks))
+    print(
+        "input    flush N   wall µs/rec  cpu µs/rec  (x unpack)  | busy thread beside: "
+        "wall µs/rec  thread lost µs/rec"
+    )
+    for name, items in inputs:
+        for n in sizes:
+            quiet = run_size(items, n, args.flushes, spin=False)
+            busy = run_size(items, n, args.flushes, spin=True)
+            print(
+                f"{name:8s} {n:7d}   {quiet['wall']:8.2f}    {quiet['cpu']:8.2f}   "
+                f"({quiet['wall'] / base:5.1f}x)   |   {busy['wall']:8.2f}       "
+                f"{busy['lost']:8.2f}"
+            )
+
+
+if __name__ == "__main__":
+    main()

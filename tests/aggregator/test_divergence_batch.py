@@ -1,0 +1,129 @@
+"""Scoring many steps at once (``update_many``) gives what scoring them one by one gives.
+
+Pure, seeded. One detector scores each step with ``update``, another the same steps in chunks
+with ``update_many``; every StepResult is compared field by field (floats through repr, so NaN
+equals NaN), and so is every (run, metric) state afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from rankwatch.aggregator.divergence import DivergenceDetector, QuietSteps, StepResult, expand
+from rankwatch.aggregator.divergence_batch import block_stats
+from rankwatch.aggregator.divergence_lists import step_stats
+from rankwatch.aggregator.merge import StepValues
+
+from tests.aggregator.test_divergence_paths import dump, scenario
+
+
+def state_dump(det: DivergenceDetector) -> list[tuple]:
+    out = []
+    for key, st in sorted(det._states.items()):
+        per_rank = [list(map(repr, x)) for x in (st.ev_hi, st.ev_lo, st.own)]
+        out.append((key, repr(st.spread), st.spread_steps, st.last_step, st.calm, st.size,
+                    per_rank, list(st.start_hi), list(st.start_lo), sorted(map(repr, st.active)),
+                    sorted(st.clean.items())))  # fmt: skip
+    return out
+
+
+def by_metric(results: list[StepResult]) -> list[tuple]:
+    """Dumps in step order per (run, metric): update_many gives one (run, metric) after the
+    other, and the metrics of a run never influence each other."""
+    return [dump(r) for r in sorted(results, key=lambda r: (r.stats.run, r.stats.metric))]
+
+
+def both(svs: list[StepValues], chunk: int) -> tuple[list[tuple], list[tuple], tuple]:
+    one, many = DivergenceDetector(), DivergenceDetector()
+    a = by_metric([one.update(sv) for sv in svs])
+    b = []
+    for i in range(0, len(svs), chunk):
+        b += expand(many.update_many(svs[i : i + chunk]))
+    return a, by_metric(b), (state_dump(one), state_dump(many))
+
+
+def interleaved(seed: int, metrics: int = 3) -> list[StepValues]:
+    """Several metrics of one run, steps interleaved as the merger hands them out."""
+    per_metric = [scenario(seed * 7 + m) for m in range(metrics)]
+    svs = []
+    for i in range(max(len(rows) for _, rows in per_metric)):
+        for m, (_, rows) in enumerate(per_metric):
+            if i < len(rows):
+                step, row = rows[i]
+                svs.append(StepValues("r", f"m{m}", step, dict(row), len(row), True))
+    return svs
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_many_steps_at_once_score_as_one_by_one(seed: int) -> None:
+    svs = interleaved(seed)
+    for chunk in (len(svs), 7, 40):
+        a, b, (st_a, st_b) = both(svs, chunk)
+        assert a == b, f"seed {seed}, chunk {chunk}"
+        assert st_a == st_b
+
+
+def test_a_long_quiet_run_and_a_drift_take_the_batch_path_and_agree() -> None:
+    rng = np.random.default_rng(0)
+    svs = []
+    for step in range(400):
+        row = 2.0 + 0.02 * rng.standard_normal(8)
+        if step >= 300:
+            row[5] *= 1.6  # a drift: flagged within a few steps
+        svs.append(StepValues("r", "loss", step, dict(enumerate(row.tolist())), 8, True))
+    a, b, (st_a, st_b) = both(svs, 100)
+    assert a == b and st_a == st_b
+    det = DivergenceDetector()
+    det.update_many(svs)
+    assert [(d.rank, d.since_step) for d in det.active()] == [(5, 300)]
+    assert any(new for _, _, new, _ in a)
+
+
+def test_the_batch_path_is_taken_for_quiet_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quiet stretch is scored column-wise: update() sees only the steps it must."""
+    svs = [
+        StepValues("r", "loss", s, {r: 1.0 + 0.001 * ((r * 7 + s) % 5) for r in range(8)}, 8, True)
+        for s in range(200)
+    ]
+    det = DivergenceDetector()
+    seen = []
+    real = det.update
+    monkeypatch.setattr(det, "update", lambda sv: seen.append(sv.step) or real(sv))
+    out = det.update_many(svs)
+    assert len(seen) < 10, seen  # the first steps (no spread learned yet) at most
+    quiet = [q for q in out if isinstance(q, QuietSteps)]
+    assert len(quiet) == 1 and len(quiet[0]) == 200 - len(seen)
+    assert quiet[0].steps == list(range(len(seen), 200))
+    last = quiet[0].last_scores()
+    assert dump(quiet[0].results()[-1])[1] == [(r, repr(last[r])) for r in range(8)]
+
+
+@pytest.mark.parametrize("n", [3, 4, 7, 8, 9, 15, 16, 17, 64, 128])
+def test_block_statistics_are_step_stats_bit_for_bit(n: int) -> None:
+    rng = np.random.default_rng(n)
+    v = rng.standard_normal((300, n)) * 10 ** rng.uniform(-3, 3, (300, n))
+    v[::3] = np.round(v[::3], 1)  # ties
+    cols = block_stats(v)
+    for i, row in enumerate(v.tolist()):
+        assert tuple(c[i] for c in cols) == step_stats(row)
+
+
+def test_block_statistics_refuse_rows_longer_than_numpys_order_is_followed() -> None:
+    with pytest.raises(ValueError, match="at most 128"):
+        block_stats(np.ones((2, 129)))
+
+
+def test_non_finite_steps_and_out_of_order_steps_go_one_by_one() -> None:
+    rows = []
+    for s in range(60):
+        row = {r: 1.0 + 0.01 * random.Random(s * 10 + r).random() for r in range(6)}
+        if s in (20, 21):
+            row[2] = math.nan
+        rows.append((s if s != 40 else 35, row))
+    svs = [StepValues("r", "loss", s, row, 6, True) for s, row in rows]
+    a, b, (st_a, st_b) = both(svs, 60)
+    assert a == b and st_a == st_b
+    assert any(new for _, _, new, _ in a)  # the NaN was flagged
