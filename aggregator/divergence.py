@@ -59,7 +59,7 @@ from rankwatch.aggregator.divergence_types import (
     new_result,
     new_stats,
 )
-from rankwatch.aggregator.merge import StepValues
+from rankwatch.aggregator.merge import StepGrid, StepValues
 
 MAX_RANK = 1 << 20  # ranks at or above this are ignored (state arrays are indexed by rank)
 PERCENTILES = (5.0, 25.0, 50.0, 75.0, 95.0)
@@ -120,49 +120,85 @@ class DivergenceDetector:
                 return self._update_lists(st, sv, top)
         return self._update_arrays(st, sv)
 
-    def update_many(self, svs: Sequence[StepValues]) -> list[StepResult | QuietSteps]:
-        """``update`` of each of ``svs``: the same verdicts, the same state after. Results come
-        per (run, metric) in the order given, (run, metric)s in order of first appearance.
+    def update_many(self, groups: Sequence[StepValues | StepGrid]) -> list[StepResult | QuietSteps]:
+        """``update`` of each StepValues (a StepGrid: of each of its ``step_values()``): the
+        same verdicts, the same state after. Results come per (run, metric) in the order given,
+        (run, metric)s in order of first appearance.
 
         Consecutive steps of one (run, metric) with the same ranks in the same order, in a
         small world, are scored together (``divergence_batch``): their statistics in a few
         numpy calls, only the steps that are not quiet one by one, and each run of quiet steps
         comes as one ``QuietSteps`` (``QuietSteps.results()`` gives its StepResults)."""
-        if len(svs) < MIN_BATCH_STEPS:
-            return [self.update(sv) for sv in svs]
-        by_key: dict[tuple[str, str], list[StepValues]] = {}
-        for sv in svs:
-            same = by_key.get((sv.run, sv.metric))
+        if len(groups) < MIN_BATCH_STEPS and all(type(g) is StepValues for g in groups):
+            return [self.update(sv) for sv in groups]  # type: ignore[arg-type]
+        by_key: dict[tuple[str, str], list[StepValues | tuple[StepGrid, int, np.ndarray]]] = {}
+        for g in groups:
+            if type(g) is StepGrid:
+                grid = np.array(g.rows, dtype=np.float64)  # steps x ranks x metrics
+                for j, metric in enumerate(g.names):
+                    by_key.setdefault((g.run, metric), []).append((g, j, grid[:, :, j]))
+                continue
+            same = by_key.get((g.run, g.metric))  # type: ignore[union-attr]
             if same is None:
-                same = by_key[(sv.run, sv.metric)] = []
-            same.append(sv)
+                same = by_key[(g.run, g.metric)] = []  # type: ignore[union-attr]
+            same.append(g)  # type: ignore[arg-type]
         out: list[StepResult | QuietSteps] = []
-        for same in by_key.values():
+        for key, same in by_key.items():
             start = 0
             while start < len(same):
-                ranks = list(same[start].values)
+                first = same[start]
+                if type(first) is tuple:
+                    out += self._update_grid(key, *first)
+                    start += 1
+                    continue
+                ranks = list(first.values)
                 end = start + 1
-                while end < len(same) and list(same[end].values) == ranks:
+                while end < len(same) and type(same[end]) is StepValues:
+                    if list(same[end].values) != ranks:  # type: ignore[union-attr]
+                        break
                     end += 1
-                out += self._update_group(same[start:end], ranks)
+                out += self._update_values(key, same[start:end], ranks)  # type: ignore[arg-type]
                 start = end
         return out
 
-    def _update_group(
-        self, svs: list[StepValues], ranks: list[int]
-    ) -> list[StepResult] | list[StepResult | QuietSteps]:
-        if len(svs) < MIN_BATCH_STEPS or len(ranks) < MIN_BATCH_RANKS:
-            return [self.update(sv) for sv in svs]
+    def _batch_state(
+        self, key: tuple[str, str], ranks: list[int], steps: int
+    ) -> MetricState | None:
+        """The state to score these steps column-wise with, or None: one by one."""
+        if steps < MIN_BATCH_STEPS or len(ranks) < MIN_BATCH_RANKS:
+            return None
         if min(ranks) < 0 or max(ranks) >= PY_MAX_RANKS:
-            return [self.update(sv) for sv in svs]
-        key = (svs[0].run, svs[0].metric)
+            return None
         st = self._states.get(key)
         if st is None:
-            st = self._states[key] = MetricState(self.config.rule(svs[0].metric))
+            st = self._states[key] = MetricState(self.config.rule(key[1]))
         if not st.lists:
-            return [self.update(sv) for sv in svs]
+            return None
         st.grow(max(ranks), PY_MAX_RANKS)
-        return score_run(self.config, st, svs, self.update)
+        return st
+
+    def _update_values(
+        self, key: tuple[str, str], svs: list[StepValues], ranks: list[int]
+    ) -> list[StepResult] | list[StepResult | QuietSteps]:
+        st = self._batch_state(key, ranks, len(svs))
+        if st is None:
+            return [self.update(sv) for sv in svs]
+        v = np.array([list(sv.values.values()) for sv in svs], dtype=np.float64)
+        steps = [sv.step for sv in svs]
+        return score_run(self.config, st, key, ranks, steps, v, lambda i: self.update(svs[i]))
+
+    def _update_grid(
+        self, key: tuple[str, str], grid: StepGrid, j: int, v: np.ndarray
+    ) -> list[StepResult] | list[StepResult | QuietSteps]:
+        def one(i: int) -> StepResult:
+            values = dict(zip(grid.ranks, v[i].tolist(), strict=True))
+            sv = StepValues(key[0], key[1], grid.steps[i], values, grid.world_size, grid.complete)
+            return self.update(sv)
+
+        st = self._batch_state(key, grid.ranks, len(grid.steps))
+        if st is None:
+            return [one(i) for i in range(len(grid.steps))]
+        return score_run(self.config, st, key, grid.ranks, grid.steps, v, one)
 
     # --- small worlds: lists --------------------------------------------------------------
 

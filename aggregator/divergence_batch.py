@@ -32,7 +32,6 @@ from rankwatch.aggregator.divergence_types import (
     new_result,
     new_stats,
 )
-from rankwatch.aggregator.merge import StepValues
 
 MIN_BATCH_STEPS = 4  # fewer steps than this are scored one by one (numpy's fixed cost)
 MIN_BATCH_RANKS = 3  # pairs learn per-rank levels on every step: always one by one
@@ -84,22 +83,23 @@ class QuietSteps:
     (``results()``); the dashboard reads only the latest step's scores (``last_scores()``) and
     the alert rules only the statistics of metrics they watch (``stats()``)."""
 
-    __slots__ = ("_rows", "_scales", "_values", "metric", "ranks", "run", "steps")
+    __slots__ = ("_at", "_rows", "_scales", "_v", "metric", "ranks", "run", "steps")
 
-    def __init__(self, run: str, metric: str, ranks: list[int]) -> None:
+    def __init__(self, run: str, metric: str, ranks: list[int], v: np.ndarray) -> None:
         self.run, self.metric, self.ranks = run, metric, ranks
         self.steps: list[int] = []
+        self._v = v  # steps x ranks, of which rows ``_at`` are these steps
+        self._at: list[int] = []
         self._rows: list[tuple[float, ...]] = []  # step_stats() of each step
-        self._values: list[list[float]] = []
         self._scales: list[float] = []
 
     def __len__(self) -> int:
         return len(self.steps)
 
-    def _add(self, step: int, row: tuple[float, ...], values: list[float], sc: float) -> None:
+    def _add(self, step: int, row: tuple[float, ...], at: int, sc: float) -> None:
         self.steps.append(step)
         self._rows.append(row)
-        self._values.append(values)
+        self._at.append(at)
         self._scales.append(sc)
 
     def stats(self) -> list[StepStats]:
@@ -110,7 +110,7 @@ class QuietSteps:
         ]
 
     def _scores(self, i: int) -> RankScores:
-        values, med, sc = self._values[i], self._rows[i][0], self._scales[i]
+        values, med, sc = self._v[self._at[i]].tolist(), self._rows[i][0], self._scales[i]
         fill = _filler(values, med, sc)
         return RankScores.lazy(self.ranks, values, no_outliers(len(values)), fill)
 
@@ -125,17 +125,17 @@ class QuietSteps:
 def score_run(
     cfg: DivergenceConfig,
     st: MetricState,
-    svs: Sequence[StepValues],
-    one_by_one: Callable[[StepValues], StepResult],
+    key: tuple[str, str],
+    ranks: list[int],
+    steps: Sequence[int],
+    v: np.ndarray,
+    one_by_one: Callable[[int], StepResult],
 ) -> list[StepResult | QuietSteps]:
-    """``one_by_one`` (the detector's ``update``) of each of ``svs``, with runs of quiet steps
-    as one ``QuietSteps`` each: the same verdicts and state. ``svs``: steps of one (run,
-    metric), each with the same ranks in the same order, at least MIN_BATCH_RANKS of them, all
-    in the list-scoring range (``st.grow`` done)."""
-    first = svs[0]
-    ranks = list(first.values)
-    rows = [list(sv.values.values()) for sv in svs]
-    v = np.array(rows)
+    """The detector's ``update`` of each step of one (run, metric) = ``key``, with runs of quiet
+    steps as one ``QuietSteps`` each: the same verdicts and state. ``v[i]``: the values of
+    ``ranks`` (the same ranks in the same order at every step, at least MIN_BATCH_RANKS, all in
+    the list-scoring range, ``st.grow`` done) at ``steps[i]``; ``one_by_one(i)`` scores step
+    ``i`` with ``update``."""
     ok_v = np.isfinite(v)
     finite = ok_v.all(axis=1).tolist()
     stats_rows = zip(*block_stats(v if all(finite) else np.where(ok_v, v, 0.0)), strict=True)
@@ -144,9 +144,8 @@ def score_run(
     may_be_quiet = allowance <= cfg.z_threshold
     out: list[StepResult | QuietSteps] = []
     quiet: QuietSteps | None = None
-    probe = _Probe(first.run, first.metric, n)
-    for sv, values, ok, row in zip(svs, rows, finite, stats_rows, strict=True):
-        step = sv.step
+    probe = _Probe(key[0], key[1], n)
+    for i, (step, ok, row) in enumerate(zip(steps, finite, stats_rows, strict=True)):
         last = st.last_step
         if ok and may_be_quiet and (last is None or step > last) and st.calm and not st.active:
             # _update_lists' quiet step, with this row's statistics
@@ -155,14 +154,14 @@ def score_run(
             sc = scale(cfg, st, probe)  # type: ignore[arg-type]
             if sc > 0 and (hi - med) / sc < allowance and (med - lo) / sc < allowance:
                 st.last_step = step
-                learn_spread(cfg, st, probe, ranks, values)  # type: ignore[arg-type]
+                learn_spread(cfg, st, probe, (), ())  # type: ignore[arg-type]  # n >= 3
                 if quiet is None:
-                    quiet = QuietSteps(first.run, first.metric, ranks)
+                    quiet = QuietSteps(key[0], key[1], ranks, v)
                     out.append(quiet)
-                quiet._add(step, row, values, sc)
+                quiet._add(step, row, i, sc)
                 continue
         quiet = None
-        out.append(one_by_one(sv))
+        out.append(one_by_one(i))
     return out
 
 

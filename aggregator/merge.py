@@ -16,8 +16,9 @@ keeps them: the merger only feeds the cross-rank scoring).
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from rankwatch.agent.records import StepBlock, StepRecord
 
@@ -27,7 +28,7 @@ MAX_OPEN_STEPS = 4_096  # open (run, step) groups per run, whatever their step n
 CLOSED_MEMORY = 4_096  # recently closed steps remembered per run to tell late records apart
 MAX_INTERVALS = 100_000  # seq intervals per (run, rank); beyond this the oldest gap is given up
 
-__all__ = ["SeqTracker", "StepMerger", "StepValues"]
+__all__ = ["SeqTracker", "StepGrid", "StepMerger", "StepValues"]
 
 
 class _Intervals:
@@ -181,8 +182,45 @@ class StepValues:
     complete: bool  # every rank in 0..world_size-1 reported
 
 
+# a step every rank reported the same metrics at: names, ranks, rows, world size, complete
+_Completed = tuple[tuple[str, ...], list[int], list[tuple[float, ...]], int, bool]
+
+
+@dataclass
+class StepGrid:
+    """Consecutive completed steps of one run where every rank reported the same metrics, as
+    a grid (what a round of batched frames completes at once): ``rows[i][k][j]`` is metric
+    ``names[j]`` of rank ``ranks[k]`` at ``steps[i]``. ``step_values()`` gives the StepValues
+    ``add`` would have handed out, in the same order (step by step, metric by metric)."""
+
+    run: str
+    names: tuple[str, ...]
+    ranks: list[int]  # the order every step's ranks reported in
+    steps: list[int]
+    rows: list[list[tuple[float, ...]]]
+    world_size: int
+    complete: bool
+
+    def takes(self, done: _Completed) -> bool:
+        names, ranks, _, world_size, complete = done
+        return (
+            names == self.names
+            and world_size == self.world_size
+            and complete == self.complete
+            and ranks == self.ranks
+        )
+
+    def step_values(self) -> list[StepValues]:
+        run, ranks, ws, full = self.run, self.ranks, self.world_size, self.complete
+        return [
+            _step_values(run, metric, step, dict(zip(ranks, column, strict=True)), ws, full)
+            for step, rows in zip(self.steps, self.rows, strict=True)
+            for metric, column in zip(self.names, zip(*rows, strict=True), strict=True)
+        ]
+
+
 class _Group:
-    __slots__ = ("created", "done", "step", "values", "world_size")
+    __slots__ = ("created", "done", "rows", "step", "values", "world_size")
 
     def __init__(self, step: int, world_size: int, created: float) -> None:
         self.step = step
@@ -190,6 +228,21 @@ class _Group:
         self.created = created
         self.values: dict[str, dict[int, float]] = {}
         self.done: set[str] = set()  # metrics already handed out
+        # Rows of blocks, kept whole until the step completes: rank -> (names, values). One
+        # dict write per rank and step instead of one per metric; turned into ``values``
+        # (``spread``) as soon as anything but a fresh row of a new rank arrives.
+        self.rows: dict[int, tuple[tuple[str, ...], tuple[float, ...]]] | None = None
+
+    def spread(self) -> None:
+        """Move the block rows into ``values``, as if their records had been added in turn."""
+        rows, self.rows = self.rows, None
+        values = self.values
+        for rank, (names, row) in (rows or {}).items():
+            for metric, value in zip(names, row, strict=True):
+                per_rank = values.get(metric)
+                if per_rank is None:
+                    per_rank = values[metric] = {}
+                per_rank[rank] = value
 
 
 class _Run:
@@ -236,9 +289,91 @@ class StepMerger:
                 self.late += len(rec.metrics)
                 return []
             group = self._open(rec.run, run, step, rec.world_size, now)
-        out: list[StepValues] = []
-        rank, need, values = rec.rank, group.world_size, group.values
-        for metric, value in rec.metrics.items():
+        if group.rows is not None:
+            group.spread()
+        return self._add_values(rec.run, group, rec.rank, rec.metrics.keys(), rec.metrics.values())
+
+    def add_block(
+        self, block: StepBlock, now: float, fresh: list[bool] | None = None
+    ) -> list[StepValues | StepGrid]:
+        """``add`` for each record of ``block`` (only those ``fresh`` marks, if given), in
+        order; returns the groups they completed, in completion order. Steps where every rank
+        reported the same metrics come as ``StepGrid``s (``StepGrid.step_values()``: the same
+        StepValues, in the same order)."""
+        name = block.run
+        run = self._runs.get(name)
+        if run is None:
+            run = self._runs[name] = _Run()
+        groups, rank, world_size = run.groups, block.rank, block.world_size
+        names = tuple(block.metrics)
+        # a metric-less record still opens its step's group, as ``add`` does
+        rows = zip(*block.metrics.values(), strict=True) if names else [()] * len(block)
+        out: list[StepValues | StepGrid] = []
+        grid: StepGrid | None = None
+        for i, (step, row) in enumerate(zip(block.step, rows, strict=True)):
+            if fresh is not None and not fresh[i]:
+                continue
+            group = groups.get(step)
+            if group is None:
+                if step in run.closed or (run.floor is not None and step <= run.floor):
+                    self.late += len(names)
+                    continue
+                group = self._open(name, run, step, world_size, now)
+            held = group.rows
+            if held is None and not group.values and not group.done:
+                held = group.rows = {}
+            if held is not None and rank not in held:
+                held[rank] = (names, row)
+                if len(held) < group.world_size:
+                    continue
+                done = self._complete_rows(name, group)
+                if type(done) is not tuple:
+                    out += done
+                    grid = None
+                elif grid is not None and grid.takes(done):
+                    grid.steps.append(step)
+                    grid.rows.append(done[2])
+                elif done[0]:  # metrics to hand out
+                    names_, ranks, values, ws, full = done
+                    grid = StepGrid(name, names_, ranks, [step], [values], ws, full)
+                    out.append(grid)
+                continue
+            if held is not None:
+                group.spread()
+            grid = None
+            out += self._add_values(name, group, rank, names, row)
+        return out
+
+    def _complete_rows(self, name: str, group: _Group) -> list[StepValues] | _Completed:
+        """Every rank has a row: hand out the metrics every rank reported, in the order the
+        last record would have completed them, and keep the rest as values. When every rank
+        reported the same metrics (the usual case): (names, ranks, their rows, world size,
+        complete), for a StepGrid."""
+        rows = group.rows
+        assert rows is not None
+        step, need = group.step, group.world_size
+        last, _ = next(reversed(rows.values()))
+        if all(names == last for names, _ in rows.values()):
+            group.rows = None
+            group.done.update(last)
+            return last, list(rows), [row for _, row in rows.values()], need, _full(rows, need)
+        group.spread()
+        out = []
+        for metric in last:
+            per_rank = group.values[metric]
+            if len(per_rank) >= need:
+                del group.values[metric]
+                group.done.add(metric)
+                out.append(StepValues(name, metric, step, per_rank, need, _full(per_rank, need)))
+        return out
+
+    def _add_values(
+        self, name: str, group: _Group, rank: int, names: Iterable[str], row: Iterable[float]
+    ) -> list[StepValues]:
+        """One rank's values for one step, metric by metric (the general path)."""
+        out = []
+        need, values = group.world_size, group.values
+        for metric, value in zip(names, row, strict=True):
             per_rank = values.get(metric)
             if per_rank is None:
                 if metric in group.done:
@@ -249,46 +384,9 @@ class StepMerger:
             if len(per_rank) >= need:
                 del values[metric]
                 group.done.add(metric)
-                out.append(StepValues(rec.run, metric, step, per_rank, need, _full(per_rank, need)))
-        return out
-
-    def add_block(
-        self, block: StepBlock, now: float, fresh: list[bool] | None = None
-    ) -> list[StepValues]:
-        """``add`` for each record of ``block`` (only those ``fresh`` marks, if given), in
-        order; returns the groups they completed, in completion order."""
-        name = block.run
-        run = self._runs.get(name)
-        if run is None:
-            run = self._runs[name] = _Run()
-        groups, rank, world_size = run.groups, block.rank, block.world_size
-        metrics = list(block.metrics)
-        # a metric-less record still opens its step's group, as ``add`` does
-        rows = zip(*block.metrics.values(), strict=True) if metrics else [()] * len(block)
-        out: list[StepValues] = []
-        for i, (step, row) in enumerate(zip(block.step, rows, strict=True)):
-            if fresh is not None and not fresh[i]:
-                continue
-            group = groups.get(step)
-            if group is None:
-                if step in run.closed or (run.floor is not None and step <= run.floor):
-                    self.late += len(metrics)
-                    continue
-                group = self._open(name, run, step, world_size, now)
-            need, values = group.world_size, group.values
-            for metric, value in zip(metrics, row, strict=True):
-                per_rank = values.get(metric)
-                if per_rank is None:
-                    if metric in group.done:
-                        self.late += 1
-                        continue
-                    per_rank = values[metric] = {}
-                per_rank[rank] = value
-                if len(per_rank) >= need:
-                    del values[metric]
-                    group.done.add(metric)
-                    full = _full(per_rank, need)
-                    out.append(StepValues(name, metric, step, per_rank, need, full))
+                out.append(
+                    StepValues(name, metric, group.step, per_rank, need, _full(per_rank, need))
+                )
         return out
 
     def expire(self, now: float) -> list[StepValues]:
@@ -333,6 +431,8 @@ class StepMerger:
 
     def _close(self, name: str, run: _Run, step: int) -> list[StepValues]:
         group = run.groups.pop(step)
+        if group.rows is not None:
+            group.spread()
         run.closed[step] = None
         if len(run.closed) > CLOSED_MEMORY:
             forgotten = next(iter(run.closed))
@@ -345,7 +445,19 @@ class StepMerger:
         ]
 
 
-def _full(per_rank: dict[int, float], world_size: int) -> bool:
+def _step_values(
+    run: str, metric: str, step: int, values: dict[int, float], world_size: int, complete: bool
+) -> StepValues:
+    """``StepValues(...)`` without the frozen ``__init__``'s six ``object.__setattr__`` calls
+    (one per metric and step on the ingest path)."""
+    sv = object.__new__(StepValues)
+    sv.__dict__.update(
+        run=run, metric=metric, step=step, values=values, world_size=world_size, complete=complete
+    )
+    return sv
+
+
+def _full(per_rank: dict[int, Any], world_size: int) -> bool:
     # Ranks outside 0..world_size-1 (a misconfigured launcher) do not make a group complete.
     # (min/max: two C loops instead of a generator, once per group on the ingest path.)
     if len(per_rank) < world_size:

@@ -40,7 +40,7 @@ from rankwatch.aggregator.health import (
     RankHealth,
     run_state,
 )
-from rankwatch.aggregator.merge import SeqTracker, StepMerger, StepValues
+from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues
 from rankwatch.aggregator.receiver import DEFAULT_INGEST_PORT, Receiver
 from rankwatch.aggregator.store import Store, StoreError
 from rankwatch.aggregator.webhooks import WebhookConfig, Webhooks, alert_dict
@@ -222,7 +222,13 @@ class Aggregator:
             log.exception("rankwatch: internal error (%s); ingest goes on, please report", kind)
 
     def _flush_loop(self) -> None:
-        while not self._stop.wait(max(self.config.store_flush_s, self.config.flush_interval_s)):
+        # A flush starts every period (or at once when the last one took longer): under load a
+        # flush takes a good part of the period, and waiting a whole period after it would
+        # leave records in memory for twice as long and the flush thread idle half the time.
+        period = max(self.config.store_flush_s, self.config.flush_interval_s)
+        due = time.monotonic() + period
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            due = time.monotonic() + period
             self.flush_store()
 
     def flush_store(self) -> bool:
@@ -318,7 +324,7 @@ class Aggregator:
         merge, merge_block = self.merger.add, self.merger.add_block
         values = self._values
         tick_steps = self._tick_steps
-        groups: list[StepValues] = []
+        groups: list[StepValues | StepGrid] = []
         # Health only needs the newest step record of a rank in a batch; older ones are
         # observed only when an event or heartbeat of that rank must follow them in order.
         newest: dict[tuple[str, int], StepRecord] = {}

@@ -37,7 +37,7 @@ import msgpack
 import zmq
 from rankwatch.agent import records
 from rankwatch.aggregator.divergence import DivergenceDetector
-from rankwatch.aggregator.merge import SeqTracker, StepMerger, StepValues
+from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues
 from rankwatch.aggregator.receiver import MAX_BATCH_RECORDS, RCVHWM_MESSAGES
 from rankwatch.aggregator.service import Aggregator, ServeConfig, tune_gc
 from rankwatch.aggregator.store import Store
@@ -248,7 +248,7 @@ def stages(args: dict[str, Any]) -> None:
             gc.unfreeze()
 
 
-def _merge(item: Any, merger: StepMerger, now: float) -> list[StepValues]:
+def _merge(item: Any, merger: StepMerger, now: float) -> list[StepValues | StepGrid]:
     if type(item) is records.StepBlock:
         return merger.add_block(item, now)
     return merger.add(item, now)

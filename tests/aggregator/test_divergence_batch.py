@@ -12,10 +12,11 @@ import random
 
 import numpy as np
 import pytest
+from rankwatch.agent.records import StepBlock
 from rankwatch.aggregator.divergence import DivergenceDetector, QuietSteps, StepResult, expand
 from rankwatch.aggregator.divergence_batch import block_stats
 from rankwatch.aggregator.divergence_lists import step_stats
-from rankwatch.aggregator.merge import StepValues
+from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues
 
 from tests.aggregator.test_divergence_paths import dump, scenario
 
@@ -127,3 +128,38 @@ def test_non_finite_steps_and_out_of_order_steps_go_one_by_one() -> None:
     a, b, (st_a, st_b) = both(svs, 60)
     assert a == b and st_a == st_b
     assert any(new for _, _, new, _ in a)  # the NaN was flagged
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_grids_from_the_merger_score_as_their_step_values_one_by_one(seed: int) -> None:
+    """What a round of batched frames completes (StepGrids, some StepValues) scores exactly as
+    its StepValues do one at a time; a drift and a NaN on one rank are caught the same."""
+    rng = np.random.default_rng(seed)
+    merger, one, many = StepMerger(), DivergenceDetector(), DivergenceDetector()
+    a: list[StepResult] = []
+    b: list[StepResult] = []
+    ranks = int(rng.integers(3, 10))
+    for start in range(0, 300, 50):
+        got = []
+        for rank in range(ranks):
+            steps = list(range(start, start + 50))
+            loss = (2.0 + 0.02 * rng.standard_normal(50)) * np.where(
+                (rank == 1) & (np.array(steps) >= 200), 1.5, 1.0
+            )
+            if seed % 3 == 0 and rank == 2:
+                loss[7] = math.nan
+            names = ("loss", "lr") if rank or seed % 4 else ("lr", "loss")  # one rank's order
+            metrics = {"loss": loss.tolist(), "lr": [3e-4] * 50}
+            blk = StepBlock("r", rank, ranks, "h", 1, [s + 1 for s in steps], [1e9] * 50,
+                            steps, [None] * 50, {m: metrics[m] for m in names})  # fmt: skip
+            got += merger.add_block(blk, 0.0)
+        assert any(isinstance(g, StepGrid) for g in got) == bool(seed % 4)
+        a += [
+            one.update(sv)
+            for g in got
+            for sv in (g.step_values() if isinstance(g, StepGrid) else [g])
+        ]
+        b += expand(many.update_many(got))
+    assert by_metric(a) == by_metric(b)
+    assert state_dump(one) == state_dump(many)
+    assert [(d.rank, d.since_step) for d in many.active() if d.kind == "outlier"] == [(1, 200)]

@@ -13,7 +13,11 @@ import random
 import pytest
 from rankwatch.agent.records import StepBlock, StepRecord
 from rankwatch.aggregator.feed import points_messages
-from rankwatch.aggregator.merge import SeqTracker, StepMerger
+from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues
+
+
+def flat(groups: list[StepValues | StepGrid]) -> list[StepValues]:
+    return [sv for g in groups for sv in (g.step_values() if isinstance(g, StepGrid) else [g])]
 
 
 def block(run: str, rank: int, seqs: list[int], steps: list[int], ws: int = 4) -> StepBlock:
@@ -57,7 +61,7 @@ def test_blocks_dedupe_and_merge_as_their_records_do(seed: int) -> None:
         want = [sv for r, ok in zip(recs, fresh, strict=True) if ok for sv in merge_a.add(r, now)]
         mask = seqs_b.accept_many(blk.run, blk.rank, blk.seq)
         assert (mask is None) == all(fresh) and (mask is None or mask == fresh)
-        got = merge_b.add_block(blk, now, mask)
+        got = flat(merge_b.add_block(blk, now, mask))
         assert [repr(sv) for sv in got] == [repr(sv) for sv in want]
         assert [repr(sv) for sv in merge_b.expire(now)] == [repr(sv) for sv in merge_a.expire(now)]
     for rank in range(4):
@@ -93,3 +97,40 @@ def test_feed_points_of_blocks_are_those_of_their_records(max_points: int) -> No
     items: list[StepRecord | StepBlock] = [blocks[0], single, blocks[1], blocks[2]]
     flat = [r for i in items for r in (i.records() if isinstance(i, StepBlock) else [i])]
     assert points_messages(items, max_points) == points_messages(flat, max_points)
+
+
+def mixed_traffic(seed: int) -> list[tuple[StepBlock, bool]]:
+    """Blocks with differing metric sets, some to be added record by record on both sides."""
+    rng = random.Random(seed)
+    sets = [("loss", "lr"), ("loss", "lr"), ("loss",), ("lr", "loss"), ("acc", "loss"), ()]
+    out = []
+    nxt = dict.fromkeys(range(3), 1)
+    for _ in range(50):
+        rank = rng.randrange(3)
+        size = rng.randint(1, 6)
+        lo = nxt[rank] if rng.random() > 0.2 else max(1, nxt[rank] - rng.randint(1, 4))
+        seqs = list(range(lo, lo + size))
+        nxt[rank] = max(nxt[rank], lo + size)
+        names = rng.choice(sets)
+        steps = [s - 1 for s in seqs]
+        metrics = {m: [float(rank + 10 * j + s) for s in steps] for j, m in enumerate(names)}
+        blk = StepBlock("r", rank, 3, "h", 1, seqs, [1e9 + s for s in seqs], steps,
+                        [None] * size, metrics)  # fmt: skip
+        out.append((blk, rng.random() < 0.3))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_blocks_of_differing_metrics_mixed_with_records_merge_as_records_do(seed: int) -> None:
+    a = StepMerger(grace_s=2.0, max_step_window=20, max_open_steps=15)
+    b = StepMerger(grace_s=2.0, max_step_window=20, max_open_steps=15)
+    for i, (blk, as_records) in enumerate(mixed_traffic(seed)):
+        now = float(i)
+        want = [sv for r in blk.records() for sv in a.add(r, now)]
+        if as_records:
+            got = [sv for r in blk.records() for sv in b.add(r, now)]
+        else:
+            got = flat(b.add_block(blk, now))
+        assert [repr(sv) for sv in got] == [repr(sv) for sv in want], i
+        assert [repr(sv) for sv in b.expire(now)] == [repr(sv) for sv in a.expire(now)]
+    assert (a.late, a.evicted, a.open_groups()) == (b.late, b.evicted, b.open_groups())
