@@ -22,6 +22,7 @@ import numpy as np
 from rankwatch.agent.records import Record, StepBlock, StepRecord
 from rankwatch.aggregator import columns, rollup
 from rankwatch.aggregator.columns import SeriesColumns
+from rankwatch.aggregator.store_buffer import Batch, Item
 from rankwatch.aggregator.store_rows import (
     BUFFERED,
     META_BATCH,
@@ -29,8 +30,6 @@ from rankwatch.aggregator.store_rows import (
     RANK_FIELDS,
     SEQ_MERGE,
     TABLES,
-    Batch,
-    Item,
     Mirror,
     ranks_values,
     read_records,

@@ -11,7 +11,7 @@ import pytest
 from rankwatch.agent.records import EventRecord, Heartbeat, StepBlock, StepRecord
 from rankwatch.aggregator import rollup
 from rankwatch.aggregator.store import Store
-from rankwatch.aggregator.store_rows import Batch, split_block
+from rankwatch.aggregator.store_buffer import Batch, split_block
 
 TABLES = [
     "steps", "events", "heartbeats", "ranks", "rank_meta", "seqs", "band", "band_done",
