@@ -16,11 +16,11 @@ keeps them: the merger only feeds the cross-rank scoring).
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rankwatch.agent.records import StepBlock, StepRecord
+from rankwatch.agent.records import Record, StepBlock, StepRecord
 
 DEFAULT_GRACE_S = 5.0  # wait this long for the slowest rank before scoring a partial step
 MAX_STEP_WINDOW = 1_000  # steps older than the newest by more than this are closed at once
@@ -443,6 +443,55 @@ class StepMerger:
             StepValues(name, metric, step, per_rank, ws, _full(per_rank, ws))
             for metric, per_rank in group.values.items()
         ]
+
+
+def as_blocks(items: Sequence[Record | StepBlock]) -> list[Record | StepBlock]:
+    """The same records, with each rank's consecutive step records (one run, process and
+    metric-name order) gathered into a StepBlock, so single-record frames take the block path
+    (dedupe, store, merge) too. Each rank's records keep their order; across ranks, a rank's
+    step records move up to where the batch's next event or heartbeat is (any rank's), which
+    changes nothing: ranks are merged by step, and health sees each rank in its own order."""
+    out: list[Record | StepBlock] = []
+    pending: dict[tuple[str, int], list[StepRecord]] = {}
+    for item in items:
+        if type(item) is not StepRecord:
+            _emit(pending, out)
+            out.append(item)
+            continue
+        key = (item.run, item.rank)
+        same = pending.get(key)
+        if same is None:
+            pending[key] = [item]
+            continue
+        first = same[0]
+        if (
+            item.pid != first.pid
+            or item.host != first.host
+            or item.world_size != first.world_size
+            or list(item.metrics) != list(first.metrics)
+        ):
+            out.append(_one(same))  # a new process or metric set: a block of its own
+            pending[key] = same = []
+        same.append(item)
+    _emit(pending, out)
+    return out
+
+
+def _emit(pending: dict[tuple[str, int], list[StepRecord]], out: list[Record | StepBlock]) -> None:
+    out.extend(map(_one, pending.values()))
+    pending.clear()
+
+
+def _one(recs: list[StepRecord]) -> StepRecord | StepBlock:
+    """A rank's gathered step records: the record itself when alone, else a block."""
+    first = recs[0]
+    if len(recs) == 1:
+        return first
+    metrics = {name: [r.metrics[name] for r in recs] for name in first.metrics}
+    return StepBlock(
+        first.run, first.rank, first.world_size, first.host, first.pid, [r.seq for r in recs],
+        [r.time for r in recs], [r.step for r in recs], [r.epoch for r in recs], metrics,
+    )  # fmt: skip
 
 
 def _step_values(

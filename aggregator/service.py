@@ -40,7 +40,7 @@ from rankwatch.aggregator.health import (
     RankHealth,
     run_state,
 )
-from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues
+from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues, as_blocks
 from rankwatch.aggregator.receiver import DEFAULT_INGEST_PORT, Receiver
 from rankwatch.aggregator.store import Store, StoreError
 from rankwatch.aggregator.webhooks import WebhookConfig, Webhooks, alert_dict
@@ -271,7 +271,7 @@ class Aggregator:
         Imported records older than ``IMPORT_LIVE_WINDOW_S`` only go to the store."""
         now = time.time() if now is None else now
         with self._lock:
-            fresh, received = self._dedupe(records)
+            fresh, received = self._dedupe(as_blocks(records))
             accepted = sum(len(r) if type(r) is StepBlock else 1 for r in fresh)
             n = self.n
             n["received"] += received

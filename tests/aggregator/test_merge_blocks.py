@@ -11,9 +11,9 @@ import math
 import random
 
 import pytest
-from rankwatch.agent.records import StepBlock, StepRecord
+from rankwatch.agent.records import Heartbeat, StepBlock, StepRecord
 from rankwatch.aggregator.feed import points_messages
-from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues
+from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues, as_blocks
 
 
 def flat(groups: list[StepValues | StepGrid]) -> list[StepValues]:
@@ -134,3 +134,30 @@ def test_blocks_of_differing_metrics_mixed_with_records_merge_as_records_do(seed
         assert [repr(sv) for sv in got] == [repr(sv) for sv in want], i
         assert [repr(sv) for sv in b.expire(now)] == [repr(sv) for sv in a.expire(now)]
     assert (a.late, a.evicted, a.open_groups()) == (b.late, b.evicted, b.open_groups())
+
+
+def test_as_blocks_gathers_each_ranks_step_records_in_order_between_other_records() -> None:
+    def rec(rank: int, seq: int, pid: int = 1, **metrics: float) -> StepRecord:
+        return StepRecord("r", rank, seq, 1e9 + seq, 4, "h", pid, seq, None,
+                          metrics or {"loss": float(seq), "lr": 0.1})  # fmt: skip
+
+    hb = Heartbeat("r", 0, 5, 1e9, 4, 5.0, 0)
+    items = [rec(0, 1), rec(1, 1), rec(0, 2), rec(1, 2), rec(0, 3), hb, rec(0, 6), rec(1, 3),
+             rec(0, 7, pid=2), rec(0, 8, pid=2), rec(1, 4, lr=0.1, loss=4.0),
+             rec(1, 5)]  # fmt: skip
+    out = as_blocks(items)
+    shape = [(type(i).__name__, i.rank, i.seq if isinstance(i, StepBlock) else [i.seq])
+             for i in out]  # fmt: skip
+    assert shape == [
+        ("StepBlock", 0, [1, 2, 3]),
+        ("StepBlock", 1, [1, 2]),
+        ("Heartbeat", 0, [5]),
+        ("StepRecord", 0, [6]),  # rank 0's next process (pid 2) starts a block of its own
+        ("StepRecord", 1, [3]),
+        ("StepRecord", 1, [4]),  # metric order changes twice
+        ("StepBlock", 0, [7, 8]),
+        ("StepRecord", 1, [5]),
+    ]
+    flat = [r for i in out for r in (i.records() if isinstance(i, StepBlock) else [i])]
+    for rank in (0, 1):  # every rank's records, each once, in its own order
+        assert [r for r in flat if r.rank == rank] == [r for r in items if r.rank == rank]
