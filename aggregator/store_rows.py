@@ -7,7 +7,7 @@ from __future__ import annotations
 import heapq
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,26 +210,6 @@ class RankRow:
 
 
 RANK_FIELDS = tuple(RankRow.__dataclass_fields__)
-
-
-def ranks_values(rows: Sequence[RankRow]) -> str:
-    """``rows`` as an SQL VALUES list (a few rows per flush: no numpy table to register)."""
-    return ", ".join(
-        "(" + ", ".join(sql_value(getattr(r, f)) for f in RANK_FIELDS) + ")" for r in rows
-    )
-
-
-def sql_value(value: Any) -> str:
-    """A literal for a None, bool, int, float or str; floats parse back to the same double."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(int(value))
-    if isinstance(value, float):
-        return f"'{value!r}'::DOUBLE"
-    return rollup.literal(str(value))
 
 
 @dataclass(frozen=True, slots=True)
