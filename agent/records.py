@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import math
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -175,26 +175,29 @@ def encode_frame(records: list[Record] | list[dict[str, Any]]) -> bytes:
 
 def decode_frame(frame: bytes) -> list[Record]:
     """Decode and validate one frame; raises ``DecodeError`` on the first problem."""
-    if len(frame) > MAX_FRAME_BYTES:
-        raise DecodeError("size", f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
-    try:
-        envelope = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=0)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise DecodeError("msgpack", f"not a msgpack frame: {exc}") from None
-    if not isinstance(envelope, dict):
-        raise DecodeError("envelope", f"frame is a {type(envelope).__name__}, expected a map")
-    check_version(envelope.get("v"))
-    records = envelope.get("records")
-    if not isinstance(records, list):
-        raise DecodeError("envelope", "frame has no 'records' list")
     # The maps came out of this frame: the records may keep them (no copy of metrics).
-    return [_step_fast(r, copy=False) or _decode_checked(r) for r in records]
+    return [_step_fast(r, copy=False) or _decode_checked(r) for r in _frame_maps(frame)]
 
 
 def decode_frame_blocks(frame: bytes) -> list[Record | StepBlock]:
     """``decode_frame``, with a frame of two or more step records of one rank, one process
     and one metric set returned as a single ``StepBlock`` (the agent's usual batch). Anything
     else decodes as ``decode_frame`` does; the checks and errors are the same."""
+    raws = _frame_maps(frame)
+    if len(raws) >= 2:
+        block = _step_block(raws)
+        if block is not None:
+            return [block]
+    return [_step_fast(r, copy=False) or _decode_checked(r) for r in raws]
+
+
+def unblock(items: Sequence[Record | StepBlock]) -> list[Record]:
+    """``items`` with every StepBlock replaced by its records, in order."""
+    return [r for item in items for r in (item.records() if type(item) is StepBlock else (item,))]
+
+
+def _frame_maps(frame: bytes) -> list[Any]:
+    """The envelope of a frame checked (size, msgpack, map, version): its record maps."""
     if len(frame) > MAX_FRAME_BYTES:
         raise DecodeError("size", f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
     try:
@@ -207,11 +210,7 @@ def decode_frame_blocks(frame: bytes) -> list[Record | StepBlock]:
     raws = envelope.get("records")
     if not isinstance(raws, list):
         raise DecodeError("envelope", "frame has no 'records' list")
-    if len(raws) >= 2:
-        block = _step_block(raws)
-        if block is not None:
-            return [block]
-    return [_step_fast(r, copy=False) or _decode_checked(r) for r in raws]
+    return raws
 
 
 def _step_block(raws: list[Any]) -> StepBlock | None:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rankwatch.agent.records import EventRecord, Record, StepBlock, StepRecord
+from rankwatch.agent.records import EventRecord, Record, StepBlock, StepRecord, unblock
 from rankwatch.aggregator.alerts import Alert, AlertConfig, AlertEngine
 from rankwatch.aggregator.console import ConsoleSink
 from rankwatch.aggregator.divergence import (
@@ -285,12 +285,7 @@ class Aggregator:
                 # An imported history is stored, not replayed: its ranks must not turn "lost"
                 # (and alert) ten seconds from now. A recent import (a live run's backfill)
                 # goes through the live path like traffic from the wire.
-                fresh = [
-                    r
-                    for item in fresh
-                    for r in (item.records() if type(item) is StepBlock else (item,))
-                    if r.time >= now - IMPORT_LIVE_WINDOW_S
-                ]
+                fresh = [r for r in unblock(fresh) if r.time >= now - IMPORT_LIVE_WINDOW_S]
             self._live(fresh, now)
             n["accepted"] += accepted  # counted once processed (benchmarks wait on it)
         return accepted

@@ -23,6 +23,7 @@ from rankwatch.agent.records import (
     encode_frame,
     to_json_line,
     to_wire,
+    unblock,
 )
 
 from tests.agent.test_records_fast import _DROP, FIELDS, METRIC_MAPS, ODD
@@ -42,7 +43,7 @@ def outcome(fn: Any, data: bytes) -> tuple[str, Any]:
         items = fn(data)
     except DecodeError as exc:
         return exc.reason, str(exc)
-    flat = [r for i in items for r in (i.records() if isinstance(i, StepBlock) else [i])]
+    flat = unblock(items)
     # metric order is not part of a record (a block keeps its first record's order)
     return "ok", [json.loads(to_json_line(r)) for r in flat]
 

@@ -11,7 +11,7 @@ import math
 import random
 
 import pytest
-from rankwatch.agent.records import Heartbeat, StepBlock, StepRecord
+from rankwatch.agent.records import Heartbeat, StepBlock, StepRecord, unblock
 from rankwatch.aggregator.feed import points_messages
 from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues, as_blocks
 
@@ -95,7 +95,7 @@ def test_feed_points_of_blocks_are_those_of_their_records(max_points: int) -> No
     blocks = [block("r", rank, list(range(1, 31)), list(range(30))) for rank in range(3)]
     single = StepRecord("r", 3, 1, 1e9, 4, "h", 1, 0, 0, {"loss": math.inf, "acc": 0.5})
     items: list[StepRecord | StepBlock] = [blocks[0], single, blocks[1], blocks[2]]
-    flat = [r for i in items for r in (i.records() if isinstance(i, StepBlock) else [i])]
+    flat = unblock(items)
     assert points_messages(items, max_points) == points_messages(flat, max_points)
 
 
@@ -158,6 +158,6 @@ def test_as_blocks_gathers_each_ranks_step_records_in_order_between_other_record
         ("StepBlock", 0, [7, 8]),
         ("StepRecord", 1, [5]),
     ]
-    flat = [r for i in out for r in (i.records() if isinstance(i, StepBlock) else [i])]
+    flat = unblock(out)
     for rank in (0, 1):  # every rank's records, each once, in its own order
         assert [r for r in flat if r.rank == rank] == [r for r in items if r.rank == rank]

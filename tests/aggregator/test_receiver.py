@@ -10,7 +10,7 @@ import msgpack
 import pytest
 import zmq
 from rankwatch.agent import records
-from rankwatch.agent.records import Record, StepBlock, StepRecord
+from rankwatch.agent.records import Record, StepBlock, StepRecord, unblock
 from rankwatch.aggregator.receiver import Receiver
 
 
@@ -22,7 +22,7 @@ def step(rank: int, seq: int, run: str = "r1", loss: float = 1.0) -> StepRecord:
 
 
 def flat(items: list[Record | StepBlock]) -> list[Record]:
-    return [r for i in items for r in (i.records() if isinstance(i, StepBlock) else [i])]
+    return unblock(items)
 
 
 def collect(rx: Receiver, want: int, timeout_s: float = 5.0) -> list[Record]:

@@ -189,8 +189,7 @@ def test_cli_relay_curve_forwards_to_a_curve_head_and_reports_refusals(
         got: list[records.Record] = []
 
         def more() -> bool:
-            for item in receiver.recv(50):
-                got.extend(item.records() if isinstance(item, records.StepBlock) else [item])
+            got.extend(records.unblock(receiver.recv(50)))
             return len(got) >= 2
 
         wait_until(more)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rankwatch.agent.records import EventRecord, Heartbeat, StepBlock, StepRecord
+from rankwatch.agent.records import EventRecord, Heartbeat, StepBlock, StepRecord, unblock
 from rankwatch.aggregator import rollup
 from rankwatch.aggregator.store import Store
 from rankwatch.aggregator.store_buffer import Batch, split_block
@@ -71,10 +71,7 @@ def stored_alike(tmp_path: Path, flushes: list[list], clock_step: float = 1.0) -
         with Store(tmp_path / f"{name}.duckdb", clock=clock) as s:
             for items in flushes:
                 if expand:
-                    items = [
-                        r for it in items
-                        for r in (it.records() if isinstance(it, StepBlock) else [it])
-                    ]  # fmt: skip
+                    items = unblock(items)
                 s.append(items)
                 clock.now += clock_step
                 s.flush()
