@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -261,13 +261,55 @@ class _Cond:
 class _Series:
     """Per (run, metric) memory of the step-based rules."""
 
-    def __init__(self) -> None:
+    def __init__(self, run: str, metric: str) -> None:
+        self.run, self.metric = run, metric
+        self._keys: dict[tuple[str, str], str] = {}
         self.threshold_run: dict[int, int] = {}  # threshold index -> consecutive steps true
         self.smooth: float | None = None
         self.best: float | None = None
         self.best_step: int | None = None
         self.baseline: deque[float] = deque()
         self.low_run = 0
+
+    def key(self, rule: str, metric: str) -> str:
+        """``_Cond.key`` of this run's run-level condition (made once: it is asked per step)."""
+        key = self._keys.get((rule, metric))
+        if key is None:
+            key = self._keys[(rule, metric)] = f"{rule}|{self.run}||{metric}"
+        return key
+
+
+def _threshold_cond(
+    rule: ThresholdRule, s: StepStats, value: float, metric_key: str, now: float
+) -> _Cond:
+    what = "median" if rule.on == "median" else ("max" if ">" in rule.op else "min")
+    msg = (
+        f"{s.metric} {what} across {s.n} ranks is {value:.4g}, {rule.op} {rule.value:g}"
+        f" (step {s.step})"
+    )
+    since = s.step - rule.steps + 1
+    return _Cond("threshold", s.run, None, metric_key, since, now, value, msg, rule.severity)
+
+
+def _plateau_cond(
+    rule: PlateauRule, s: StepStats, best: float, best_step: int, level: float, stuck: int,
+    now: float, severity: str,
+) -> _Cond:  # fmt: skip
+    sign = 1.0 if rule.mode == "min" else -1.0
+    msg = (
+        f"{s.metric} (median of {s.n} ranks, smoothed) has not improved by "
+        f"{rule.min_improvement:.0%} for {stuck} steps: best {sign * best:.4g} at "
+        f"step {best_step}, now {sign * level:.4g}"
+    )
+    return _Cond("plateau", s.run, None, s.metric, best_step, now, s.median, msg, severity)
+
+
+def _throughput_cond(s: StepStats, baseline: float, since: int, now: float, severity: str) -> _Cond:
+    msg = (
+        f"median {s.metric} of {s.n} ranks fell to {s.median:.4g}, "
+        f"{s.median / baseline:.0%} of its recent {baseline:.4g} (step {s.step})"
+    )
+    return _Cond("throughput_drop", s.run, None, s.metric, since, now, s.median, msg, severity)
 
 
 class AlertEngine:
@@ -278,6 +320,8 @@ class AlertEngine:
         self.divergence = divergence or DivergenceConfig()
         self._conds: dict[str, _Cond] = {}
         self._series: dict[tuple[str, str], _Series] = {}
+        # conditions the step rules set, built when evaluate settles them (_defer)
+        self._pending: dict[str, tuple[int | None, Callable[..., _Cond], tuple[Any, ...]]] = {}
         self._published: dict[str, Alert] = {}
         self._history: deque[Alert] = deque(maxlen=self.config.history_size)
 
@@ -292,11 +336,11 @@ class AlertEngine:
         for res in results:
             if type(res) is QuietSteps:  # nothing flagged or resolved: only the step rules
                 if self._watched(res.metric):
-                    for stats in res.stats():
-                        self._step_rules(stats, now)
+                    self._step_rules(res.stats(), now)
                 continue
             self._divergences(res, now)
-            self._step_rules(res.stats, now)
+            self._step_rules((res.stats,), now)
+        self._settle()  # before health: a finished run drops every condition it has
         if health is not None:
             self._health(health, now)
         return self._publish(now)
@@ -320,7 +364,11 @@ class AlertEngine:
 
     def _clear(self, rule: str, run: str, rank: int | None, metric: str | None) -> None:
         rank_s = "" if rank is None else str(rank)
-        self._conds.pop(f"{rule}|{run}|{rank_s}|{metric or ''}", None)
+        self._drop(f"{rule}|{run}|{rank_s}|{metric or ''}")
+
+    def _drop(self, key: str) -> None:
+        self._conds.pop(key, None)
+        self._pending.pop(key, None)
 
     def _divergences(self, res: StepResult, now: float) -> None:
         for d in res.new:
@@ -346,94 +394,107 @@ class AlertEngine:
             or (cfg.throughput_drop is not None and cfg.throughput_drop.metric == metric)
         )
 
-    def _step_rules(self, s: StepStats, now: float) -> None:
+    def _step_rules(self, stats: Sequence[StepStats], now: float) -> None:
+        """The step rules over consecutive steps of one (run, metric), in step order."""
         cfg = self.config
-        key = (s.run, s.metric)
-        series = self._series.get(key)
+        run, metric = stats[0].run, stats[0].metric
+        series = self._series.get((run, metric))
         if series is None:
-            series = self._series[key] = _Series()
-        if not math.isfinite(s.median):
+            series = self._series[(run, metric)] = _Series(run, metric)
+        live = [s for s in stats if math.isfinite(s.median)]
+        if not live:
             return
-        for i, rule in enumerate(cfg.thresholds):
-            if rule.metric == s.metric:
-                self._threshold(i, rule, s, series, now)
-        if cfg.plateau is not None and cfg.plateau.metric == s.metric:
-            self._plateau(cfg.plateau, s, series, now)
-        if cfg.throughput_drop is not None and cfg.throughput_drop.metric == s.metric:
-            self._throughput(cfg.throughput_drop, s, series, now)
+        thresholds = [(i, rule) for i, rule in enumerate(cfg.thresholds) if rule.metric == metric]
+        if thresholds:
+            self._thresholds(thresholds, live, series, now)
+        if cfg.plateau is not None and cfg.plateau.metric == metric:
+            self._plateau(cfg.plateau, live, series, now)
+        if cfg.throughput_drop is not None and cfg.throughput_drop.metric == metric:
+            self._throughput(cfg.throughput_drop, live, series, now)
 
-    def _threshold(
-        self, i: int, rule: ThresholdRule, s: StepStats, series: _Series, now: float
+    def _defer(self, key: str, since: int | None, build: Callable[..., _Cond], *args: Any) -> None:
+        """Set condition ``key`` (``build(*args)``) when ``evaluate`` settles: a rule firing on
+        every step of a batch builds its words once, from the last step. It began at the first
+        (or earlier: ``_set`` keeps the start of one that was already set)."""
+        pending = self._pending.get(key)
+        self._pending[key] = (since if pending is None else pending[0], build, args)
+
+    def _settle(self) -> None:
+        for since, build, args in self._pending.values():
+            cond = build(*args)
+            self._set(cond if cond.since_step == since else replace(cond, since_step=since))
+        self._pending.clear()
+
+    def _thresholds(
+        self,
+        rules: list[tuple[int, ThresholdRule]],
+        stats: list[StepStats],
+        series: _Series,
+        now: float,
     ) -> None:
-        value = s.median
-        if rule.on == "any":
-            value = s.max if rule.op.startswith(">") else s.min
-        metric_key = f"{s.metric}{rule.op}{rule.value:g}"
-        if OPS[rule.op](value, rule.value):
-            series.threshold_run[i] = series.threshold_run.get(i, 0) + 1
-            if series.threshold_run[i] >= rule.steps:
-                what = "median" if rule.on == "median" else ("max" if ">" in rule.op else "min")
-                msg = (
-                    f"{s.metric} {what} across {s.n} ranks is {value:.4g}, {rule.op} {rule.value:g}"
-                    f" (step {s.step})"
-                )
-                since = s.step - rule.steps + 1
-                cond = _Cond(
-                    "threshold", s.run, None, metric_key, since, now, value, msg, rule.severity
-                )
-                self._set(cond)
-        else:
-            series.threshold_run[i] = 0
-            self._clear("threshold", s.run, None, metric_key)
+        runs = series.threshold_run
+        keyed = []
+        for i, rule in rules:
+            metric_key = f"{series.metric}{rule.op}{rule.value:g}"
+            keyed.append((i, rule, metric_key, series.key("threshold", metric_key)))
+        for s in stats:
+            for i, rule, metric_key, key in keyed:
+                value = s.median
+                if rule.on == "any":
+                    value = s.max if rule.op.startswith(">") else s.min
+                if OPS[rule.op](value, rule.value):
+                    runs[i] = runs.get(i, 0) + 1
+                    if runs[i] >= rule.steps:
+                        since = s.step - rule.steps + 1
+                        self._defer(key, since, _threshold_cond, rule, s, value, metric_key, now)
+                else:
+                    runs[i] = 0
+                    self._drop(key)
 
-    def _plateau(self, rule: PlateauRule, s: StepStats, series: _Series, now: float) -> None:
+    def _plateau(
+        self, rule: PlateauRule, stats: list[StepStats], series: _Series, now: float
+    ) -> None:
         sign = 1.0 if rule.mode == "min" else -1.0
-        x = sign * s.median
-        series.smooth = (
-            x if series.smooth is None else series.smooth + rule.smoothing * (x - series.smooth)
-        )
-        level = series.smooth
-        if series.best is None or level < series.best - rule.min_improvement * abs(series.best):
-            series.best, series.best_step = level, s.step
-            self._clear("plateau", s.run, None, s.metric)
-            return
-        assert series.best_step is not None
-        stuck = s.step - series.best_step
-        if stuck >= rule.steps:
-            msg = (
-                f"{s.metric} (median of {s.n} ranks, smoothed) has not improved by "
-                f"{rule.min_improvement:.0%} for {stuck} steps: best {sign * series.best:.4g} at "
-                f"step {series.best_step}, now {sign * level:.4g}"
+        key = series.key("plateau", series.metric)
+        for s in stats:
+            x = sign * s.median
+            series.smooth = (
+                x if series.smooth is None else series.smooth + rule.smoothing * (x - series.smooth)
             )
-            cond = _Cond(
-                "plateau", s.run, None, s.metric, series.best_step, now, s.median, msg,
-                self.config.severity_of("plateau"),
-            )  # fmt: skip
-            self._set(cond)
+            level = series.smooth
+            if series.best is None or level < series.best - rule.min_improvement * abs(series.best):
+                series.best, series.best_step = level, s.step
+                self._drop(key)
+                continue
+            assert series.best_step is not None
+            stuck = s.step - series.best_step
+            if stuck >= rule.steps:
+                severity = self.config.severity_of("plateau")
+                self._defer(
+                    key, series.best_step, _plateau_cond, rule, s, series.best, series.best_step,
+                    level, stuck, now, severity,
+                )  # fmt: skip
 
-    def _throughput(self, rule: ThroughputRule, s: StepStats, series: _Series, now: float) -> None:
+    def _throughput(
+        self, rule: ThroughputRule, stats: list[StepStats], series: _Series, now: float
+    ) -> None:
         base = series.baseline
-        if len(base) >= rule.min_baseline_steps:
-            baseline = sorted(base)[len(base) // 2]
-            if s.median < rule.fraction * baseline:
-                series.low_run += 1
-                if series.low_run >= rule.confirm_steps:
-                    msg = (
-                        f"median {s.metric} of {s.n} ranks fell to {s.median:.4g}, "
-                        f"{s.median / baseline:.0%} of its recent {baseline:.4g} (step {s.step})"
-                    )
-                    since = s.step - series.low_run + 1
-                    cond = _Cond(
-                        "throughput_drop", s.run, None, s.metric, since, now, s.median, msg,
-                        self.config.severity_of("throughput_drop"),
-                    )  # fmt: skip
-                    self._set(cond)
-                return  # a dropped step must not drag the baseline down with it
-            series.low_run = 0
-            self._clear("throughput_drop", s.run, None, s.metric)
-        base.append(s.median)
-        while len(base) > rule.baseline_steps:
-            base.popleft()
+        key = series.key("throughput_drop", series.metric)
+        for s in stats:
+            if len(base) >= rule.min_baseline_steps:
+                baseline = sorted(base)[len(base) // 2]
+                if s.median < rule.fraction * baseline:
+                    series.low_run += 1
+                    if series.low_run >= rule.confirm_steps:
+                        since = s.step - series.low_run + 1
+                        severity = self.config.severity_of("throughput_drop")
+                        self._defer(key, since, _throughput_cond, s, baseline, since, now, severity)
+                    continue  # a dropped step must not drag the baseline down with it
+                series.low_run = 0
+                self._drop(key)
+            base.append(s.median)
+            while len(base) > rule.baseline_steps:
+                base.popleft()
 
     def _health(self, health: Mapping[str, Mapping[int, RankHealth]], now: float) -> None:
         live = {"stalled", "lost", "crashed", "straggler"}

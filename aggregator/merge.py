@@ -275,7 +275,9 @@ class StepMerger:
         self._runs: dict[str, _Run] = {}
         self._evicted: list[StepValues] = []  # closed early by the caps, handed out by expire()
         self.late = 0  # values that arrived after their (run, metric, step) was handed out
-        self.evicted = 0  # groups closed before grace because of the memory caps
+        # groups closed incomplete before grace because of the memory caps (a complete group
+        # stays open to tell late duplicates apart; the caps retiring it loses nothing)
+        self.evicted = 0
 
     def add(self, rec: StepRecord, now: float) -> list[StepValues]:
         """Add one rank's step record; returns the (run, metric, step) groups it completed."""
@@ -426,8 +428,10 @@ class StepMerger:
         return group
 
     def _evict(self, name: str, run: _Run, step: int) -> None:
-        self.evicted += 1
-        self._evicted.extend(self._close(name, run, step))
+        partial = self._close(name, run, step)
+        if partial:
+            self.evicted += 1
+            self._evicted.extend(partial)
 
     def _close(self, name: str, run: _Run, step: int) -> list[StepValues]:
         group = run.groups.pop(step)

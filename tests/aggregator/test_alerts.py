@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import math
+import random
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 from rankwatch.aggregator.alerts import Alert, AlertConfig, AlertEngine, ThresholdRule
-from rankwatch.aggregator.divergence import DivergenceDetector, StepResult, StepStats
+from rankwatch.aggregator.divergence import (
+    DivergenceDetector,
+    QuietSteps,
+    StepResult,
+    StepStats,
+)
 from rankwatch.aggregator.health import RankHealth, RankState
 from rankwatch.aggregator.merge import StepValues
 
@@ -197,6 +205,10 @@ def test_a_finished_run_resolves_everything() -> None:
     done = {"r": {r: rh(r, RankState.FINISHED) for r in range(4)}}
     (r,) = eng.evaluate(2.0, health=done)
     assert r.state == "resolved" and eng.firing() == []
+    # A step rule firing in the call that learns the run finished: nothing fires either.
+    over = [stats(s, 5.0) for s in range(3, 9)]
+    eng = engine(thresholds=(ThresholdRule("loss", ">", 1.0),))
+    assert eng.evaluate(3.0, results=over, health=done) == [] and eng.firing() == []
 
 
 def test_straggler_from_the_ranks_last_steps() -> None:
@@ -320,3 +332,50 @@ def test_from_dict_full_example() -> None:
 def test_from_dict_errors_name_the_key(raw: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         AlertConfig.from_dict(raw)
+
+
+# --- many steps per call ---------------------------------------------------------------------
+
+
+def quiet(metric: str, rows: list[tuple[int, float, float, float]]) -> QuietSteps:
+    """Quiet steps as the batch scorer hands them over: (step, median, min, max) each."""
+    q = QuietSteps("r", metric, [0, 1, 2, 3], np.zeros((len(rows), 4)))
+    for at, (step, med, lo, hi) in enumerate(rows):
+        q._add(step, (med, 0.0, med, lo, hi, lo, lo, hi, hi), at, 1.0)
+    return q
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_step_rules_over_many_steps_per_call_match_one_step_per_call(seed: int) -> None:
+    """The step rules build a firing condition's words once per call (from its last step):
+    what is firing after each call, since when and with which words, is what calling once
+    per step gives."""
+    rng = random.Random(seed)
+    cfg = AlertConfig.from_dict({
+        "plateau": {"steps": rng.choice([3, 8]), "smoothing": rng.choice([0.3, 1.0])},
+        "thresholds": [
+            {"metric": "loss", "op": ">", "value": 2.5, "steps": rng.choice([1, 3])},
+            {"metric": "throughput", "op": "<", "value": 50.0, "on": "any"},
+        ],
+    })  # fmt: skip
+    per_step, batched = AlertEngine(cfg), AlertEngine(cfg)
+    loss, tp, step = 3.0, 100.0, 0
+    for call in range(60):
+        now = float(call)
+        rows: dict[str, list[tuple[int, float, float, float]]] = {"loss": [], "throughput": []}
+        for _ in range(rng.choice([1, 2, 5, 17])):
+            step += rng.choice([1, 1, 1, 3])
+            loss = loss * rng.choice([0.97, 1.0, 1.0, 1.0, 1.08]) + rng.gauss(0, 0.005)
+            tp = rng.choice([tp, tp, tp, 100.0, 30.0, 45.0])
+            rows["loss"].append((step, loss, loss * 0.9, loss * 1.1))
+            rows["throughput"].append((step, tp, tp * 0.8, tp))
+        for metric, metric_rows in rows.items():
+            for s, med, lo, hi in metric_rows:
+                st = StepStats("r", metric, s, 4, med, 0.0, med, lo, hi, lo, lo, hi, hi)
+                per_step.evaluate(now, results=[StepResult(st, {}, [], [])])
+        batched.evaluate(now, results=[quiet(m, r) for m, r in rows.items()])
+        # (``time``, when an alert was first published, is the caller's grouping: one call
+        # never publishes a condition that cleared and fired again within it as resolved)
+        a, b = ([replace(x, time=0.0) for x in e.firing()] for e in (batched, per_step))
+        assert a == b, f"seed {seed}, call {call}"
+    assert {a.rule for a in per_step.history(1000)} >= {"plateau", "threshold"}

@@ -166,6 +166,19 @@ def test_memory_is_bounded_by_the_step_window() -> None:
     assert all(not sv.complete for sv in evicted)
 
 
+def test_complete_steps_retired_by_the_window_are_not_counted_as_evicted() -> None:
+    """A fast job passes the step window within the grace time: its complete steps leave the
+    window, which loses nothing; only steps closed with ranks missing count as evicted."""
+    m = StepMerger(grace_s=1e9, max_step_window=100)
+    for step in range(1, 1_001):
+        m.add(rec(0, step, world=2), 0.0)
+        if step % 10:  # rank 1 misses every tenth step
+            m.add(rec(1, step, world=2), 0.0)
+    assert m.open_groups() <= 101
+    assert m.evicted == len(m.expire(0.0)) == 89  # steps 10 .. 890 left with rank 1 missing
+    assert m.late == 0
+
+
 def test_memory_is_bounded_by_open_steps() -> None:
     m = StepMerger(grace_s=1e9, max_open_steps=10, max_step_window=10**9)
     for step in range(0, 1_000_000, 10_000):
