@@ -17,14 +17,21 @@ The senders run in another process with frames encoded in advance. Each figure i
 ``--stages`` adds where the time goes: CPU time of this thread per record for each stage of the
 ingest thread, run in this process on the same frames (no sockets, no flush thread), next to
 ``msgpack.unpackb`` alone. Thread CPU time, so a busy machine distorts it less than the rates.
+
+Settings to compare (the defaults are what ``rankwatch serve`` runs): ``--duckdb-threads N``
+(the store's DuckDB threads), ``--switch-interval S`` (``sys.setswitchinterval``), and
+``--flush-log`` (each store flush of the last batched run: when it started, how many records,
+its wall time and its thread's CPU time, to see whether the store keeps up).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import math
 import multiprocessing as mp
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -44,6 +51,7 @@ from rankwatch.aggregator.store import Store
 
 METRICS = ("loss", "lr", "grad_norm", "step_time", "throughput", "loss_scale", "acc", "tokens")
 POLL_S = 0.005  # how often the aggregator's counters are read while waiting
+SWITCH_INTERVAL = sys.getswitchinterval()  # restored after a run with --switch-interval
 STAGE_TRIES = 3  # --stages: best of this many runs of each stage
 
 
@@ -129,23 +137,38 @@ def baseline(args: dict[str, Any], expected: int) -> float:
     return got / elapsed
 
 
-def aggregator(args: dict[str, Any], expected: int, subscribers: int) -> tuple[float, float]:
-    """Records per second the real aggregator accepts, and has flushed to its store."""
+def aggregator(
+    args: dict[str, Any],
+    expected: int,
+    subscribers: int,
+    settings: argparse.Namespace | None = None,
+    flush_log: list[tuple[float, float, float, int]] | None = None,
+) -> tuple[float, float]:
+    """Records per second the real aggregator accepts, and has flushed to its store.
+    ``flush_log`` gets (start s after the sender's go, wall s, thread CPU s, records) per
+    flush."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ServeConfig(
             data_dir=Path(tmp), ingest_host="127.0.0.1", ingest_port=0, console_alerts=False,
             resend_gaps=False,
         )  # fmt: skip
         agg = Aggregator(cfg)
+        if settings is not None and settings.duckdb_threads:
+            agg.store._writer.execute(f"SET threads = {int(settings.duckdb_threads)}")
+        go_at = [math.inf]
+        if flush_log is not None:
+            agg.store.flush = _logged(agg.store, flush_log, go_at)  # type: ignore[method-assign]
         agg.start()
         tune_gc()  # as `rankwatch serve` runs it
+        if settings is not None and settings.switch_interval:
+            sys.setswitchinterval(settings.switch_interval)
         stop = threading.Event()
         readers = [threading.Thread(target=_drain, args=(agg, stop)) for _ in range(subscribers)]
         for reader in readers:
             reader.start()
         try:
             proc, go = start_sender(f"tcp://127.0.0.1:{agg.ingest_port}", args)
-            started = time.perf_counter()
+            started = go_at[0] = time.perf_counter()
             go.set()
             while agg.counters()["records_accepted"] < expected:
                 time.sleep(POLL_S)
@@ -159,7 +182,25 @@ def aggregator(args: dict[str, Any], expected: int, subscribers: int) -> tuple[f
             for reader in readers:
                 reader.join()
             agg.stop()
+            sys.setswitchinterval(SWITCH_INTERVAL)
     return expected / accepted, expected / stored
+
+
+def _logged(
+    store: Store, log: list[tuple[float, float, float, int]], go_at: list[float]
+) -> Callable[[], None]:
+    flush = store.flush
+
+    def logged() -> None:
+        with store._buf_lock:
+            items = list(store._buf.records)
+        n = sum(len(i) if type(i) is records.StepBlock else 1 for i in items)
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        flush()
+        if n and t0 > go_at[0]:
+            log.append((t0 - go_at[0], time.perf_counter() - t0, time.thread_time() - cpu0, n))
+
+    return logged
 
 
 def _drain(agg: Aggregator, stop: threading.Event) -> None:
@@ -282,19 +323,27 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--subscribers", type=int, default=0, help="live feed readers")
     parser.add_argument("--stages", action="store_true", help="CPU per record by stage")
+    parser.add_argument("--batched-only", action="store_true", help="skip single-record frames")
+    parser.add_argument("--duckdb-threads", type=int, default=0, help="the store's DuckDB threads")
+    parser.add_argument("--switch-interval", type=float, default=0.0, help="seconds")
+    parser.add_argument("--flush-log", action="store_true", help="each flush of the last run")
     opts = parser.parse_args()
     expected = (opts.records // opts.ranks) * opts.ranks
     print(
         f"{expected:,} records per run: {opts.ranks} ranks x {expected // opts.ranks:,} steps, "
         f"{opts.metrics} metrics each, {opts.repeats} repeats, {opts.subscribers} feed readers"
     )
-    for label, batch in (("single-record frames", 1), (f"{opts.batch}-record frames", opts.batch)):
+    sizes = [("single-record frames", 1), (f"{opts.batch}-record frames", opts.batch)]
+    for label, batch in sizes[1:] if opts.batched_only else sizes:
         base, acc, stored = [], [], []
+        flushes: list[tuple[float, float, float, int]] = []
         for i in range(opts.repeats):
             args = {"ranks": opts.ranks, "metrics": opts.metrics, "records_total": opts.records,
                     "batch": batch, "run": f"bench-{batch}-{i}"}  # fmt: skip
             base.append(baseline(args, expected))
-            a, s = aggregator(args, expected, opts.subscribers)
+            flushes.clear()
+            log = flushes if opts.flush_log and batch > 1 else None
+            a, s = aggregator(args, expected, opts.subscribers, opts, log)
             acc.append(a)
             stored.append(s)
         ratio = statistics.median(acc) / statistics.median(base)
@@ -305,6 +354,10 @@ def main() -> None:
         print(f"  aggregator flushed to the store          {summary(stored)}")
         print(f"  ratio accepted/baseline {ratio:.3f}   stored/baseline {ratio_stored:.3f}"
               f"   (goal >= 0.25)")  # fmt: skip
+        for start, wall, cpu, n in flushes:
+            print(f"  flush at {start:6.2f} s: {n:9,} records, wall {wall * 1e3:6.0f} ms "
+                  f"({wall / n * 1e6:4.1f} us/record), its thread's CPU {cpu * 1e3:5.0f} ms "
+                  f"({cpu / n * 1e6:4.1f} us/record)")  # fmt: skip
         if opts.stages:
             stages({**args, "run": f"stages-{batch}"})
 

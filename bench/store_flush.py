@@ -2,12 +2,18 @@
 
 8 ranks x 4 metrics, the frames bench/ingest.py sends, appended N records at a time (as the
 StepBlocks ``decode_frame_blocks`` makes, and as StepRecords) then ``flush()``. Printed per flush
-size: median per-record wall and thread CPU of a flush, quiet and with a busy Python thread
-beside it (the ingest thread's stand-in), and how much that thread lost per record (time it
-could not run: the flush holding the GIL, or DuckDB's threads holding the cores). Baseline,
-measured in the same run: msgpack-unpacking the same records; ratio = flush / unpack.
+size: median per-record wall, thread CPU and process CPU (DuckDB's threads too) of a flush,
+quiet; then its wall time with a busy Python thread beside it (the ingest thread's stand-in),
+and how much that thread lost per record (time it could not run: the flush holding the GIL, or
+DuckDB's threads holding the cores). Baseline, measured in the same run: msgpack-unpacking the
+same records; ratio = flush / unpack.
 
     python bench/store_flush.py [--sizes 5000,25000,100000] [--flushes 5] [--switch-interval S]
+
+``--lock`` measures instead why a flush slows beside a busy thread: DuckDB's Python client
+takes the interpreter lock back after every task it runs (to check for Ctrl-C), so a query
+beside a busy Python thread waits up to a switch interval per task. One aggregate over a
+400,000-row table, alone and beside the busy thread, by DuckDB thread count.
 """
 
 from __future__ import annotations
@@ -65,26 +71,28 @@ class Spinner:
 def run_size(items: list[Any], n: int, flushes: int, spin: bool) -> dict[str, float]:
     """Median per-record wall/CPU (µs) of ``flushes`` flushes of ``n`` records each."""
     chunks = _chunks(items, n, flushes + 1)
-    walls, cpus, lost = [], [], []
+    walls, cpus, procs, lost = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "s.duckdb") as store:
         spinner = Spinner().__enter__() if spin else None
         try:
             for i, chunk in enumerate(chunks):
                 store.append(chunk)
                 c0 = spinner.count if spinner else 0
-                t0, cpu0 = time.perf_counter(), time.thread_time()
+                t0, cpu0, proc0 = time.perf_counter(), time.thread_time(), time.process_time()
                 store.flush()
                 wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
+                proc = time.process_time() - proc0  # DuckDB's threads too (and the spinner's)
                 if i == 0:
                     continue  # the first flush creates the rows of every rank and series
                 walls.append(wall / n * 1e6)
                 cpus.append(cpu / n * 1e6)
+                procs.append(proc / n * 1e6)
                 if spinner:
                     lost.append((wall - (spinner.count - c0) / spinner.rate) / n * 1e6)
         finally:
             if spinner:
                 spinner.__exit__()
-    out = {"wall": statistics.median(walls), "cpu": statistics.median(cpus)}
+    out = {k: statistics.median(v) for k, v in (("wall", walls), ("cpu", cpus), ("proc", procs))}
     if spin:
         out["lost"] = statistics.median(lost)
     return out
@@ -117,6 +125,43 @@ def unpack_us(frames: list[bytes], total: int) -> float:
     return statistics.median(times)
 
 
+def lock_cost(switch_interval: float | None) -> None:
+    """Median ms of one aggregate over a 400,000-row temp table, alone / beside a busy thread."""
+    import duckdb
+    import numpy as np
+
+    n = 400_000
+    con = duckdb.connect()
+    columns = {  # noqa: F841  (read by name by DuckDB's replacement scan)
+        "a": np.arange(n, dtype=np.int64),
+        "b": np.random.default_rng(0).random(n),
+        "c": (np.arange(n) % 8).astype(np.int32),
+    }
+    con.execute("CREATE TEMP TABLE t AS SELECT * FROM columns")
+    sql = (  # into a table: no result rows for Python to build
+        "CREATE OR REPLACE TEMP TABLE r AS "
+        "SELECT c, a // 16 AS g, count(*), sum(b), arg_min(a, b) FROM t GROUP BY c, a // 16"
+    )
+
+    def median_ms(runs: int = 7) -> float:
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            con.execute(sql)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e3
+
+    si = sys.getswitchinterval() if switch_interval is None else switch_interval
+    print(f"switch interval {si * 1e3:g} ms; aggregate over {n:,} rows, median ms")
+    for threads in (2, 1):
+        con.execute(f"SET threads = {threads}")
+        alone = median_ms()
+        with Spinner():
+            busy = median_ms()
+        print(f"  DuckDB threads {threads}: alone {alone:6.1f}   beside a busy thread {busy:6.1f}"
+              f"   (x{busy / alone:.1f})")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="5000,25000,100000")
@@ -125,9 +170,13 @@ def main() -> None:
     ap.add_argument(
         "--switch-interval", type=float, default=None, help="sys.setswitchinterval (s) to try"
     )
+    ap.add_argument("--lock", action="store_true", help="DuckDB's calls beside a busy thread")
     args = ap.parse_args()
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
+    if args.lock:
+        lock_cost(args.switch_interval)
+        return
     sizes = [int(s) for s in args.sizes.split(",")]
     total = max(sizes) * (args.flushes + 1)
     per_rank = make_frames(RANKS, METRICS, total + RANKS * FRAME_RECORDS, FRAME_RECORDS, "r")
@@ -142,8 +191,8 @@ def main() -> None:
     if blocks is not None and not args.records_only:
         inputs.insert(0, ("blocks", blocks))
     print(
-        "input    flush N   wall µs/rec  cpu µs/rec  (x unpack)  | busy thread beside: "
-        "wall µs/rec  thread lost µs/rec"
+        "input    flush N   wall µs/rec  cpu µs/rec  (x unpack)  process cpu  | "
+        "busy thread beside: wall µs/rec  thread lost µs/rec"
     )
     for name, items in inputs:
         for n in sizes:
@@ -151,7 +200,8 @@ def main() -> None:
             busy = run_size(items, n, args.flushes, spin=True)
             print(
                 f"{name:8s} {n:7d}   {quiet['wall']:8.2f}    {quiet['cpu']:8.2f}   "
-                f"({quiet['wall'] / base:5.1f}x)   |   {busy['wall']:8.2f}       "
+                f"({quiet['wall'] / base:5.1f}x)   {quiet['proc']:8.2f}     |   "
+                f"{busy['wall']:8.2f}       "
                 f"{busy['lost']:8.2f}"
             )
 
