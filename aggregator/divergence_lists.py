@@ -86,13 +86,13 @@ def step_stats(v: list[float]) -> tuple[float, ...]:
 
 def no_outliers(n: int) -> tuple[bool, ...]:
     """(False,) * n, shared: most steps have no outlier (a tuple: never written to)."""
-    out = NO_OUTLIERS_BY_N.get(n)
+    out = _NO_OUTLIERS.get(n)
     if out is None:
-        out = NO_OUTLIERS_BY_N[n] = (False,) * n
+        out = _NO_OUTLIERS[n] = (False,) * n
     return out
 
 
-NO_OUTLIERS_BY_N: dict[int, tuple[bool, ...]] = {}
+_NO_OUTLIERS: dict[int, tuple[bool, ...]] = {}
 
 
 def rel_list(v: list[float], med: float) -> list[float]:

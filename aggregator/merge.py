@@ -295,13 +295,10 @@ class StepMerger:
             group.spread()
         return self._add_values(rec.run, group, rec.rank, rec.metrics.keys(), rec.metrics.values())
 
-    def add_block(
-        self, block: StepBlock, now: float, fresh: list[bool] | None = None
-    ) -> list[StepValues | StepGrid]:
-        """``add`` for each record of ``block`` (only those ``fresh`` marks, if given), in
-        order; returns the groups they completed, in completion order. Steps where every rank
-        reported the same metrics come as ``StepGrid``s (``StepGrid.step_values()``: the same
-        StepValues, in the same order)."""
+    def add_block(self, block: StepBlock, now: float) -> list[StepValues | StepGrid]:
+        """``add`` for each record of ``block``, in order; returns the groups they completed,
+        in completion order. Steps where every rank reported the same metrics come as
+        ``StepGrid``s (``StepGrid.step_values()``: the same StepValues, in the same order)."""
         name = block.run
         run = self._runs.get(name)
         if run is None:
@@ -312,9 +309,7 @@ class StepMerger:
         rows = zip(*block.metrics.values(), strict=True) if names else [()] * len(block)
         out: list[StepValues | StepGrid] = []
         grid: StepGrid | None = None
-        for i, (step, row) in enumerate(zip(block.step, rows, strict=True)):
-            if fresh is not None and not fresh[i]:
-                continue
+        for step, row in zip(block.step, rows, strict=True):
             group = groups.get(step)
             if group is None:
                 if step in run.closed or (run.floor is not None and step <= run.floor):

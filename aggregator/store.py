@@ -87,8 +87,8 @@ class Store:
         try:
             self._create()
             self._mirror = Mirror.load(self._writer)
-            # the flush's numpy columns are found by name in its frame, also when the cursor
-            # is wrapped (a profiler): see _insert_batch
+            # the flush's numpy columns are found by name in the frame that made them, also
+            # when rollup.run_script executes the statement one frame down: see _insert_batch
             self._writer.execute("SET python_scan_all_frames = true")
         except (duckdb.Error, StoreError) as exc:
             self._con.close()
@@ -117,11 +117,7 @@ class Store:
             # Only step records count as arrival for the band: a hung rank goes on sending
             # heartbeats, and must not hold every later step's band back (unsettled steps are
             # banded from raw rows at each query: a chart would grow slower with every step).
-            senders = {
-                (rec.run, rec.rank, type(rec) is StepRecord or (type(rec) is StepBlock and
-                                                                 len(rec) > 0))
-                for rec in records
-            }  # fmt: skip
+            senders = {(rec.run, rec.rank, _has_steps(rec)) for rec in records}
             for run, rank, stepped in senders:
                 runs = self._arrival.get(run)
                 if runs is None:
@@ -569,6 +565,10 @@ class Store:
             .fetchone()
         )
         return int(row[0]) if row else 0
+
+
+def _has_steps(item: Item) -> bool:
+    return type(item) is StepRecord or (type(item) is StepBlock and len(item) > 0)
 
 
 def _values(row: dict[str, Any]) -> tuple:
