@@ -69,10 +69,28 @@ def create_tables(cur: duckdb.DuckDBPyConnection) -> None:
                 cur.execute(f"CREATE TABLE IF NOT EXISTS {table(src, width, open_)} ({_SCHEMA})")
 
 
+def raw_part(source_sql: str, names: str | None = None) -> str:
+    """Long rows (``source_sql``: run, metric, key, step, value) as the finest level's buckets.
+
+    ``names``: run and metric are int codes into this SQL list of names (the store's numpy
+    buffer); they are grouped as ints and turned into names per bucket, not per row."""
+    group = f"run, metric, key, step // {LEVELS[0]}"
+    buckets = (
+        f"SELECT {group} AS b, {_RAW_AGG} FROM ({source_sql}) WHERE value IS NOT NULL "
+        f"GROUP BY {group}"
+    )
+    if names is None:
+        return buckets
+    return (
+        f"SELECT {names}[g.run + 1] AS run, {names}[g.metric + 1] AS metric, g.key, g.b, g.n, "
+        f"g.s, g.mn, g.mn_step, g.mx, g.mx_step, g.lo, g.hi FROM ({buckets}) g"
+    )
+
+
 def fold(
-    cur: duckdb.DuckDBPyConnection, src: str, source_sql: str, before: Sequence[str] = ()
+    cur: duckdb.DuckDBPyConnection, src: str, part_sql: str, before: Sequence[str] = ()
 ) -> list[str]:
-    """Fold new long rows (``source_sql`` yields run, metric, key, step, value) into every level.
+    """Fold new buckets of the finest level (``part_sql``, see ``raw_part``) into every level.
 
     Runs on the writer cursor inside the caller's transaction. Per level: one table of the
     merged buckets (the new part plus the keys' open rows), the open rows replaced, what
@@ -82,10 +100,7 @@ def fold(
     statements left after the last count are returned for the caller to run with its next.
     """
     key = "p.run = o.run AND p.metric = o.metric AND p.key = o.key"
-    part = (
-        f"SELECT run, metric, key, step // {LEVELS[0]} AS b, {_RAW_AGG} FROM ({source_sql}) "
-        f"WHERE value IS NOT NULL GROUP BY run, metric, key, step // {LEVELS[0]}"
-    )
+    part = part_sql
     script = list(before)
     for i, width in enumerate(LEVELS):
         open_t, closed_t, comb = table(src, width, True), table(src, width), f"rw_comb{i}"
@@ -388,4 +403,4 @@ def _band_rows(
             "CREATE OR REPLACE TEMP TABLE rw_band AS SELECT * FROM band "
             f"WHERE {where} AND step >= {fold_from} AND step <= {upto}"
         )
-    return fold(cur, "band", band_long_sql("rw_band"), script)
+    return fold(cur, "band", raw_part(band_long_sql("rw_band")), script)

@@ -27,6 +27,7 @@ from rankwatch.aggregator.store_buffer import columns as buffer_columns
 from rankwatch.aggregator.store_rows import (
     BUFFERED,
     META_BATCH,
+    NULL_CODE,
     RANK_BATCH,
     RANK_FIELDS,
     SEQ_MERGE,
@@ -45,6 +46,8 @@ BAND_WAIT_UNSEEN_S = 60.0  # ranks of world_size never seen hold it back this lo
 BAND_REPAIR_QUIET_S = 10.0  # a run with late rows is re-banded after this long without input
 BAND_REPAIR_ROWS = 200_000  # ... or at once if re-banding reads fewer raw rows than this
 NO_STEP = rollup.NO_STEP
+# a flush's names as an SQL list (temp table buf_names): a code c is _NAMES[c + 1]
+_NAMES = "(SELECT names FROM buf_names)"
 
 
 class StoreError(RuntimeError):
@@ -157,6 +160,11 @@ class Store:
             for r in np.unique(rank).tolist():
                 runs[r] = now
 
+    def pending(self) -> int:
+        """Records appended and not flushed yet."""
+        with self._buf_lock:
+            return self._buf.count()
+
     def flush(self) -> None:
         """Write everything buffered; raises StoreError and keeps the records buffered (up to
         MAX_BUFFER_ROWS) when the disk refuses them.
@@ -240,15 +248,21 @@ class Store:
             "WHERE seqs.run = k.run AND seqs.rank = k.rank",
             "INSERT INTO seqs SELECT * FROM rw_seq",
         ]  # fmt: skip
+        # buf_steps keeps run and metric as int codes: the statistics and the finest rollup
+        # group the codes and look the names up per group, not per row.
         if "steps" in raw:
             script += [
-                "CREATE OR REPLACE TEMP TABLE buf_steps AS " + select_sql("steps", "raw_steps"),
-                "INSERT INTO steps SELECT * FROM buf_steps",
+                "CREATE OR REPLACE TEMP TABLE buf_names AS "
+                "SELECT list(CAST(name AS VARCHAR) ORDER BY i) AS names FROM raw_names",
+                "CREATE OR REPLACE TEMP TABLE buf_steps AS SELECT * FROM raw_steps",
+                "INSERT INTO steps " + select_sql("steps", "buf_steps"),
             ]
         # what the bookkeeping needs back, in one row: lists of structs
         stats = (
-            "SELECT run, metric, count(*), min(step), max(step), list(DISTINCT rank) "
-            "FROM buf_steps WHERE metric IS NOT NULL GROUP BY run, metric"
+            f"SELECT {_NAMES}[run + 1], {_NAMES}[metric + 1], n, lo, hi, ranks FROM ("
+            "SELECT run, metric, count(*) AS n, min(step) AS lo, max(step) AS hi, "
+            f"list(DISTINCT rank) AS ranks FROM buf_steps WHERE metric <> {NULL_CODE} "
+            "GROUP BY run, metric)"
             if "steps" in raw
             else "SELECT NULL WHERE false"
         )
@@ -307,12 +321,11 @@ class Store:
                     f"INSERT INTO band_late VALUES ({rollup.literal(run)}, "
                     f"{rollup.literal(metric)}, {mirror.late[key]})",
                 ]
-        return rollup.fold(
-            cur,
-            "series",
-            "SELECT run, metric, rank AS key, step, value FROM buf_steps WHERE metric IS NOT NULL",
-            script,
+        source = (
+            "SELECT run, metric, CAST(rank AS INTEGER) AS key, step, "
+            f"coalesce(value, 'nan'::DOUBLE) AS value FROM buf_steps WHERE metric <> {NULL_CODE}"
         )
+        return rollup.fold(cur, "series", rollup.raw_part(source, _NAMES), script)
 
     def rebuild_band(self, run: str) -> None:
         """Recompute the band of ``run`` from its raw rows at the next flush (after an import

@@ -110,6 +110,11 @@ class Batch:
     def empty(self) -> bool:
         return not self.records and not self.parts
 
+    def count(self) -> int:
+        """Records held (a block counts as its records)."""
+        held = sum(len(i) if type(i) is StepBlock else 1 for i in self.records)
+        return held + sum(int(p.tables["recs"]["n"].sum()) for p in self.parts)
+
     def extend(self, items: Sequence[Item]) -> None:
         for item in items:
             if isinstance(item, StepBlock):
@@ -131,7 +136,8 @@ class Batch:
         none = np.full(n, NULL_INT, dtype=np.int64)
         steps = (code[0], rank, seq, step, none, t, code[1], value)
         recs = (code[0], rank, seq, t, code[2], np.full(n, world_size, np.int64), code[3],
-                np.zeros(n, np.int64), step, np.full(n, NULL_CODE, np.int32))  # fmt: skip
+                np.zeros(n, np.int64), step, np.full(n, NULL_CODE, np.int32), seq,
+                np.ones(n, np.int64), t)  # fmt: skip
         part = Part.empty()
         part.names = names
         for name, cols in (("steps", steps), ("recs", recs)):
@@ -260,7 +266,8 @@ def _step_tables(
     recs = {**head, "kind": np.full(n, _code("step", names), np.int32),
             "world_size": np.array(ws, np.int64), "host": _codes(host, names),
             "pid": np.array(pid, np.int64), "step": step_col,
-            "event": np.full(n, NULL_CODE, np.int32)}  # fmt: skip
+            "event": np.full(n, NULL_CODE, np.int32), "hi": head["seq"],
+            "n": np.ones(n, np.int64), "last_time": head["time"]}  # fmt: skip
     per = [r.metrics or _NO_METRICS for r in steps]
     counts = np.fromiter(map(len, per), np.int64, n)
     # one repeat count for all when every record has as many metrics (the usual case)
@@ -320,7 +327,35 @@ def _block_tables(
     rows["time"] = recs["time"][ridx]
     rows["metric"] = np.repeat(np.array(metric_codes, np.int32), np.repeat(lens, ks))
     rows["value"] = np.fromiter(chain.from_iterable(values), np.float64, len(ridx))
-    return recs, {c: rows[c] for c, _ in LAYOUT["steps"]}
+    return _spans(recs, lens), {c: rows[c] for c, _ in LAYOUT["steps"]}
+
+
+def _spans(recs: dict[str, np.ndarray], lens: np.ndarray) -> dict[str, np.ndarray]:
+    """``recs`` rows (one per record of blocks of ``lens`` records) as span rows: a block whose
+    seqs go up by one is one row; the records of any other block stay rows of their own.
+    The flush's bookkeeping then reads a row per block instead of per record."""
+    seq = recs["seq"]
+    lens = lens[lens > 0]
+    if not len(lens):
+        return {**recs, "hi": seq, "n": np.ones(0, np.int64), "last_time": recs["time"]}
+    start = np.cumsum(lens) - lens
+    end = start + lens - 1
+    steady = np.concatenate([[0], np.cumsum(np.diff(seq) == 1)])  # consecutive pairs so far
+    whole = steady[end] - steady[start] == lens - 1
+    out = {c: v[start] for c, v in recs.items()}
+    # as DuckDB's min() and max() of the records would be: NaN sorts above every number
+    out["time"] = np.fmin.reduceat(recs["time"], start)
+    out["last_time"] = np.maximum.reduceat(recs["time"], start)
+    out["step"] = np.maximum.reduceat(recs["step"], start)
+    out["hi"], out["n"] = seq[end], lens
+    out = {c: v[whole] for c, v in out.items()}
+    if whole.all():
+        return out
+    own = np.repeat(~whole, lens)  # records of blocks that are not one span
+    single = {c: v[own] for c, v in recs.items()}
+    single.update(hi=single["seq"], n=np.ones(len(single["seq"]), np.int64),
+                  last_time=single["time"])  # fmt: skip
+    return {c: np.concatenate([out[c], single[c]]) for c in out}
 
 
 def _concat(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -331,16 +366,18 @@ def _concat(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.
 
 def _add_row(c: dict[str, list[list]], rec: Record) -> None:
     head = (rec.run, rec.rank, rec.seq, rec.time)
+    span = (rec.seq, 1, rec.time)  # a span of one record
     if isinstance(rec, EventRecord):
         ident = (rec.world_size, rec.host, rec.pid)
-        _push(c["recs"], (*head, "event", *ident, None, rec.event))
+        _push(c["recs"], (*head, "event", *ident, None, rec.event, *span))
         info = json.dumps(dict(rec.info), default=str)
         _push(c["events"], (*head, *ident, rec.event, rec.step, info))
     elif isinstance(rec, Heartbeat):
-        _push(c["recs"], (*head, "heartbeat", None, None, None, None, None))
+        _push(c["recs"], (*head, "heartbeat", None, None, None, None, None, *span))
         _push(c["heartbeats"], (*head, rec.last_step, rec.next_in, rec.dropped, rec.paused))
     else:  # a StepRecord subclass
-        _push(c["recs"], (*head, "step", rec.world_size, rec.host, rec.pid, rec.step, None))
+        _push(c["recs"], (*head, "step", rec.world_size, rec.host, rec.pid, rec.step, None,
+                          *span))  # fmt: skip
         for name, value in (rec.metrics or _NO_METRICS).items():
             _push(c["steps"], (*head[:3], rec.step, rec.epoch, rec.time, name, value))
 

@@ -36,9 +36,12 @@ LAYOUT: dict[str, tuple[tuple[str, str], ...]] = {
                ("host", "c"), ("pid", "i"), ("event", "c"), ("step", "n"), ("info", "s")),
     "heartbeats": (("run", "c"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("last_step", "n"),
                    ("next_in", "f"), ("dropped", "i"), ("paused", "c")),
-    # one row per buffered record of any kind: seq intervals, rank summaries, rank_meta
+    # seq intervals, rank summaries, rank_meta. One row per span of buffered records: a step
+    # block with consecutive seqs is one row (seq..hi, n records, its first and last time, its
+    # last step), any other record its own row (hi = seq, n = 1).
     "recs": (("run", "c"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("kind", "c"),
-             ("world_size", "n"), ("host", "c"), ("pid", "n"), ("step", "n"), ("event", "c")),
+             ("world_size", "n"), ("host", "c"), ("pid", "n"), ("step", "n"), ("event", "c"),
+             ("hi", "i"), ("n", "i"), ("last_time", "f")),
     "ranks": (("run", "c"), ("rank", "i"), ("world_size", "n"), ("host", "c"), ("pid", "n"),
               ("first_time", "f"), ("last_time", "f"), ("records", "i"), ("last_step", "n"),
               ("meta_seq", "n"), ("life_seq", "n"), ("ended", "b")),
@@ -63,21 +66,19 @@ TABLES = (
 
 # --- the bookkeeping a flush does in SQL over its batch (temp table buf_recs) ----------
 
-# Seen (run, rank, seq) as merged intervals, in one statement: this flush's seqs as intervals
-# (a rank's seqs are usually one unbroken run: min/max/count, no sort; otherwise islands by
-# seq - dense_rank), then gaps-and-islands over those plus the touched ranks' old intervals.
+# Seen (run, rank, seq) as merged intervals, in one statement: this flush's spans as intervals
+# (a rank's spans usually make one unbroken run: min/max/sum, no sort; records are new, so a
+# repeated span start is the only overlap looked for), then gaps-and-islands over the spans of
+# the other ranks plus the touched ranks' old intervals.
 SEQ_MERGE = """
 CREATE OR REPLACE TEMP TABLE rw_seq AS
-WITH sg AS MATERIALIZED (SELECT run, rank, min(seq) AS lo, max(seq) AS hi,
-    count(DISTINCT seq) AS n FROM buf_recs GROUP BY run, rank),
-si AS (SELECT run, rank, lo, hi FROM sg WHERE hi - lo + 1 = n
+WITH sg AS MATERIALIZED (SELECT run, rank, min(seq) AS lo, max(hi) AS hi, sum(n) AS n,
+    count(*) = count(DISTINCT seq) AS distinct_starts FROM buf_recs GROUP BY run, rank),
+si AS (SELECT run, rank, lo, hi FROM sg WHERE hi - lo + 1 = n AND distinct_starts
     UNION ALL
-    SELECT run, rank, min(seq), max(seq) FROM (
-        SELECT r.run, r.rank, r.seq, r.seq - dense_rank() OVER (PARTITION BY r.run, r.rank
-            ORDER BY r.seq) AS island
-        FROM buf_recs r SEMI JOIN (SELECT run, rank FROM sg WHERE hi - lo + 1 <> n) g
-        ON r.run = g.run AND r.rank = g.rank)
-    GROUP BY run, rank, island),
+    SELECT r.run, r.rank, r.seq, r.hi FROM buf_recs r SEMI JOIN
+        (SELECT run, rank FROM sg WHERE hi - lo + 1 <> n OR NOT distinct_starts) g
+        ON r.run = g.run AND r.rank = g.rank),
 u AS (SELECT * FROM si
       UNION ALL SELECT s.run, s.rank, s.lo, s.hi FROM seqs s SEMI JOIN sg k
       ON s.run = k.run AND s.rank = k.rank),
@@ -96,12 +97,12 @@ WHERE world_size IS NOT NULL GROUP BY run, rank, world_size, host, pid ORDER BY 
 """
 
 RANK_BATCH = """
-SELECT run, rank, count(*) AS records, min(time) AS first_time, max(time) AS last_time,
+SELECT run, rank, sum(n) AS records, min(time) AS first_time, max(last_time) AS last_time,
   max(step) FILTER (WHERE kind = 'step') AS last_step,
   arg_max(world_size, seq) FILTER (WHERE world_size IS NOT NULL) AS world_size,
   arg_max(host, seq) FILTER (WHERE world_size IS NOT NULL) AS host,
   arg_max(pid, seq) FILTER (WHERE world_size IS NOT NULL) AS pid,
-  max(seq) FILTER (WHERE world_size IS NOT NULL) AS meta_seq,
+  max(hi) FILTER (WHERE world_size IS NOT NULL) AS meta_seq,
   max(seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life_seq,
   arg_max(event, seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life
 FROM buf_recs GROUP BY run, rank

@@ -20,8 +20,10 @@ def _fold_batches(con: duckdb.DuckDBPyConnection, batches: list[dict[str, np.nda
         rest = rollup.fold(
             con,
             "series",
-            "SELECT 'r' AS run, 'loss' AS metric, key, step, coalesce(value, 'nan'::DOUBLE) "
-            "AS value FROM src",
+            rollup.raw_part(
+                "SELECT 'r' AS run, 'loss' AS metric, key, step, coalesce(value, 'nan'::DOUBLE) "
+                "AS value FROM src"
+            ),
         )
         rollup.run_script(con, [*rest, "COMMIT"])
         con.unregister("src")

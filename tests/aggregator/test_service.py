@@ -223,6 +223,40 @@ def test_store_failure_is_logged_once_the_live_view_goes_on_and_it_catches_up(
         agg.stop()
 
 
+class TimedStore(Store):
+    """A real store noting when each flush ran; ``arrivals`` are appended right after the
+    first one, as records that came in while it was writing."""
+
+    def __init__(self, path: Path, arrivals: list[Record]) -> None:
+        super().__init__(path)
+        self.arrivals = arrivals
+        self.flushes: list[tuple[float, float]] = []
+
+    def flush(self) -> None:
+        start = time.monotonic()
+        super().flush()
+        self.append(self.arrivals)
+        self.arrivals = []
+        self.flushes.append((start, time.monotonic()))
+
+
+def test_a_backlog_left_by_a_flush_is_written_at_once_then_the_pause_resumes(
+    tmp_path: Path,
+) -> None:
+    store = TimedStore(tmp_path / "data", [step(0, q, 1.0) for q in range(1, 61)])
+    cfg = config(tmp_path, store_flush_s=2.0, store_backlog_records=50)
+    agg = Aggregator(cfg, store=store)
+    agg.start()
+    try:
+        wait_until(lambda: len(store.flushes) >= 3, timeout_s=20, what="three flushes")
+    finally:
+        agg.stop()
+    (_, end1), (start2, end2), (start3, _) = store.flushes[:3]
+    assert start2 - end1 < 1.0  # 60 records left >= 50: no pause
+    assert start3 - end2 >= 1.9  # nothing left: the 2 s pause
+    assert store.runs()[0]["records"] == 60
+
+
 class _Hang(BaseHTTPRequestHandler):
     release = threading.Event()
     hits = 0

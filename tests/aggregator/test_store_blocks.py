@@ -94,6 +94,61 @@ def test_a_block_stores_exactly_what_its_records_would(tmp_path: Path) -> None:
     stored_alike(tmp_path, flushes)
 
 
+def test_blocks_with_gaps_or_seqs_out_of_order_keep_exact_seq_intervals(tmp_path: Path) -> None:
+    # A block of consecutive seqs is one bookkeeping row; any other block's records are rows
+    # of their own. Either way the seq intervals and rank summaries are those of its records.
+    m = ("loss",)
+    flushes = [
+        [block("r", 0, range(1, 11), m), block("r", 0, [11, 13, 14], m),  # a gap inside
+         block("r", 1, [3, 1, 2], m), block("r", 2, range(1, 1), m),  # out of order; empty
+         block("r", 3, range(1, 5), m), block("r", 3, range(8, 10), m)],  # a gap between
+        [block("r", 0, [12], m), block("r", 1, range(4, 8), m), block("r", 1, [20, 21], m),
+         block("r", 3, [7, 5, 6], m)],  # both gaps filled
+    ]  # fmt: skip
+    stored_alike(tmp_path, flushes)
+    with Store(tmp_path / "s.duckdb") as s:
+        s.append(flushes[0])
+        s.flush()
+        assert s.seen_seqs() == [
+            ("r", 0, 1, 11), ("r", 0, 13, 14), ("r", 1, 1, 3), ("r", 3, 1, 4), ("r", 3, 8, 9),
+        ]  # fmt: skip
+        s.append(flushes[1])
+        s.flush()
+        assert s.seen_seqs() == [("r", 0, 1, 14), ("r", 1, 1, 7), ("r", 1, 20, 21),
+                                 ("r", 3, 1, 9)]  # fmt: skip
+        ranks = {r["rank"]: r for r in s.ranks("r")}
+        assert {k: (r["records"], r["last_step"]) for k, r in ranks.items()} == {
+            0: (14, 13), 1: (9, 20), 3: (9, 8),
+        }  # fmt: skip
+        assert (ranks[1]["first_time"], ranks[1]["last_time"]) == (1e9 + 1 / 8, 1e9 + 21 / 8)
+
+
+def test_a_nan_time_in_a_block_summarises_as_its_records_would(tmp_path: Path) -> None:
+    # a block is one bookkeeping row; its first/last time must be what min()/max() over its
+    # records give (NaN sorts above every number in DuckDB: the first time skips it, the last
+    # time is NaN)
+    nan_block = block("r", 0, range(1, 6), ("loss",))
+    nan_block.time[2] = math.nan
+    summaries = []
+    for expand in (False, True):
+        with Store(tmp_path / f"{expand}.duckdb") as s:
+            s.append(unblock([nan_block]) if expand else [nan_block])
+            s.flush()
+            summaries.append(repr(s.ranks("r")))
+    assert summaries[0] == summaries[1]
+    assert "'first_time': 1000000000.125" in summaries[0] and "'last_time': nan" in summaries[0]
+
+
+def test_a_record_appended_twice_does_not_hide_a_gap(tmp_path: Path) -> None:
+    # seqs 1, 1, 3: as many rows as seqs 1..3 would have; seq 2 must still show as missing,
+    # or it would never be resent or imported
+    rec = StepRecord("r", 0, 1, 1e9, 4, "h", 100, 0, None, {"loss": 0.5})
+    with Store(tmp_path / "s.duckdb") as s:
+        s.append([rec, rec, StepRecord("r", 0, 3, 1e9, 4, "h", 100, 2, None, {"loss": 0.4})])
+        s.flush()
+        assert s.seen_seqs() == [("r", 0, 1, 1), ("r", 0, 3, 3)]
+
+
 def test_an_empty_metrics_block_stores_a_row_per_record(tmp_path: Path) -> None:
     with Store(tmp_path / "s.duckdb") as s:
         s.append([block("r", 0, range(1, 6), ())])
@@ -211,3 +266,12 @@ def test_a_failed_flush_keeps_its_blocks_for_the_next(
         np.testing.assert_array_equal(
             values, [math.nan if q == 17 else q + 0.0 for q in range(1, 31)]
         )
+
+
+def test_pending_counts_records_blocks_and_bulk_columns_until_flushed(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.duckdb") as s:
+        s.append([block("r", 0, range(1, 41), ("loss",)), Heartbeat("r", 1, 1, 1e9, None, 5, 0)])
+        s.append_steps("r", "loss", np.array([2, 3]), np.array([0, 0]), np.array([0.5, 0.6]))
+        assert s.pending() == 40 + 1 + 2
+        s.flush()
+        assert s.pending() == 0
