@@ -254,8 +254,11 @@ class _Cond:
 
     @property
     def key(self) -> str:
-        rank = "" if self.rank is None else str(self.rank)
-        return f"{self.rule}|{self.run}|{rank}|{self.metric or ''}"
+        return _cond_key(self.rule, self.run, self.rank, self.metric)
+
+
+def _cond_key(rule: str, run: str, rank: int | None, metric: str | None) -> str:
+    return f"{rule}|{run}|{'' if rank is None else rank}|{metric or ''}"
 
 
 class _Series:
@@ -275,7 +278,7 @@ class _Series:
         """``_Cond.key`` of this run's run-level condition (made once: it is asked per step)."""
         key = self._keys.get((rule, metric))
         if key is None:
-            key = self._keys[(rule, metric)] = f"{rule}|{self.run}||{metric}"
+            key = self._keys[(rule, metric)] = _cond_key(rule, self.run, None, metric)
         return key
 
 
@@ -363,8 +366,7 @@ class AlertEngine:
             self._conds[cond.key] = cond
 
     def _clear(self, rule: str, run: str, rank: int | None, metric: str | None) -> None:
-        rank_s = "" if rank is None else str(rank)
-        self._drop(f"{rule}|{run}|{rank_s}|{metric or ''}")
+        self._drop(_cond_key(rule, run, rank, metric))
 
     def _drop(self, key: str) -> None:
         self._conds.pop(key, None)

@@ -192,9 +192,7 @@ def _logged(
     flush = store.flush
 
     def logged() -> None:
-        with store._buf_lock:
-            items = list(store._buf.records)
-        n = sum(len(i) if type(i) is records.StepBlock else 1 for i in items)
+        n = store.pending()
         t0, cpu0 = time.perf_counter(), time.thread_time()
         flush()
         if n and t0 > go_at[0]:
