@@ -169,12 +169,15 @@ def main() -> None:
         samples.append(last)
         print(show(last), flush=True)
         divergence = head.get(f"/api/runs/{run}/divergence")
+        alerts = head.get(f"/api/alerts?run={run}&limit=10000")
         freshness = [
             t - created
             for (rank, step), t in clock.arrivals.items()
             if (created := gen.created(rank, step)) is not None
         ]
-        report(config, summary, samples, drain_s, rss0, divergence, health, clock, freshness)
+        report(
+            config, summary, samples, drain_s, rss0, divergence, alerts, health, clock, freshness
+        )
 
 
 def report(
@@ -184,6 +187,7 @@ def report(
     drain_s: float,
     rss0: float,
     divergence: dict[str, Any],
+    alerts: dict[str, Any],
     health: dict[str, Any],
     clock: StreamClock,
     freshness: list[float],
@@ -235,13 +239,26 @@ def report(
         for r in health.get("ranks", [])
         if r["rank"] in faults
     }
-    others = [
-        r["rank"] for r in health.get("ranks", []) if r["rank"] not in faults and r.get("divergent")
-    ]
+    others = {
+        r["rank"]: r["divergent"]
+        for r in health.get("ranks", [])
+        if r["rank"] not in faults and r.get("divergent")
+    }
+    # every flag the run raised (the alert history), not only those active at one moment
+    raised: dict[int, set[str]] = {}
+    for a in alerts.get("history", []):
+        if a["rule"] in ("divergence", "nonfinite") and a["state"] == "firing":
+            for rank in [a["rank"]] if a["rank"] is not None else a.get("ranks", []):
+                if rank not in faults:
+                    raised.setdefault(rank, set()).add(a["metric"])
     print(
         f"fault ranks near the end of the load (state, divergent metrics): "
         f"{ {r: (faults[r], *states.get(r, ('?', None))) for r in sorted(faults)} }; "
-        f"other ranks flagged: {others[:10]}"
+        f"other ranks flagged (divergent metrics): {dict(list(others.items())[:10])}"
+    )
+    print(
+        f"divergence alerts raised during the run on ranks without a fault: {len(raised)} "
+        f"{ {r: sorted(m) for r, m in sorted(raised.items())[:10]} }"
     )
     if freshness:
         print(
