@@ -13,11 +13,12 @@ The method, its defaults and their calibration are in docs/divergence.md; in sho
   the run's recent typical spread, so a step where the healthy ranks happen to agree closely does
   not blow up the z of the fourth.
 * Confirmation: a one-sided CUSUM per rank and direction on the z-score (allowance
-  ``z_allowance``, limit ``evidence_limit``), each step adding at most ``evidence_limit /
-  confirm_steps``, so a single spike never flags, a large jump is confirmed in ``confirm_steps``
-  steps and a 3-sigma shift in about four. The rank must also be past the ratio gate
-  (``high_ratio`` / ``low_ratio``) on the confirming step. It resolves after ``clear_steps``
-  consecutive steps without evidence.
+  ``z_allowance``, limit ``evidence_limit``, raised in worlds of more than ``evidence_ranks``
+  ranks by ``DivergenceConfig.limit_for`` so a bigger world raises no more false alarms), each
+  step adding at most limit / ``confirm_steps``, so a single spike never flags, a large jump is
+  confirmed in ``confirm_steps`` steps and a 3-sigma shift in about four (five at 1,024 ranks).
+  The rank must also be past the ratio gate (``high_ratio`` / ``low_ratio``) on the confirming
+  step. It resolves after ``clear_steps`` consecutive steps without evidence.
 * Non-finite values (NaN, ±Inf) are flagged at once.
 * Two ranks: the median of two says nothing about which is bad. The pair is scored against its
   own typical spread, and the blame goes to the rank that moved from its own recent level.
@@ -309,7 +310,7 @@ class DivergenceDetector:
                 at = {r: i for i, r in enumerate(ranks)}
                 check_active(cfg, st, step, at, z, rel, n, resolved)
             return
-        limit, allowance = cfg.evidence_limit, cfg.z_allowance
+        limit, allowance = cfg.limit_for(n), cfg.z_allowance
         cap = limit / (cfg.confirm_steps if n >= cfg.small_n else cfg.small_confirm_steps)
         hi_ratio, lo_ratio = gates(rule, n)
         sides = []
@@ -445,7 +446,7 @@ class DivergenceDetector:
         cfg, rule, step = self.config, st.rule, sv.step
         if stats.n == 2 and st.spread_steps < cfg.pair_warmup_steps:
             return  # a pair has no yardstick yet
-        limit, allowance = cfg.evidence_limit, cfg.z_allowance
+        limit, allowance = cfg.limit_for(stats.n), cfg.z_allowance
         cap = limit / (cfg.confirm_steps if stats.n >= cfg.small_n else cfg.small_confirm_steps)
         hi_ratio, lo_ratio = gates(rule, stats.n)
         sides = []

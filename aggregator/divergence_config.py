@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -46,7 +47,9 @@ class DivergenceConfig:
 
     z_threshold: float = 3.0  # |z| marking a per-step outlier (RankScore.outlier, display)
     z_allowance: float = 1.5  # CUSUM reference: steps with |z| below this remove evidence
-    evidence_limit: float = 4.5  # CUSUM limit: flag when the evidence reaches this
+    evidence_limit: float = 4.5  # CUSUM limit: flag when the evidence reaches this ...
+    evidence_ranks: int = 8  # ... for worlds up to this many ranks; beyond, it grows by ...
+    evidence_per_doubling: float = 0.25  # ... this per doubling of the ranks (limit_for)
     confirm_steps: int = 2  # fewest consecutive steps that can confirm (caps one step's evidence)
     small_n: int = 8  # below this many ranks the median and MAD are shaky: ...
     small_confirm_steps: int = 3  # ... so confirmation takes at least this many steps
@@ -70,6 +73,8 @@ class DivergenceConfig:
             "z_threshold": self.z_threshold > 0,
             "z_allowance": self.z_allowance >= 0,
             "evidence_limit": self.evidence_limit > 0,
+            "evidence_ranks": self.evidence_ranks >= 2,
+            "evidence_per_doubling": self.evidence_per_doubling >= 0,
             "confirm_steps": self.confirm_steps >= 1,
             "small_n": self.small_n >= 2,
             "small_confirm_steps": self.small_confirm_steps >= 1,
@@ -109,6 +114,17 @@ class DivergenceConfig:
                 raise ValueError(f"divergence setting {key!r} must be {want}, got {value!r}")
             kwargs[key] = value
         return cls(**kwargs)
+
+    def limit_for(self, n: int) -> float:
+        """The CUSUM limit for a step scored across ``n`` ranks.
+
+        Every rank is a chance of a false flag, so a world twice as big would raise twice as
+        many false alarms at one limit. +0.25 halves a rank's false-flag rate (the CUSUM's
+        run length grows ~4x per +0.5; docs/divergence.md), so the run as a whole raises about
+        as many false alarms at 4,096 ranks as at 8."""
+        if n <= self.evidence_ranks or not self.evidence_per_doubling:
+            return self.evidence_limit
+        return self.evidence_limit + self.evidence_per_doubling * math.log2(n / self.evidence_ranks)
 
     def rule(self, metric: str) -> MetricRule:
         """The rule for ``metric``, matching ``train/loss`` or ``train.loss`` by ``loss`` too."""

@@ -1,6 +1,7 @@
 """Detection quality of the divergence detector on 1,024 simulated ranks (no sockets).
 
     python bench/detection_quality.py [--ranks 1024] [--trials 20] [--clean-steps 1000] [--seeds 5]
+                                      [--evidence-per-doubling X]
 
 Values come from the load generator's model (``bench/loadgen.py``: loss decaying with 5 % relative
 per-rank noise, the ``sigma`` of the faults) and are fed straight to
@@ -13,6 +14,8 @@ the merger hands them over.
   step only must not be flagged.
 * False flags: ``--seeds`` clean runs of ``--clean-steps`` steps, all five metrics (loss, lr,
   throughput, step_time, grad_norm); every new divergence is false. Per 1,000,000 rank-steps.
+* ``--evidence-per-doubling``: the detector's setting of that name (0: the same CUSUM limit at
+  every world size, as before it grew with the ranks).
 * Baseline, on the same values: flag a rank after 3 consecutive steps with robust
   ``|z| = |x - median| / (1.4826 MAD) >= 3`` (the usual "k steps over a threshold" rule).
 """
@@ -26,6 +29,7 @@ import time
 import numpy as np
 from loadgen import METRICS, Fault, Model
 from rankwatch.aggregator.divergence import MAD_TO_SIGMA, DivergenceDetector
+from rankwatch.aggregator.divergence_config import DivergenceConfig
 from rankwatch.aggregator.merge import StepValues
 
 ONSET = 30  # faults start here: the detector has seen 29 clean steps
@@ -73,11 +77,13 @@ def faulty_ranks(world: int) -> list[int]:
     return [7 + i * stride for i in range(FAULTY)]
 
 
-def fault_trial(world: int, kind: str, sigma: float | None, seed: int) -> dict[str, object]:
+def fault_trial(
+    world: int, kind: str, sigma: float | None, seed: int, config: DivergenceConfig
+) -> dict[str, object]:
     """Delays (or None) of the faulty ranks, for rankwatch and the baseline; collateral flags."""
     bad = faulty_ranks(world)
     model = Model(world, RATE, seed, [Fault(kind, r, sigma, ONSET) for r in bad])
-    det, base = DivergenceDetector(), Baseline(world)
+    det, base = DivergenceDetector(config), Baseline(world)
     first: dict[int, int] = {}
     base_first: dict[int, int] = {}
     collateral = base_collateral = 0
@@ -120,14 +126,16 @@ def describe(delays: list[int | None]) -> str:
     return f"{within:7.1%} {show(median):>6} {show(p95):>6} {flagged:6.1%}"
 
 
-def false_flags(world: int, steps: int, seeds: int) -> tuple[int, int, dict[str, int], float]:
+def false_flags(
+    world: int, steps: int, seeds: int, config: DivergenceConfig
+) -> tuple[int, int, dict[str, int], float]:
     """(ours, baseline, ours by metric, seconds per update) over seeds x steps x world."""
     ours = base_total = 0
     by_metric = dict.fromkeys(METRICS, 0)
     spent, updates = 0.0, 0
     for seed in range(seeds):
         model = Model(world, RATE, 10_000 + seed, [])
-        det, base = DivergenceDetector(), Baseline(world)
+        det, base = DivergenceDetector(config), Baseline(world)
         for step in range(1, steps + 1):
             values = model.values(step)
             for metric in METRICS:
@@ -148,14 +156,23 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=20, help="runs per fault size")
     ap.add_argument("--clean-steps", type=int, default=1000, help="steps per clean run")
     ap.add_argument("--seeds", type=int, default=5, help="clean runs")
+    ap.add_argument(
+        "--evidence-per-doubling",
+        type=float,
+        default=DivergenceConfig.evidence_per_doubling,
+        help="CUSUM limit added per doubling of the ranks (0: one limit at every world size)",
+    )
     args = ap.parse_args()
+    config = DivergenceConfig(evidence_per_doubling=args.evidence_per_doubling)
     world = args.ranks
     if world < 2 * FAULTY:
         ap.error(f"--ranks must be >= {2 * FAULTY}")
     n_faulty = FAULTY * args.trials
     print(
         f"detection quality: {world:,} ranks, loss noise {5}% per rank (= 1 sigma), onset at "
-        f"step {ONSET}, {FAULTY} faulty ranks x {args.trials} trials = {n_faulty} per row"
+        f"step {ONSET}, {FAULTY} faulty ranks x {args.trials} trials = {n_faulty} per row; "
+        f"CUSUM limit {config.limit_for(world):.2f} (evidence_per_doubling "
+        f"{config.evidence_per_doubling:g})"
     )
     head = f"{'within 5':>7} {'median':>6} {'p95':>6} {'in ' + str(WINDOW):>6}"
     print(f"{'fault':<22}| rankwatch: {head} | baseline 3x|z|>=3: {head}")
@@ -167,7 +184,7 @@ def main() -> None:
         ours: list[int | None] = []
         base: list[int | None] = []
         for trial in range(args.trials):
-            res = fault_trial(world, kind, sigma, seed=1000 * trial + int(sigma or 0))
+            res = fault_trial(world, kind, sigma, 1000 * trial + int(sigma or 0), config)
             ours += res["ours"]  # type: ignore[operator]
             base += res["base"]  # type: ignore[operator]
             collateral += res["collateral"]  # type: ignore[operator]
@@ -184,7 +201,9 @@ def main() -> None:
         "rank-steps of loss)"
     )
     t0 = time.perf_counter()
-    ours_ff, base_ff, by_metric, per_update = false_flags(world, args.clean_steps, args.seeds)
+    ours_ff, base_ff, by_metric, per_update = false_flags(
+        world, args.clean_steps, args.seeds, config
+    )
     rank_steps = world * args.clean_steps * args.seeds
     per_m = 1e6 / rank_steps
     detail = ", ".join(f"{m} {c}" for m, c in by_metric.items())

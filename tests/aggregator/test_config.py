@@ -50,6 +50,7 @@ def test_a_full_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
         [divergence]
         z_threshold = 4.0
+        evidence_per_doubling = 0
         rules.grad_norm = { direction = "high" }
 
         [[webhooks]]
@@ -70,6 +71,7 @@ def test_a_full_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert not cfg.alerts.enabled("plateau") and cfg.alerts.severity_of("straggler") == "critical"
     assert cfg.alerts.thresholds[0].metric == "loss"
     assert cfg.divergence.z_threshold == 4.0
+    assert cfg.divergence.limit_for(4_096) == cfg.divergence.evidence_limit
     assert cfg.divergence.rule("grad_norm").direction == "high"
     ding, lark = cfg.webhooks
     assert ding.kind == "dingtalk" and ding.secret == "SECxyz" and ding.min_severity == "warning"
@@ -102,6 +104,8 @@ BAD_FILES = [
     ("[alerts]\ndisabled = ['nope']\n", "'nope' is not one of"),
     ("[divergence]\nz_threshld = 3\n", "unknown divergence setting 'z_threshld'"),
     ("[divergence]\nz_threshold = -1\n", "z_threshold=-1 is out of range"),
+    ("[divergence]\nevidence_per_doubling = -0.5\n", "evidence_per_doubling=-0.5 is out of"),
+    ("[divergence]\nevidence_ranks = 8.5\n", "'evidence_ranks' must be an integer"),
     ("[[webhooks]]\nkind = 'slack'\n", "webhooks[0]: 'url' is missing"),
     ("[[webhooks]]\nkind = 'teams'\nurl = 'https://x.y/z'\n", "unknown webhook kind 'teams'"),
     ("[[webhooks]]\nkind = 'slack'\nurl = 'https://x.y/z'\nretries = 3\n", "unknown key 'retries'"),

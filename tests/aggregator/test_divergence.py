@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 import numpy as np
@@ -341,14 +342,16 @@ def test_1024_ranks_of_clean_noise_are_never_flagged() -> None:
     )
 
 
-def drift_latency(shift_sigma: float, seeds: range, n: int = 1_024) -> list[int]:
+def drift_latency(
+    shift_sigma: float, seeds: range, n: int = 1_024, config: DivergenceConfig | None = None
+) -> list[int]:
     """Steps from onset until each drifting rank is flagged (99 if never within 15 steps)."""
     drifting = list(range(0, n, 103))
     lat = []
     for seed in seeds:
         data = noisy(n, 25, seed)
         data[10:, drifting] += 2.0 * 0.05 * shift_sigma
-        det = DivergenceDetector()
+        det = DivergenceDetector(config)
         first: dict[int, int] = {}
         for i, row in enumerate(data):
             for d in det.update(sv(i, dict(enumerate(row.tolist())))).new:
@@ -359,7 +362,17 @@ def drift_latency(shift_sigma: float, seeds: range, n: int = 1_024) -> list[int]
 
 
 def test_a_3_sigma_drift_is_flagged_within_5_steps() -> None:
+    # At 1,024 ranks the limit is 6.25 (limit_for), one step more than at 8 ranks: ~70 % within
+    # 5 steps, median 5, for ~100x fewer false alarms than the 8-rank limit would raise here.
     lat = drift_latency(3.0, range(5))
+    within5 = sum(x <= 4 for x in lat) / len(lat)
+    assert within5 >= 0.6, lat
+    assert max(lat) <= 12, lat
+
+
+def test_one_limit_at_every_size_trades_false_alarms_for_speed() -> None:
+    config = DivergenceConfig(evidence_per_doubling=0)
+    lat = drift_latency(3.0, range(5), config=config)
     within5 = sum(x <= 4 for x in lat) / len(lat)
     assert within5 >= 0.85, lat  # ~90 % measured; CUSUM at 1e-6 false flags cannot do much more
     assert max(lat) <= 9, lat
@@ -367,6 +380,48 @@ def test_a_3_sigma_drift_is_flagged_within_5_steps() -> None:
 
 def test_a_4_sigma_drift_is_always_flagged_within_5_steps() -> None:
     assert max(drift_latency(4.0, range(3))) <= 4
+
+
+@pytest.mark.parametrize(
+    ("n", "per_doubling", "limit"),
+    [(2, 0.25, 4.5), (8, 0.25, 4.5), (16, 0.25, 4.75), (1_024, 0.25, 6.25), (4_096, 0.25, 6.75),
+     (4_096, 0.0, 4.5), (100, 1.0, 4.5 + math.log2(12.5))],
+)  # fmt: skip
+def test_the_limit_grows_with_the_log_of_the_ranks(
+    n: int, per_doubling: float, limit: float
+) -> None:
+    config = DivergenceConfig(evidence_per_doubling=per_doubling)
+    assert config.limit_for(n) == pytest.approx(limit)
+
+
+@pytest.mark.parametrize(
+    ("n", "per_doubling", "flag_at"),
+    [
+        (16, 0.25, 3),  # limit 4.75: z = -3.5 adds 2 per step, evidence 6 at the third step
+        (100, 1.0, 5),  # limit 8.14 (lists path): 8 after four steps is not enough
+        (4_096, 0.25, 4),  # limit 6.75 (numpy path): a fourth step
+        (4_096, 0.0, 3),  # one limit at every size: as at 16 ranks
+    ],
+)
+def test_a_bigger_world_needs_more_evidence_for_the_same_deviation(
+    n: int, per_doubling: float, flag_at: int
+) -> None:
+    # The others take the normal quantiles around 2.0 (sigma 0.1), shuffled at every step:
+    # median 2.0, scale 0.1, and no other rank stays at an extreme.
+    ppf = statistics.NormalDist().inv_cdf
+    others = np.array([2.0 * (1 + 0.05 * ppf((i + 0.5) / (n - 1))) for i in range(n - 1)])
+    rng = np.random.default_rng(n)
+
+    def step(probe: float) -> dict[int, float]:
+        return {0: probe, **dict(enumerate(rng.permutation(others).tolist(), start=1))}
+
+    det = DivergenceDetector(DivergenceConfig(evidence_per_doubling=per_doubling))
+    assert new(feed(det, [step(2.0) for _ in range(10)])) == []
+    bad = [step(2.0 * (1 - 0.05 * 3.5)) for _ in range(6)]  # z = -3.5
+    flags = [[d.rank for d in r.new] for r in feed(det, bad, first=11)]
+    assert [f for f in flags if f] == [[0]], flags
+    flags = [len(f) for f in flags]
+    assert flags.index(1) + 1 == flag_at, flags
 
 
 @pytest.mark.parametrize(
