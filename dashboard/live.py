@@ -7,12 +7,17 @@ per redraw small. A comment line goes out when nothing happened for a while so p
 connection open and the page can tell a quiet run from a dead connection. When the subscription
 dropped messages because the browser lagged, a ``resync`` event tells the page to re-read the
 REST views instead of drawing a series with holes in it.
+
+Every stream gets the same message objects from the feed, so a message is encoded once, by the
+first stream that sends it, and the others reuse its JSON (``LiveHub._json``): at 4,096 ranks
+the encoding was ~10 % of the aggregator's CPU per open page.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,6 +32,9 @@ CLIENT_RETRY_MS = 2000  # EventSource reconnect delay the browser is told to use
 # An open stream never ends by itself, and uvicorn waits for open responses before it runs the
 # lifespan shutdown: the server must bound that wait (uvicorn's timeout_graceful_shutdown).
 SHUTDOWN_GRACE_S = 2.0
+# JSON of recent messages kept for the other streams (characters): streams send a message within
+# ~COALESCE_S of each other unless one lags, and a lagging one encodes its own.
+SHARED_JSON_CHARS = 8_000_000
 
 
 def sse(event: str, data: str) -> bytes:
@@ -43,6 +51,10 @@ class LiveHub:
         self._subs: set[Subscription] = set()
         self._running = False
         self.frames_sent = 0
+        self.encoded = 0  # messages encoded to JSON (once each, however many streams send them)
+        # id(message) -> (message, its JSON); holding the message keeps its id from being reused
+        self._json_of: OrderedDict[int, tuple[dict[str, Any], str]] = OrderedDict()
+        self._json_chars = 0
 
     def start(self) -> None:
         self._running = True
@@ -97,7 +109,20 @@ class LiveHub:
             wanted = [m for m in batch if _for_run(m, run)]
             if wanted:
                 self.frames_sent += 1
-                yield sse("feed", dumps(wanted))
+                yield sse("feed", "[" + ",".join(map(self._json, wanted)) + "]")
+
+    def _json(self, message: dict[str, Any]) -> str:
+        """``dumps(message)``, shared by every stream (they all run on the event loop)."""
+        hit = self._json_of.get(id(message))
+        if hit is not None and hit[0] is message:
+            return hit[1]
+        text = dumps(message)
+        self.encoded += 1
+        self._json_of[id(message)] = (message, text)
+        self._json_chars += len(text)
+        while self._json_chars > SHARED_JSON_CHARS and len(self._json_of) > 1:
+            self._json_chars -= len(self._json_of.popitem(last=False)[1][1])
+        return text
 
 
 def _for_run(message: dict[str, Any], run: str | None) -> bool:

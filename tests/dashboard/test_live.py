@@ -15,12 +15,14 @@ import httpx
 import pytest
 import uvicorn
 from rankwatch.aggregator.feed import Feed
+from rankwatch.dashboard import live
 from rankwatch.dashboard.app import create_app
 from rankwatch.dashboard.live import LiveHub
 
 from .conftest import Records
 
 READ_TIMEOUT_S = 10.0
+NAN = float("nan")
 
 
 @contextmanager
@@ -169,3 +171,41 @@ def test_stream_before_start_says_closed() -> None:
         return [chunk.decode() async for chunk in gen]
 
     assert asyncio.run(scenario()) == ['event: closed\ndata: {"reason":"server stopping"}\n\n']
+
+
+@pytest.mark.parametrize("shared_chars", [live.SHARED_JSON_CHARS, 1])
+def test_streams_share_each_message_json(
+    monkeypatch: pytest.MonkeyPatch, shared_chars: int
+) -> None:
+    # 1 character: nothing is kept for the other streams, and they encode their own
+    monkeypatch.setattr(live, "SHARED_JSON_CHARS", shared_chars)
+    messages = [
+        {"type": "points", "run": "r", "metric": "loss", "points": [[0, 1, 2.5], [1, 1, NAN]]},
+        {"type": "points", "run": "other", "metric": "loss", "points": [[0, 1, 3.0]]},
+        {"type": "alert", "state": "firing", "message": "rank 1 loss is NaN"},  # no run: to all
+    ]
+
+    async def scenario() -> tuple[list[list[str]], int]:
+        feed = Feed()
+        hub = LiveHub(feed)
+        hub.start()
+        gens = [hub.stream("r") for _ in range(3)] + [hub.stream()]
+        try:
+            for gen in gens:
+                await _take(gen, 1)  # hello: subscribed
+            for message in messages:
+                feed.publish(message)
+            return [await _take(gen, 1) for gen in gens], hub.encoded
+        finally:
+            for gen in gens:
+                await gen.aclose()
+
+    frames, encoded = asyncio.run(scenario())
+    data = [[json.loads(f.split("data: ", 1)[1]) for f in got] for got in frames]
+    strict = json.loads(live.dumps(messages[0]))  # NaN as "NaN", the page's convention
+    assert strict["points"][1][2] == "NaN"
+    assert data[:3] == [[[strict, messages[2]]]] * 3
+    assert data[3] == [[strict, messages[1], messages[2]]]
+    assert messages[0]["points"][1][2] is NAN  # the feed's message itself is left as it was
+    # each message once when the JSON is shared; per stream that sends it when it is not
+    assert encoded == (3 if shared_chars > 1 else 2 * 3 + 3)
