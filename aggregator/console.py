@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
@@ -13,6 +14,10 @@ from rankwatch.aggregator.webhooks import alert_dict, alert_line
 MAX_METRIC_COLUMNS = 4  # metric columns in the status table, beyond the fixed ones
 PREFERRED_METRICS = ("loss", "grad_norm", "lr", "step_time", "throughput")
 NAME_WIDTH = 14  # metric column width; longer names are clipped
+# Bigger runs list only the ranks with something to say (not alive, divergent, records missing
+# or dropped): 4,096 rows of healthy ranks would scroll the one stalled rank out of sight.
+FOLD_RANKS = 64
+STATES = ("alive", "stalled", "lost", "crashed", "finished")  # the order of the counts line
 
 
 def format_alert(alert: Any) -> str:
@@ -84,7 +89,21 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [fmt.format(*header).rstrip(), *(fmt.format(*r).rstrip() for r in rows)]
 
 
-def render_run(run: Mapping[str, Any], now: float) -> list[str]:
+def _has_news(r: Mapping[str, Any]) -> bool:
+    return bool(
+        r.get("state") != "alive" or r.get("divergent") or r.get("gaps") or r.get("dropped")
+    )
+
+
+def _counts(ranks: Sequence[Mapping[str, Any]]) -> str:
+    states = Counter(str(r.get("state", "?")) for r in ranks)
+    order = [s for s in STATES if s in states] + sorted(set(states) - set(STATES))
+    line = "ranks: " + ", ".join(f"{states[s]:,} {s}" for s in order)
+    divergent = sum(bool(r.get("divergent")) for r in ranks)
+    return line + (f"; {divergent:,} divergent" if divergent else "")
+
+
+def render_run(run: Mapping[str, Any], now: float, all_ranks: bool = False) -> list[str]:
     ranks = list(run.get("ranks") or [])
     head = (
         f"run {run.get('run')}  [{run.get('state', '?')}]  world size {run.get('world_size', '?')}"
@@ -96,6 +115,10 @@ def render_run(run: Mapping[str, Any], now: float) -> list[str]:
     lines = [head]
     if not ranks:
         return [*lines, "  (no ranks heard from)"]
+    lines.append("  " + _counts(ranks))
+    everyone = len(ranks)
+    if not all_ranks and everyone > FOLD_RANKS:
+        ranks = [r for r in ranks if _has_news(r)]
     metrics = _pick_metrics(ranks)
     header = ["rank", "state", "step", "seen", "host", "pid"]
     header += [m[:NAME_WIDTH] for m in metrics] + ["dropped", "gaps", "divergent"]
@@ -121,7 +144,13 @@ def render_run(run: Mapping[str, Any], now: float) -> list[str]:
                 divergent or "-",
             ]
         )
-    lines += ["  " + line for line in _table(header, rows)]
+    if rows:
+        lines += ["  " + line for line in _table(header, rows)]
+    if len(rows) < everyone:
+        lines.append(
+            f"  ({everyone - len(rows):,} more ranks alive, not divergent, nothing missing: "
+            "not listed; --all lists every rank)"
+        )
     for r in ranks:
         if r.get("message") and r.get("state") not in ("alive", None):
             lines.append(f"  rank {r.get('rank')}: {r['message']}")
@@ -134,12 +163,16 @@ def render_run(run: Mapping[str, Any], now: float) -> list[str]:
 
 
 def render_status(
-    snapshot: Mapping[str, Any], run: str | None = None, now: float | None = None
+    snapshot: Mapping[str, Any],
+    run: str | None = None,
+    now: float | None = None,
+    all_ranks: bool = False,
 ) -> str:
-    """The `rankwatch status` text: one block per run, one row per rank."""
+    """The `rankwatch status` text: one block per run, its rank counts by state, one row per
+    rank (beyond FOLD_RANKS ranks, per rank with something to say, unless ``all_ranks``)."""
     now = time.time() if now is None else now
     runs = [r for r in snapshot.get("runs") or [] if run is None or r.get("run") == run]
     if not runs:
         return f"no run named {run!r}" if run is not None else "no runs yet"
-    blocks = ["\n".join(render_run(r, now)) for r in runs]
+    blocks = ["\n".join(render_run(r, now, all_ranks)) for r in runs]
     return "\n\n".join(blocks)

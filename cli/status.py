@@ -22,6 +22,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--url", default=DEFAULT_URL, help=f"server URL (default {DEFAULT_URL})")
     parser.add_argument("--run", help="only this run")
     parser.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="a row for every rank (runs of more than 64 ranks otherwise list only the ranks "
+        "that are not alive, divergent, or missing records)",
+    )
     parser.add_argument("--token", help=f"API token, if the server wants one (or {TOKEN_ENV})")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds (default 10)")
     parser.set_defaults(func=run)
@@ -96,5 +102,5 @@ def run(args: argparse.Namespace) -> int:
         json.dump(snapshot, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
-        print(render_status(snapshot, args.run, snapshot.get("now")))
+        print(render_status(snapshot, args.run, snapshot.get("now"), args.all))
     return 1 if args.run is not None and not snapshot["runs"] else 0

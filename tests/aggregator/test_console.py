@@ -62,10 +62,11 @@ def test_status_table_has_a_row_per_rank_and_says_what_is_wrong() -> None:
     text = render_status(SNAPSHOT, now=NOW)
     lines = text.splitlines()
     assert lines[0].startswith("run llama-7b  [running]  world size 3  last step 120")
-    header = lines[1].split()
+    assert lines[1] == "  ranks: 2 alive, 1 lost; 1 divergent"
+    header = lines[2].split()
     assert header[:6] == ["rank", "state", "step", "seen", "host", "pid"]
     assert header[6:10] == ["loss", "grad_norm", "lr", "throughput"]  # preferred first, 4 max
-    rows = {int(line.split()[0]): line for line in lines[2:5]}
+    rows = {int(line.split()[0]): line for line in lines[3:6]}
     assert list(rows) == [0, 1, 2]  # sorted by rank
     assert rows[1].split()[1:4] == ["lost", "120", "95s"]
     assert "NaN" in rows[2] and "loss (z=8.25)" in rows[2]
@@ -94,3 +95,26 @@ def test_console_sink_prints_one_line_per_transition() -> None:
     assert "FIRING [warning] run r, rank 2, loss: rank 2 loss 3.1x" in line
     assert "(since step 21)" not in line  # the message already says since when
     assert format_alert(alert).split(" rankwatch ")[1] == line.strip().split(" rankwatch ")[1]
+
+
+def test_a_big_run_lists_only_the_ranks_with_something_to_say() -> None:
+    ranks = [rank(r) for r in range(4_096)]
+    ranks[17] = rank(17, divergent=["loss"], z={"loss": 6.5})
+    ranks[77] = rank(77, state="stalled", message="no new step for 40 s")
+    ranks[100] = rank(100, state="lost", message="no record for 30 s")
+    ranks[512] = rank(512, gaps=[[3, 4]])  # alive, but records went missing
+    ranks[4_000] = rank(4_000, state="finished")
+    run = {"run": "big", "state": "running", "world_size": 4_096, "ranks": ranks}
+    lines = render_status({"runs": [run]}, now=NOW).splitlines()
+    assert lines[1] == "  ranks: 4,093 alive, 1 stalled, 1 lost, 1 finished; 1 divergent"
+    assert [int(line.split()[0]) for line in lines[3:8]] == [17, 77, 100, 512, 4_000]
+    assert lines[8] == (
+        "  (4,091 more ranks alive, not divergent, nothing missing: not listed; "
+        "--all lists every rank)"
+    )
+    assert "  rank 77: no new step for 40 s" in lines
+    every = render_status({"runs": [run]}, now=NOW, all_ranks=True).splitlines()
+    assert len(every) == 3 + 4_096 + 2  # head, counts, header, the rows, two messages
+    # at the fold size every rank is listed anyway
+    small = {**run, "ranks": ranks[:64]}
+    assert "more ranks" not in render_status({"runs": [small]}, now=NOW)
