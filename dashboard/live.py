@@ -32,9 +32,10 @@ CLIENT_RETRY_MS = 2000  # EventSource reconnect delay the browser is told to use
 # An open stream never ends by itself, and uvicorn waits for open responses before it runs the
 # lifespan shutdown: the server must bound that wait (uvicorn's timeout_graceful_shutdown).
 SHUTDOWN_GRACE_S = 2.0
-# JSON of recent messages kept for the other streams (characters): streams send a message within
-# ~COALESCE_S of each other unless one lags, and a lagging one encodes its own.
-SHARED_JSON_CHARS = 8_000_000
+# JSON of recent messages kept for the other streams (characters; the messages are kept too):
+# streams send a message within ~COALESCE_S of each other unless one lags, and a lagging one
+# encodes its own. 2 M: ~6 steps of 4,096 ranks x 5 metrics, ~10 MB with the messages held.
+SHARED_JSON_CHARS = 2_000_000
 
 
 def sse(event: str, data: str) -> bytes:
