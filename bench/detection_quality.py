@@ -74,7 +74,7 @@ def step_values(metric: str, step: int, arr: np.ndarray) -> StepValues:
 
 def faulty_ranks(world: int) -> list[int]:
     stride = world // FAULTY
-    return [7 + i * stride for i in range(FAULTY)]
+    return [7 % stride + i * stride for i in range(FAULTY)]  # 7, 7 + stride, ... inside the world
 
 
 def fault_trial(

@@ -1,0 +1,64 @@
+"""bench/false_alarms.py, bench/detection_quality.py and bench/stream_fanout.py at a CI size:
+they run end to end and print what docs/benchmarks.md quotes."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def run(script: str, *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_false_alarms_model_holds_a_run_at_the_8_rank_level() -> None:
+    out = run("false_alarms.py", "--ranks", "64", "--steps", "300", "--seeds", "1")
+    model = [
+        (float(limit), float(rate))
+        for limit, rate in re.findall(r"^ *(\d\.\d\d) +(\d+\.\d+)", out, re.M)
+    ]
+    limits = [limit for limit, _ in model]
+    assert limits == sorted(limits) and {3.0, 3.5, 4.0, 4.5, 6.75} <= set(limits), out
+    rates = [rate for _, rate in model]
+    assert all(a > b for a, b in itertools.pairwise(rates)), out  # a higher limit, fewer flags
+    assert len(re.findall(r"\(\d+ flags\)", out)) == 3, out  # the real detector's rows
+    hours = {
+        int(n.replace(",", "")): (float(limit), float(flat), float(grown))
+        for n, limit, flat, grown in re.findall(
+            r"^ *([\d,]+) +(\d\.\d\d) +(\d+\.\d+) +(\d+\.\d+) +\d+\.\d+$", out, re.M
+        )
+    }
+    assert list(hours) == [8, 64, 512, 1_024, 4_096], out
+    base = hours[8][2]
+    for n, (_, flat, grown) in hours.items():
+        assert flat >= grown and 0.5 * base <= grown <= 1.5 * base, (n, out)
+    assert hours[4_096][0] == 6.75 and hours[4_096][1] > 100 * hours[4_096][2], out
+
+
+def test_detection_quality_takes_the_limit_setting() -> None:
+    args = ("--ranks", "64", "--trials", "1", "--clean-steps", "30", "--seeds", "1")
+    grown = run("detection_quality.py", *args)
+    flat = run("detection_quality.py", *args, "--evidence-per-doubling", "0")
+    assert "CUSUM limit 5.25 (evidence_per_doubling 0.25)" in grown, grown
+    assert "CUSUM limit 4.50 (evidence_per_doubling 0)" in flat, flat
+    for out in (grown, flat):
+        assert re.search(r"^drift 3 sigma +\| +\d+\.\d%", out, re.M), out
+        assert "false flags, clean runs" in out, out
+
+
+def test_stream_fanout_prints_a_row_per_page_count() -> None:
+    out = run("stream_fanout.py", "--ranks", "256", "--steps", "4", "--pages", "1,3")
+    rows = re.findall(r"^ +(\d+) +(\d+\.\d+) +(\d+\.\d+) +(\d+\.\d+) +(\d+)$", out, re.M)
+    assert [int(r[0]) for r in rows] == [1, 3], out
+    assert all(
+        float(own) > 0 and float(shared) > 0 and int(kb) > 0 for _, own, shared, _, kb in rows
+    )
