@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -167,6 +168,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", metavar="OUT", help="also write the figures as JSON")
     args = parser.parse_args()
+    # Killed from outside (a timeout's SIGTERM): still stop the ranks and the server below.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     with tempfile.TemporaryDirectory(prefix="rankwatch-fuzz-") as tmp:
         root = Path(tmp)
         serve = Serve(root / "data", root / "serve.log").start()
