@@ -257,7 +257,7 @@ def report(
         f"other ranks flagged (divergent metrics): {dict(list(others.items())[:10])}"
     )
     print(
-        f"divergence alerts raised during the run on ranks without a fault: {len(raised)} "
+        f"ranks without a fault that raised a divergence alert during the run: {len(raised)} "
         f"{ {r: sorted(m) for r, m in sorted(raised.items())[:10]} }"
     )
     if freshness:

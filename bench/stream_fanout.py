@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 from rankwatch.agent.records import StepRecord
 from rankwatch.aggregator.feed import Feed, points_messages
+from rankwatch.aggregator.service import MAX_FEED_POINTS
 from rankwatch.dashboard import live
 from rankwatch.dashboard.live import LiveHub
 
 METRICS = ("loss", "lr", "throughput", "step_time", "grad_norm")
-MAX_FEED_POINTS = 20_000  # as the service publishes (service.MAX_FEED_POINTS)
 REPEATS = 3
 
 
