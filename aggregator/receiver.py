@@ -33,6 +33,7 @@ import msgpack
 import zmq
 from rankwatch.agent import records
 from rankwatch.agent.records import DecodeError, Record, StepBlock
+from rankwatch.aggregator import frames
 from rankwatch.aggregator.curve import CurveGate, ServerContext
 from zmq.utils.monitor import parse_monitor_message
 
@@ -152,7 +153,7 @@ class Receiver:
         if self._sock not in events:
             return out
         recv = self._sock.recv_multipart
-        decode = records.decode_frame_blocks
+        decode = frames.decode_frame_blocks
         senders = self._senders
         n = count = 0
         while n < MAX_BATCH_MESSAGES and count < MAX_BATCH_RECORDS:

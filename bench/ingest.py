@@ -6,7 +6,10 @@ For single-record frames and for batched frames (``--batch`` records per frame, 
 sends them) it measures:
 
 * baseline: a bare ROUTER socket (same options as the receiver) doing ``recv_multipart`` and
-  ``msgpack.unpackb`` per message and nothing else: the most Python can take in;
+  ``msgpack.unpackb`` per message and nothing else (the issue's ceiling, and the goal's);
+* the same loop with ``msgspec.msgpack.decode`` instead, a faster msgpack decoder (the
+  aggregator's receiver decodes an agent's batch with msgspec: ``aggregator/frames.py``), so
+  the ratios against the fastest bare loop are printed too;
 * aggregator: a real ``Aggregator`` (receiver, decode, dedupe, health, store, merge, divergence,
   alerts), with the collector set up as ``rankwatch serve`` sets it (``tune_gc``), until every
   record is accepted, and until every record is flushed to the store.
@@ -41,8 +44,10 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import msgspec
 import zmq
 from rankwatch.agent import records
+from rankwatch.aggregator import frames as aggregator_frames
 from rankwatch.aggregator.divergence import DivergenceDetector
 from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues
 from rankwatch.aggregator.receiver import MAX_BATCH_RECORDS, RCVHWM_MESSAGES
@@ -115,8 +120,8 @@ def start_sender(endpoint: str, args: dict[str, Any]) -> tuple[mp.Process, Event
     return proc, go
 
 
-def baseline(args: dict[str, Any], expected: int) -> float:
-    """Records per second a bare ROUTER + msgpack.unpackb loop takes in."""
+def baseline(args: dict[str, Any], expected: int, unpack: Callable[[bytes], Any]) -> float:
+    """Records per second a bare ROUTER + ``unpack`` loop takes in."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.MAXMSGSIZE, records.MAX_FRAME_BYTES)
@@ -124,17 +129,21 @@ def baseline(args: dict[str, Any], expected: int) -> float:
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     proc, go = start_sender(f"tcp://127.0.0.1:{port}", args)
     got = 0
-    recv, unpack = sock.recv_multipart, msgpack.unpackb
+    recv = sock.recv_multipart
     started = time.perf_counter()
     go.set()
     while got < expected:
         _, frame = recv()
-        got += len(unpack(frame, raw=False)["records"])
+        got += len(unpack(frame)["records"])
     elapsed = time.perf_counter() - started
     proc.join(30)
     sock.close(0)
     ctx.term()
     return got / elapsed
+
+
+def _msgpack_unpack(frame: bytes) -> Any:
+    return msgpack.unpackb(frame, raw=False)
 
 
 def aggregator(
@@ -247,6 +256,14 @@ def stages(args: dict[str, Any]) -> None:
             for f in frames:
                 records.decode_frame_blocks(f)
 
+        def unpack_fast() -> None:
+            for f in frames:
+                msgspec.msgpack.decode(f)
+
+        def decode_fast() -> None:
+            for f in frames:
+                aggregator_frames.decode_frame_blocks(f)
+
         def each(fn: Callable[..., object], todo: list[Any], *more: Any) -> Callable[[], None]:
             def run() -> None:
                 for item in todo:
@@ -264,6 +281,8 @@ def stages(args: dict[str, Any]) -> None:
         rows = {
             "msgpack.unpackb (the baseline's work)": lambda: unpack,
             "records.decode_frame_blocks (incl. unpackb)": lambda: decode,
+            "msgspec.msgpack.decode (untyped)": lambda: unpack_fast,
+            "frames.decode_frame_blocks (the receiver's)": lambda: decode_fast,
             "SeqTracker.accept / accept_many": lambda: each(dedupe, items, SeqTracker()),
             "Store.append": lambda: each(store().append, chunks),
             "StepMerger.add / add_block": lambda: each(_merge, items, StepMerger(), now),
@@ -333,12 +352,13 @@ def main() -> None:
     )
     sizes = [("single-record frames", 1), (f"{opts.batch}-record frames", opts.batch)]
     for label, batch in sizes[1:] if opts.batched_only else sizes:
-        base, acc, stored = [], [], []
+        base, base_fast, acc, stored = [], [], [], []
         flushes: list[tuple[float, float, float, int]] = []
         for i in range(opts.repeats):
             args = {"ranks": opts.ranks, "metrics": opts.metrics, "records_total": opts.records,
                     "batch": batch, "run": f"bench-{batch}-{i}"}  # fmt: skip
-            base.append(baseline(args, expected))
+            base.append(baseline(args, expected, _msgpack_unpack))
+            base_fast.append(baseline(args, expected, msgspec.msgpack.decode))
             flushes.clear()
             log = flushes if opts.flush_log and batch > 1 else None
             a, s = aggregator(args, expected, opts.subscribers, opts, log)
@@ -348,10 +368,14 @@ def main() -> None:
         ratio_stored = statistics.median(stored) / statistics.median(base)
         print(f"\n{label}")
         print(f"  baseline  ROUTER recv + msgpack unpack   {summary(base)}")
+        print(f"  (faster)  ROUTER recv + msgspec decode   {summary(base_fast)}")
         print(f"  aggregator accepted (full pipeline)      {summary(acc)}")
         print(f"  aggregator flushed to the store          {summary(stored)}")
         print(f"  ratio accepted/baseline {ratio:.3f}   stored/baseline {ratio_stored:.3f}"
               f"   (goal >= 0.25)")  # fmt: skip
+        fast = statistics.median(base_fast)
+        print(f"  against the msgspec loop: accepted {statistics.median(acc) / fast:.3f}   "
+              f"stored {statistics.median(stored) / fast:.3f}")  # fmt: skip
         for start, wall, cpu, n in flushes:
             print(f"  flush at {start:6.2f} s: {n:9,} records, wall {wall * 1e3:6.0f} ms "
                   f"({wall / n * 1e6:4.1f} us/record), its thread's CPU {cpu * 1e3:5.0f} ms "
