@@ -16,7 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rankwatch.agent import records
-from rankwatch.agent.records import SCHEMA_VERSION, StepRecord, encode_frame, to_wire
+from rankwatch.agent.records import (
+    SCHEMA_VERSION,
+    Heartbeat,
+    StepBlock,
+    StepRecord,
+    encode_frame,
+    to_wire,
+)
 from rankwatch.aggregator import frames
 
 from tests.agent.test_records_blocks import outcome, rec
@@ -30,20 +37,25 @@ def frame(raws: Any, v: Any = SCHEMA_VERSION, **extra: Any) -> bytes:
 def same_as_schema(data: bytes) -> bool:
     """Assert both decoders agree on ``data``; True when the fast path took it itself."""
     assert outcome(frames.decode_frame_blocks, data) == outcome(records.decode_frame, data)
-    return frames._step_block(data) is not None
+    return frames.decode_fast(data) is not None
+
+
+def is_block(data: bytes) -> bool:
+    out = frames.decode_fast(data)
+    return out is not None and len(out) == 1 and isinstance(out[0], StepBlock)
 
 
 def test_the_agents_batch_takes_the_fast_path() -> None:
     raws = [rec(s) for s in range(1, 101)]
-    assert same_as_schema(frame(raws))
+    assert same_as_schema(frame(raws)) and is_block(frame(raws))
     (block,) = frames.decode_frame_blocks(frame(raws))
     assert block == records.decode_frame_blocks(frame(raws))[0]
     assert block.records() == records.decode_frame(frame(raws))
     # what the agent's encoder writes, NaN and no metrics included
     nan = [StepRecord("r", 0, s, 1e9 + s, 8, "h", 7, s, None, {"loss": math.nan}) for s in (1, 2)]
-    assert same_as_schema(encode_frame(nan))
+    assert same_as_schema(encode_frame(nan)) and is_block(encode_frame(nan))
     bare = [StepRecord("r", 0, s, 1e9 + s, 8, "h", 7, s, None, {}) for s in (1, 2)]
-    assert same_as_schema(encode_frame(bare))
+    assert same_as_schema(encode_frame(bare)) and is_block(encode_frame(bare))
 
 
 def _packable(value: Any) -> bool:
@@ -108,8 +120,6 @@ def test_a_record_unlike_the_first(change: Any) -> None:
         frame([rec(1), rec(2)], v=0),
         frame([rec(1), rec(2)], v=True),
         frame([rec(1), rec(2)], extra=1),  # an unknown envelope field
-        frame([rec(1)]),  # one record: a record, not a block
-        frame([]),
         frame("not a list"),
         msgpack.packb([1, 2]),
         b"\xc1",  # never used in msgpack
@@ -120,6 +130,37 @@ def test_a_record_unlike_the_first(change: Any) -> None:
 )
 def test_odd_envelopes(data: bytes) -> None:
     assert not same_as_schema(data)
+
+
+def _beat(rank: int, seq: int, **extra: Any) -> dict[str, Any]:
+    return to_wire(Heartbeat("run-1", rank, seq, 1.5e9 + seq, seq - 1, 5.0, 0, **extra))
+
+
+def test_relay_frames_of_many_ranks_and_heartbeats_take_the_fast_path_record_by_record() -> None:
+    relay = [rec(s) for s in (1, 2)] + [{**rec(3), "rank": r} for r in range(3, 7)]
+    relay += [_beat(9, 4), _beat(2, 5, paused="checkpoint"), {**_beat(3, 6), "paused": None}]
+    one_beat = _beat(1, 1)
+    del one_beat["last_step"]  # optional: None
+    for raws in (relay, [rec(1)], [one_beat], []):
+        assert same_as_schema(frame(raws)) and not is_block(frame(raws))
+    out = frames.decode_frame_blocks(frame(relay))
+    assert [type(r).__name__ for r in out] == ["StepRecord"] * 6 + ["Heartbeat"] * 3
+    assert out[-2].paused == "checkpoint" and out[-1].last_step == 5
+    event = {**rec(8), "kind": "event", "event": "note", "info": {"a": [1, {"b": 2}]}}
+    assert not same_as_schema(frame([*relay, event]))  # events: the schema's decoder
+
+
+@pytest.mark.parametrize(
+    "field", ["run", "rank", "seq", "time", "last_step", "next_in", "dropped", "paused"]
+)
+@pytest.mark.parametrize("value", [v for v in ODD if _packable(v)], ids=repr)
+def test_one_odd_heartbeat_field(field: str, value: Any) -> None:
+    raws = [rec(1), _beat(2, 2), _beat(3, 3)]
+    if value is _DROP:
+        del raws[1][field]
+    else:
+        raws[1][field] = value
+    same_as_schema(frame(raws))
 
 
 def test_oversized_frames_are_refused_as_before() -> None:
@@ -159,7 +200,7 @@ _value = st.one_of(
         st.fixed_dictionaries(
             {},
             optional={
-                "kind": st.sampled_from(["step", "event", "heartbeat", "x"]),
+                "kind": st.sampled_from(["step", "step", "heartbeat", "event", "x"]),
                 "run": st.sampled_from(["r", "", "r2"]) | st.text(max_size=3),
                 "rank": st.integers(-1, 3) | _value,
                 "seq": st.integers(-1, 5) | _value,
@@ -171,6 +212,10 @@ _value = st.one_of(
                 "epoch": _value,
                 "metrics": st.dictionaries(st.sampled_from(["a", "b", ""]), _value, max_size=3)
                 | _value,
+                "last_step": _value,
+                "next_in": st.floats(allow_nan=True) | _value,
+                "dropped": st.integers(-1, 3) | _value,
+                "paused": st.sampled_from([None, "ckpt"]) | _value,
                 "extra": _value,
             },
         ),
@@ -194,4 +239,4 @@ def test_valid_batches_are_blocks_with_the_same_values(
         to_wire(StepRecord("r", rank, i + 1, 1.0 * i, 8, "h", 1, first_step, i, {"loss": v}))
         for i, v in enumerate(losses)
     ]
-    assert same_as_schema(frame(raws))
+    assert same_as_schema(frame(raws)) and is_block(frame(raws))
