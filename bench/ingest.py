@@ -152,10 +152,11 @@ def aggregator(
     subscribers: int,
     settings: argparse.Namespace | None = None,
     flush_log: list[tuple[float, float, float, int]] | None = None,
+    evicted: list[int] | None = None,
 ) -> tuple[float, float]:
     """Records per second the real aggregator accepts, and has flushed to its store.
     ``flush_log`` gets (start s after the sender's go, wall s, thread CPU s, records) per
-    flush."""
+    flush; ``evicted`` the steps the merger closed before every rank reported."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ServeConfig(
             data_dir=Path(tmp), ingest_host="127.0.0.1", ingest_port=0, console_alerts=False,
@@ -186,6 +187,8 @@ def aggregator(
                 time.sleep(POLL_S)
             stored = time.perf_counter() - started
             proc.join(30)
+            if evicted is not None:
+                evicted.append(agg.counters()["merge_evicted"])
         finally:
             stop.set()
             for reader in readers:
@@ -353,6 +356,7 @@ def main() -> None:
     sizes = [("single-record frames", 1), (f"{opts.batch}-record frames", opts.batch)]
     for label, batch in sizes[1:] if opts.batched_only else sizes:
         base, base_fast, acc, stored = [], [], [], []
+        evicted: list[int] = []
         flushes: list[tuple[float, float, float, int]] = []
         for i in range(opts.repeats):
             args = {"ranks": opts.ranks, "metrics": opts.metrics, "records_total": opts.records,
@@ -361,7 +365,7 @@ def main() -> None:
             base_fast.append(baseline(args, expected, msgspec.msgpack.decode))
             flushes.clear()
             log = flushes if opts.flush_log and batch > 1 else None
-            a, s = aggregator(args, expected, opts.subscribers, opts, log)
+            a, s = aggregator(args, expected, opts.subscribers, opts, log, evicted)
             acc.append(a)
             stored.append(s)
         ratio = statistics.median(acc) / statistics.median(base)
@@ -376,6 +380,11 @@ def main() -> None:
         fast = statistics.median(base_fast)
         print(f"  against the msgspec loop: accepted {statistics.median(acc) / fast:.3f}   "
               f"stored {statistics.median(stored) / fast:.3f}")  # fmt: skip
+        if any(evicted):
+            # The sender queues every frame at once: ZeroMQ may deliver one rank's frames far
+            # ahead of another's, which synchronous ranks never do; such a run is slower.
+            print(f"  merge: steps closed before every rank reported, per run: {evicted} "
+                  "(ranks > 1,000 steps apart in the queues)")  # fmt: skip
         for start, wall, cpu, n in flushes:
             print(f"  flush at {start:6.2f} s: {n:9,} records, wall {wall * 1e3:6.0f} ms "
                   f"({wall / n * 1e6:4.1f} us/record), its thread's CPU {cpu * 1e3:5.0f} ms "

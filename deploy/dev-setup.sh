@@ -30,6 +30,6 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
 # MindSpore 2.10 needs numpy<2; torch 2.13.0 is the CPU build.
 .venv/bin/python -m pip install -q -e '.[dev,mindspore,torch]' 2>&1 | grep -v '^WARNING: Location' || true
-.venv/bin/python -c "import rankwatch.agent, rankwatch.aggregator, rankwatch.dashboard, zmq, duckdb, fastapi" \
+.venv/bin/python -c "import rankwatch.agent, rankwatch.aggregator, rankwatch.dashboard, zmq, duckdb, fastapi, msgspec" \
   || { echo "setup failed: rankwatch did not import" >&2; exit 1; }
 echo "setup done: $(.venv/bin/python --version), rankwatch in .venv"
