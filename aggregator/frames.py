@@ -100,7 +100,7 @@ def _typed(frame: bytes) -> list[_Step | _Beat] | None:
         return None
     try:
         envelope = _decode(frame)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except Exception:  # any failure: the schema's decoder says what is wrong, if anything
         return None
     return envelope.records if 1 <= envelope.v <= SCHEMA_VERSION else None
 
@@ -109,7 +109,9 @@ def _step_block(steps: list[_Step | _Beat]) -> StepBlock | None:
     """The records as one StepBlock (what ``records.decode_frame_blocks`` makes of them), or
     None when they are not all valid steps of one rank, process and metric set."""
     first = steps[0]
-    if type(first) is not _Step or set(map(type, steps)) != {_Step}:
+    if type(first) is not _Step or steps[-1].rank != first.rank:  # a relay's frame: fail fast
+        return None
+    if set(map(type, steps)) != {_Step}:
         return None
     if set(map(_same, steps)) != {_same(first)}:  # type: ignore[arg-type]
         return None
