@@ -34,7 +34,7 @@ import zmq
 from rankwatch.agent import records
 from rankwatch.agent.records import DecodeError, Record, StepBlock
 from rankwatch.aggregator import frames
-from rankwatch.aggregator.curve import CurveGate, ServerContext
+from rankwatch.aggregator.curve import HANDSHAKE_FAILED, CurveGate, ServerContext
 from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger("rankwatch.receiver")
@@ -51,11 +51,6 @@ MAX_RANKS_PER_PEER = 1024  # ... and per connection (a relay carries a node's ra
 MAX_LOGGED = 10_000  # (sender, reason) pairs already logged, to log each once
 LINGER_MS = 0  # control messages are best effort: never hang on close
 # Monitor events: connections come and go; a failed handshake is a refused peer.
-HANDSHAKE_FAILED = {
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",  # unknown CurveZMQ client key
-    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",  # no curve, or not ZeroMQ at all
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other",
-}
 MONITOR_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED
 for _event in HANDSHAKE_FAILED:
     MONITOR_EVENTS |= _event

@@ -41,12 +41,12 @@ import zmq
 from rankwatch.agent.identity import DEFAULT_INGEST_PORT, parse_addr, resolve_addr
 from rankwatch.agent.records import MAX_FRAME_BYTES, DecodeError, check_version
 from rankwatch.aggregator.curve import (
+    HANDSHAKE_FAILED,
     CurveGate,
     ServerContext,
     client_keys_of,
     configure_client,
 )
-from rankwatch.aggregator.receiver import HANDSHAKE_FAILED
 from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger("rankwatch.relay")
