@@ -244,22 +244,9 @@ def _step_block(raws: list[Any]) -> StepBlock | None:
             return None
     elif min(epoch) < -_INT64_END or max(epoch) >= _INT64_END:
         return None
-    names = list(first["metrics"])
-    values: dict[str, list[float]] = {}
-    if set(map(len, maps)) != {len(names)}:
+    values = metric_columns(tuple(first["metrics"]), maps)
+    if values is None or not all(_all_type(column, float) for column in values.values()):
         return None
-    if names:
-        get = _getter(names)
-        try:  # as many names as the first record and all of its names: the same names
-            per_record = [get(m) for m in maps]
-        except KeyError:
-            return None
-        if len(names) == 1:
-            per_record = [(v,) for v in per_record]
-        for name, column in zip(names, zip(*per_record, strict=True), strict=True):
-            if not _all_type(column, float):
-                return None
-            values[name] = list(column)
     return StepBlock(
         run, rank, world_size, host, pid, list(seq), list(time_), list(step), list(epoch), values
     )
@@ -275,13 +262,25 @@ def _all_hashable(*columns: tuple[Any, ...]) -> bool:
     return all(set(map(type, column)) <= {str, int, float, bool, type(None)} for column in columns)
 
 
-def _getter(names: list[str]) -> Any:
-    getter = _getters.get(tuple(names))
+def metric_columns(names: tuple[str, ...], maps: Sequence[Any]) -> dict[str, list[Any]] | None:
+    """Metric name -> one value per map, when every map holds exactly ``names``; else None.
+    (A StepBlock's ``metrics``; the aggregator's fast decoder builds its blocks with it too.)"""
+    if set(map(len, maps)) != {len(names)}:
+        return None
+    if not names:
+        return {}
+    getter = _getters.get(names)
     if getter is None:
         if len(_getters) > 256:  # metric name sets a peer makes up must not grow this
             _getters.clear()
-        getter = _getters[tuple(names)] = itemgetter(*names)
-    return getter
+        getter = _getters[names] = itemgetter(*names)
+    try:  # as many names as ``names`` and all of them: the same names
+        rows = list(map(getter, maps))
+    except KeyError:
+        return None
+    if len(names) == 1:
+        return {names[0]: rows}
+    return {name: list(column) for name, column in zip(names, zip(*rows, strict=True), strict=True)}
 
 
 _BLOCK_SAME = ("run", "rank", "world_size", "host", "pid")

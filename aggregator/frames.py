@@ -19,8 +19,7 @@ msgspec would skip such a field unread. Events take the schema's path for the sa
 
 from __future__ import annotations
 
-from operator import attrgetter, itemgetter
-from typing import Any
+from operator import attrgetter
 
 import msgspec
 from rankwatch.agent import records
@@ -75,8 +74,6 @@ _decode = msgspec.msgpack.Decoder(_Frame).decode
 _same = attrgetter("run", "rank", "world_size", "host", "pid")
 _columns = attrgetter("seq", "time", "step", "epoch")
 _metrics = attrgetter("metrics")
-_getters: dict[tuple[str, ...], Any] = {}
-MAX_GETTERS = 256  # metric name sets a peer makes up must not grow the cache
 
 
 def decode_frame_blocks(frame: bytes) -> list[Record | StepBlock]:
@@ -176,19 +173,4 @@ def _values(first: dict[str, float], maps: list[dict[str, float]]) -> dict[str, 
     names = tuple(first)
     if len(names) > MAX_METRICS or not all(0 < len(name) <= MAX_NAME_CHARS for name in names):
         return None
-    if set(map(len, maps)) != {len(names)}:
-        return None
-    if not names:
-        return {}
-    get = _getters.get(names)
-    if get is None:
-        if len(_getters) >= MAX_GETTERS:
-            _getters.clear()
-        get = _getters[names] = itemgetter(*names)
-    try:  # as many names as the first record's and all of them: the same names
-        rows = list(map(get, maps))
-    except KeyError:
-        return None
-    if len(names) == 1:
-        return {names[0]: rows}
-    return {name: list(column) for name, column in zip(names, zip(*rows, strict=True), strict=True)}
+    return records.metric_columns(names, maps)

@@ -331,10 +331,28 @@ def test_upstream_endpoint_rejects(explicit: str | None, env: dict[str, str], ma
         upstream_endpoint(explicit, env, "tcp://*:8671")
 
 
-def test_cli_relay_forwards_and_reports_on_sigterm(ctx: Net, head: Head) -> None:
+_PLAIN = "from rankwatch.cli.main import main; main()"
+
+
+# The relay runs on every training node, where only the agent is installed (pyzmq, msgpack).
+_AGENT_ONLY = """
+import sys
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {"msgspec", "duckdb", "numpy", "fastapi", "uvicorn",
+                                      "pyarrow"}:
+            raise ImportError(f"blocked for this test: {name}")
+sys.meta_path.insert(0, Blocker())
+from rankwatch.cli.main import main
+main()
+"""
+
+
+@pytest.mark.parametrize("code", [_PLAIN, _AGENT_ONLY], ids=["installed", "agent-deps-only"])
+def test_cli_relay_forwards_and_reports_on_sigterm(ctx: Net, head: Head, code: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANKWATCH_ADDR", "MASTER_ADDR")}
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from rankwatch.cli.main import main; main()", "relay", "--listen", "tcp://127.0.0.1:0",
+        [sys.executable, "-c", code, "relay", "--listen", "tcp://127.0.0.1:0",
          "--upstream", head.addr, "--report-s", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
@@ -355,41 +373,3 @@ def test_cli_relay_forwards_and_reports_on_sigterm(ctx: Net, head: Head) -> None
     assert proc.returncode == 0, err
     assert "out 1 frames / 2 records" in out
     assert "bad frames 1 (msgpack 1)" in out
-
-
-# The relay runs on every training node, where only the agent is installed (pyzmq, msgpack).
-_AGENT_ONLY = """
-import sys
-class Blocker:
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in {"msgspec", "duckdb", "numpy", "fastapi", "uvicorn",
-                                      "pyarrow"}:
-            raise ImportError(f"blocked for this test: {name}")
-sys.meta_path.insert(0, Blocker())
-from rankwatch.cli.main import main
-main()
-"""
-
-
-def test_cli_relay_needs_only_the_agents_dependencies(ctx: Net, head: Head) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANKWATCH_ADDR", "MASTER_ADDR")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _AGENT_ONLY, "relay", "--listen", "tcp://127.0.0.1:0",
-         "--upstream", head.addr, "--report-s", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        banner = proc.stdout.readline()
-        assert "forwarding to" in banner, proc.stderr.read() if proc.stderr else banner
-        port = int(banner.split("tcp://127.0.0.1:")[1].split(",")[0])
-        sock = ctx.socket(zmq.DEALER)
-        sock.connect(f"tcp://127.0.0.1:{port}")
-        sock.send(records.encode_frame([step(3, 1), step(3, 2)]))
-        wait_until(lambda: head.pump() >= 2)
-        sock.close(0)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=10)
-    assert proc.returncode == 0, err
-    assert "out 1 frames / 2 records" in out
