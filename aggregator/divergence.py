@@ -35,6 +35,7 @@ from rankwatch.aggregator.divergence_batch import (
     MIN_BATCH_RANKS,
     MIN_BATCH_STEPS,
     QuietSteps,
+    finite_columns,
     score_run,
 )
 from rankwatch.aggregator.divergence_config import DivergenceConfig, MetricRule
@@ -133,12 +134,12 @@ class DivergenceDetector:
         comes as one ``QuietSteps`` (``QuietSteps.results()`` gives its StepResults)."""
         if len(groups) < MIN_BATCH_STEPS and all(type(g) is StepValues for g in groups):
             return [self.update(sv) for sv in groups]  # type: ignore[arg-type]
-        by_key: dict[tuple[str, str], list[StepValues | tuple[StepGrid, int, np.ndarray]]] = {}
+        by_key: dict[tuple[str, str], list[StepValues | tuple[StepGrid, int, _GridStats]]] = {}
         for g in groups:
             if type(g) is StepGrid:
-                grid = _grid_array(g)  # steps x ranks x metrics
+                grid = _GridStats(_grid_array(g))  # steps x ranks x metrics
                 for j, metric in enumerate(g.names):
-                    by_key.setdefault((g.run, metric), []).append((g, j, grid[:, :, j]))
+                    by_key.setdefault((g.run, metric), []).append((g, j, grid))
                 continue
             same = by_key.get((g.run, g.metric))  # type: ignore[union-attr]
             if same is None:
@@ -190,8 +191,10 @@ class DivergenceDetector:
         return score_run(self.config, st, key, ranks, steps, v, lambda i: self.update(svs[i]))
 
     def _update_grid(
-        self, key: tuple[str, str], grid: StepGrid, j: int, v: np.ndarray
+        self, key: tuple[str, str], grid: StepGrid, j: int, values: _GridStats
     ) -> list[StepResult] | list[StepResult | QuietSteps]:
+        v = values.v[:, :, j]
+
         def one(i: int) -> StepResult:
             values = dict(zip(grid.ranks, v[i].tolist(), strict=True))
             sv = StepValues(key[0], key[1], grid.steps[i], values, grid.world_size, grid.complete)
@@ -200,7 +203,7 @@ class DivergenceDetector:
         st = self._batch_state(key, grid.ranks, len(grid.steps))
         if st is None:
             return [one(i) for i in range(len(grid.steps))]
-        return score_run(self.config, st, key, grid.ranks, grid.steps, v, one)
+        return score_run(self.config, st, key, grid.ranks, grid.steps, v, one, values.stats(j))
 
     # --- small worlds: lists --------------------------------------------------------------
 
@@ -533,6 +536,23 @@ def step_lag(run: str, last_steps: Mapping[int, int], config: DivergenceConfig) 
         )  # fmt: skip
         out.append(d)
     return out
+
+
+class _GridStats:
+    """A grid's values (steps x ranks x metrics) and, once a metric asks, the statistics of
+    every metric's steps, computed together (``finite_columns``)."""
+
+    __slots__ = ("_stats", "v")
+
+    def __init__(self, v: np.ndarray) -> None:
+        self.v = v
+        self._stats: tuple[np.ndarray, list[np.ndarray]] | None = None
+
+    def stats(self, j: int) -> tuple[np.ndarray, list[np.ndarray]]:
+        if self._stats is None:
+            self._stats = finite_columns(self.v)
+        finite, cols = self._stats
+        return finite[:, j], [c[:, j] for c in cols]
 
 
 def _grid_array(grid: StepGrid) -> np.ndarray:

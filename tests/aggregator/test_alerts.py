@@ -339,10 +339,11 @@ def test_from_dict_errors_name_the_key(raw: dict[str, Any], match: str) -> None:
 
 def quiet(metric: str, rows: list[tuple[int, float, float, float]]) -> QuietSteps:
     """Quiet steps as the batch scorer hands them over: (step, median, min, max) each."""
-    q = QuietSteps("r", metric, [0, 1, 2, 3], np.zeros((len(rows), 4)))
-    for at, (step, med, lo, hi) in enumerate(rows):
-        q._add(step, (med, 0.0, med, lo, hi, lo, lo, hi, hi), at, 1.0)
-    return q
+    stats = [(med, 0.0, med, lo, hi, lo, lo, hi, hi) for _, med, lo, hi in rows]
+    cols = [np.array(c, dtype=np.float64) for c in zip(*stats, strict=True)] or [np.zeros(0)] * 9
+    n = len(rows)
+    steps = [step for step, *_ in rows]
+    return QuietSteps("r", metric, [0, 1, 2, 3], np.zeros((n, 4)), cols, steps, range(n), [1.0] * n)
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from rankwatch.agent.records import StepBlock
 from rankwatch.aggregator.divergence import DivergenceDetector, QuietSteps, StepResult, expand
-from rankwatch.aggregator.divergence_batch import block_stats
+from rankwatch.aggregator.divergence_batch import block_stats, finite_columns
 from rankwatch.aggregator.divergence_lists import step_stats
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues
 
@@ -110,6 +110,19 @@ def test_block_statistics_are_step_stats_bit_for_bit(n: int) -> None:
     cols = block_stats(v)
     for i, row in enumerate(v.tolist()):
         assert tuple(c[i] for c in cols) == step_stats(row)
+
+
+@pytest.mark.parametrize("n", [3, 8, 9, 17])
+def test_a_grids_metrics_at_once_have_each_metrics_statistics_bit_for_bit(n: int) -> None:
+    rng = np.random.default_rng(n)
+    grid = rng.standard_normal((50, n, 4)) * 10 ** rng.uniform(-3, 3, (50, n, 4))
+    grid[5, 1, 2], grid[9, 0, 0] = math.nan, math.inf
+    finite, cols = finite_columns(grid)
+    for j in range(4):
+        finite_j, cols_j = finite_columns(grid[:, :, j])
+        assert finite[:, j].tolist() == finite_j.tolist()
+        assert [c[:, j].tolist() for c in cols] == [c.tolist() for c in cols_j]
+    assert not finite[5, 2] and not finite[9, 0] and finite.sum() == 50 * 4 - 2
 
 
 def test_block_statistics_refuse_rows_longer_than_numpys_order_is_followed() -> None:
