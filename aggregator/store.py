@@ -73,7 +73,7 @@ class Store:
         _warm_up_duckdb()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._con = duckdb.connect(str(path), config={"memory_limit": memory_limit})
+            self._con = duckdb.connect(str(path), config=_config(memory_limit))
         except (OSError, duckdb.Error) as exc:
             raise StoreError(f"cannot open the store at {path}: {exc}") from exc
         self._writer = self._con.cursor()
@@ -582,6 +582,13 @@ class Store:
             .fetchone()
         )
         return int(row[0]) if row else 0
+
+
+def _config(memory_limit: str) -> dict[str, Any]:
+    # Insertion order is not kept: every read that needs an order sorts (ORDER BY, or
+    # rollup.sort_buckets), and without it DuckDB writes a flush's rows in parallel
+    # (bench/ingest.py: the flush after the last record -15 %, stored/s +10 %).
+    return {"memory_limit": memory_limit, "preserve_insertion_order": False}
 
 
 def _has_steps(item: Item) -> bool:
