@@ -38,7 +38,7 @@ from rankwatch.aggregator.store_rows import (
 )
 
 STORE_FILENAME = "store.duckdb"  # inside the data dir when Store is given a directory
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the band's rollups in two rows per bucket
 MEMORY_LIMIT = "512MB"  # DuckDB's buffer pool; keeps the aggregator well under 1 GB RSS
 MAX_BUFFER_ROWS = 5_000_000  # rows held in memory while the disk refuses them (~400 MB)
 BAND_STALE_S = 30.0  # a rank without a step record this long no longer holds back the band
@@ -107,6 +107,28 @@ class Store:
             cur.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
         elif int(row[0]) > SCHEMA_VERSION:
             raise StoreError(f"{self.path} has schema {row[0]}, newer than {SCHEMA_VERSION}")
+        elif int(row[0]) < SCHEMA_VERSION:
+            self._upgrade(int(row[0]))
+
+    def _upgrade(self, version: int) -> None:
+        """Bring a store an earlier version wrote up to SCHEMA_VERSION, in one transaction."""
+        cur = self._writer
+        script = ["BEGIN TRANSACTION"]
+        if version < 2:
+            # v2: the band's rollups keep two rows per bucket (rollup.band_part_sql), not one
+            # per statistic; they are folded again from the band's rows
+            script += [
+                *(f"DELETE FROM {rollup.table('band', w, o)}" for w in rollup.LEVELS
+                  for o in (False, True)),
+                "CREATE OR REPLACE TEMP TABLE rw_band AS SELECT * FROM band",
+            ]  # fmt: skip
+            part = rollup.band_part_sql("rw_band", rollup.LEVELS[0])
+            script = rollup.fold(cur, "band", part, script)
+        rollup.run_script(cur, [
+            *script,
+            f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema_version'",
+            "COMMIT",
+        ])  # fmt: skip
 
     # --- writing ---------------------------------------------------------------------------
 
@@ -521,9 +543,9 @@ class Store:
             )
         else:
             width = rollup.LEVELS[level]
-            tail_long = f"WITH w AS MATERIALIZED ({tail}) " + rollup.band_long_sql("w")
+            tail_buckets = f"WITH w AS MATERIALIZED ({tail}) " + rollup.band_part_sql("w", width)
             sql = rollup.band_pivot_sql(
-                rollup.bucket_sql("band", level, where, lo // width, hi // width, tail_long)
+                rollup.bucket_sql("band", level, where, lo // width, hi // width, tail_buckets)
             )
         res = self._cur().sql(sql, params=params).fetchnumpy()
         out = {"step": np.asarray(res["step"]).astype(np.int64)}
@@ -555,8 +577,8 @@ class Store:
         if hi < lo or not keys:
             return None
         per_key = stats.rows / len(stats.keys) * (hi - lo + 1) / (stats.hi - stats.lo + 1)
-        # the band reads one row per statistic, a series one per rank
-        width = len(rollup.BAND_STATS) if points_per_bucket == 1 else len(keys)
+        # the band reads BAND_KEYS rows per bucket, a series one per rank
+        width = rollup.BAND_KEYS if points_per_bucket == 1 else len(keys)
         all_keys = len(stats.keys) if ranks is not None and points_per_bucket != 1 else None
         level = rollup.choose_level(
             per_key, hi - lo + 1, max_points, points_per_bucket, width, all_keys

@@ -11,6 +11,7 @@ import textwrap
 import threading
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pytest
 from rankwatch.agent.records import EventRecord, Heartbeat, Record, StepRecord
@@ -430,3 +431,69 @@ def test_a_hung_rank_sending_only_heartbeats_releases_the_band(tmp_path: Path) -
             clock.now += 1.0
             s.flush()
         assert done(s) == last - 1  # the live ranks' latest step - 1
+
+
+def test_a_store_from_before_the_two_row_band_rollups_is_upgraded_on_open(tmp_path: Path) -> None:
+    """Schema 1 kept one band rollup row per statistic (five per bucket); opening such a store
+    folds the band's rollups again from its rows, once, and every band query reads the same."""
+    from rankwatch.aggregator import rollup
+
+    path = tmp_path / "s.duckdb"
+    values = np.random.default_rng(3).normal(size=(4, 700))
+    asks = (2000, 300, 40, 5)
+    with Store(path) as s:
+        s.append(grid("r", 4, range(700), lambda r, st: float(values[r, st])))
+        s.append([EventRecord("r", r, 701, 1.0, 4, "h", 1, "end", None, {}) for r in range(4)])
+        s.flush()
+        assert s._mirror.band["r"] == 699
+        before = {n: s.band_columns("r", "loss", max_points=n) for n in asks}
+
+    def keys(con: duckdb.DuckDBPyConnection) -> set[int]:
+        rows = " UNION ".join(
+            f"SELECT DISTINCT key FROM {rollup.table('band', w, o)}"
+            for w in rollup.LEVELS
+            for o in (False, True)
+        )
+        return {k for (k,) in con.execute(rows).fetchall()}
+
+    # the band's rollups as schema 1 wrote them
+    con = duckdb.connect(str(path))
+    stats = ("median", "p5", "p95", "vmin", "vmax")
+    long = " UNION ALL ".join(
+        f"SELECT run, metric, {i} AS key, step, {c} AS value FROM rw_band"
+        for i, c in enumerate(stats)
+    )
+    script = ["BEGIN TRANSACTION"]
+    script += [f"DELETE FROM {rollup.table('band', w, o)}" for w in rollup.LEVELS for o in (0, 1)]
+    script.append("CREATE TEMP TABLE rw_band AS SELECT * FROM band")
+    script = rollup.fold(con, "band", rollup.raw_part(long), script)
+    rollup.run_script(con, [*script, "UPDATE meta SET value = '1'", "COMMIT"])
+    assert keys(con) == {0, 1, 2, 3, 4}
+    con.close()
+
+    with Store(path) as s:
+        version = s._cur().execute("SELECT value FROM meta WHERE key = 'schema_version'")
+        assert version.fetchone() == (str(store_mod.SCHEMA_VERSION),)
+        assert keys(s._cur()) == {0, 1}
+        for n in asks:
+            after = s.band_columns("r", "loss", max_points=n)
+            assert after["step"].tolist() == before[n]["step"].tolist(), n
+            for name in ("median", "p5", "p95", "min", "max"):
+                np.testing.assert_allclose(after[name], before[n][name], rtol=1e-12, err_msg=name)
+        coarse = s.band("r", "loss", max_points=5)
+        assert min(coarse["min"]) == values.min() and max(coarse["max"]) == values.max()
+    with Store(path) as s:  # upgraded once: opening again changes nothing
+        assert (
+            s.band_columns("r", "loss", max_points=40)["median"].tolist()
+            == before[40]["median"].tolist()
+        )
+
+
+def test_a_store_from_a_newer_version_is_refused(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.duckdb"):
+        pass
+    con = duckdb.connect(str(tmp_path / "s.duckdb"))
+    con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(99)])
+    con.close()
+    with pytest.raises(StoreError, match="has schema 99, newer than"):
+        Store(tmp_path / "s.duckdb")
