@@ -27,6 +27,7 @@ DEFAULT_GRACE_S = 5.0  # wait this long for the slowest rank before scoring a pa
 MAX_STEP_WINDOW = 1_000  # steps older than the newest by more than this are closed at once
 MAX_OPEN_STEPS = 4_096  # open (run, step) groups per run, whatever their step numbers
 CLOSED_MEMORY = 4_096  # recently closed steps remembered per run to tell late records apart
+MAX_NAME_SETS = 1_024  # metric-name tuples shared between ranks' block rows (a cache)
 MAX_INTERVALS = 100_000  # seq intervals per (run, rank); beyond this the oldest gap is given up
 
 __all__ = ["SeqTracker", "StepGrid", "StepMerger", "StepValues"]
@@ -279,6 +280,7 @@ class StepMerger:
         self.max_open_steps = max_open_steps
         self._runs: dict[str, _Run] = {}
         self._evicted: list[StepValues] = []  # closed early by the caps, handed out by expire()
+        self._names: dict[tuple[str, ...], tuple[str, ...]] = {}  # metric-name sets seen
         self.late = 0  # values that arrived after their (run, metric, step) was handed out
         # groups closed incomplete before grace because of the memory caps (a complete group
         # stays open to tell late duplicates apart; the caps retiring it loses nothing)
@@ -310,6 +312,13 @@ class StepMerger:
             run = self._runs[name] = _Run()
         groups, rank, world_size = run.groups, block.rank, block.world_size
         names = tuple(block.metrics)
+        # every rank's rows of a step share one names tuple: _complete_rows compares identity
+        shared = self._names.get(names)
+        if shared is None:
+            if len(self._names) >= MAX_NAME_SETS:
+                self._names.clear()
+            shared = self._names[names] = names
+        names = shared
         # a metric-less record still opens its step's group, as ``add`` does
         rows = zip(*block.metrics.values(), strict=True) if names else [()] * len(block)
         out: list[StepValues | StepGrid] = []
@@ -354,11 +363,15 @@ class StepMerger:
         rows = group.rows
         assert rows is not None
         step, need = group.step, group.world_size
-        last, _ = next(reversed(rows.values()))
-        if all(names == last for names, _ in rows.values()):
+        entries = list(rows.values())
+        last = entries[-1][0]
+        for names, _ in entries:  # the same tuple, usually (add_block shares equal ones)
+            if names is not last and names != last:
+                break
+        else:
             group.rows = None
             group.done.update(last)
-            return last, list(rows), [row for _, row in rows.values()], need, _full(rows, need)
+            return last, list(rows), [row for _, row in entries], need, _full(rows, need)
         group.spread()
         out = []
         for metric in last:
@@ -441,6 +454,8 @@ class StepMerger:
         if len(run.closed) > CLOSED_MEMORY:
             forgotten, _ = run.closed.popitem(last=False)
             run.floor = forgotten if run.floor is None else max(run.floor, forgotten)
+        if not group.values:  # handed out whole (a complete step stays open for late records)
+            return []
         ws = group.world_size
         return [
             StepValues(name, metric, step, per_rank, ws, _full(per_rank, ws))
