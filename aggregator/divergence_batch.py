@@ -36,6 +36,7 @@ from rankwatch.aggregator.divergence_types import (
 
 MIN_BATCH_STEPS = 4  # fewer steps than this are scored one by one (numpy's fixed cost)
 MIN_BATCH_RANKS = 3  # pairs learn per-rank levels on every step: always one by one
+_NO_STEP = -(2**63)  # below every step the schema allows but this one
 
 
 def block_stats(v: np.ndarray) -> list[list[float]]:
@@ -197,7 +198,7 @@ class _QuietScan:
         rule = st.rule
         self.rel_floor, self.abs_floor = rule.rel_floor or 0.0, rule.abs_floor or cfg.abs_floor
         self.pool, self.alpha, self.allowance = cfg.spread_pool, cfg.spread_alpha, cfg.z_allowance
-        self.steps = np.asarray(steps, dtype=np.float64)
+        self.steps = np.asarray(steps, dtype=np.int64)
         self.finite = finite
         self.mad_sigma = MAD_TO_SIGMA * mad
         self.absmed = np.abs(med)
@@ -233,7 +234,7 @@ class _QuietScan:
         )
         steps = self.steps[i:]
         prev = np.empty_like(steps)  # a quiet step becomes ``last`` for the next one
-        prev[0] = -math.inf if last is None else last
+        prev[0] = _NO_STEP if last is None else last  # step _NO_STEP itself: one by one
         prev[1:] = steps[:-1]
         with np.errstate(divide="ignore", invalid="ignore"):
             quiet = (

@@ -102,6 +102,29 @@ def test_the_batch_path_is_taken_for_quiet_runs(monkeypatch: pytest.MonkeyPatch)
     assert dump(quiet[0].results()[-1])[1] == [(r, repr(last[r])) for r in range(8)]
 
 
+def test_step_numbers_past_a_doubles_precision_still_take_the_batch_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Steps are compared as 64-bit ints: 2**62 + s are all different steps."""
+    base = 2**62
+    svs = [
+        StepValues("r", "loss", base + s, {r: 1.0 + 0.001 * ((r * 7 + s) % 5) for r in range(8)},
+                   8, True)
+        for s in range(200)
+    ]  # fmt: skip
+    det = DivergenceDetector()
+    seen = []
+    real = det.update
+    monkeypatch.setattr(det, "update", lambda sv: seen.append(sv.step) or real(sv))
+    out = det.update_many(svs)
+    assert len(seen) < 10, seen
+    assert [s for q in out if isinstance(q, QuietSteps) for s in q.steps] == [
+        sv.step for sv in svs if sv.step not in seen
+    ]
+    a, b, (st_a, st_b) = both(svs, 200)
+    assert a == b and st_a == st_b
+
+
 @pytest.mark.parametrize("n", [3, 4, 7, 8, 9, 15, 16, 17, 64, 128])
 def test_block_statistics_are_step_stats_bit_for_bit(n: int) -> None:
     rng = np.random.default_rng(n)
