@@ -55,10 +55,6 @@ FLUSH_INTERVAL_S = 0.2  # tick period: live feed, divergence, health (dashboard 
 # resend cover what a killed aggregator had not flushed yet.
 STORE_FLUSH_S = 0.5
 STORE_BACKLOG_RECORDS = 100_000  # this many buffered after a flush: flush again at once
-# ... and this many buffered once input has stopped for STORE_QUIET_S (a burst ended, a run
-# finished): waiting out the period would only delay them, not grow the next flush
-STORE_QUIET_RECORDS = 10_000
-STORE_QUIET_S = 0.05
 STORE_RETRY_S = 5.0  # after a failed flush, wait this long before writing again
 HEALTH_EVERY_S = 1.0  # rank health is evaluated again at least this often (see tick)
 RANKS_REFRESH_S = 2.0  # rank tables are re-sent this often even without a state change
@@ -232,28 +228,12 @@ class Aggregator:
         # them on a fixed period made more, smaller ones under load (4,096 ranks: 39 -> 50 µs
         # of aggregator CPU per record, bench/scale_soak.py). Unless a backlog built up during
         # the flush: a flush that big costs little per record, and waiting only grows it.
-        # Unless input stopped with many records waiting: then at once (_wait_for_flush).
         pause = max(self.config.store_flush_s, self.config.flush_interval_s)
         wait = pause
-        while not self._wait_for_flush(wait):
+        while not self._stop.wait(wait):
             flushed = self.flush_store()
             backlog = flushed and self.store.pending() >= self.config.store_backlog_records
             wait = 0.0 if backlog else pause
-
-    def _wait_for_flush(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s, or until no record came in for STORE_QUIET_S while at
-        least STORE_QUIET_RECORDS wait for the store. True once stopping."""
-        deadline = time.monotonic() + timeout
-        n = self.n
-        seen = n["accepted"]
-        while (left := deadline - time.monotonic()) > 0:
-            if self._stop.wait(min(left, STORE_QUIET_S)):
-                return True
-            now_seen = n["accepted"]
-            if now_seen == seen and self.store.pending() >= STORE_QUIET_RECORDS:
-                return False
-            seen = now_seen
-        return self._stop.is_set()
 
     def flush_store(self) -> bool:
         """Write buffered records; on failure log once, count, and retry later."""

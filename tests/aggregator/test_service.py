@@ -257,29 +257,6 @@ def test_a_backlog_left_by_a_flush_is_written_at_once_then_the_pause_resumes(
     assert store.runs()[0]["records"] == 60
 
 
-def test_many_records_left_when_input_stops_are_flushed_without_waiting_the_period(
-    tmp_path: Path,
-) -> None:
-    """A burst that ended (a run finished, a relay caught up) is stored at once; a few records
-    after it wait for the period, as in steady input (each flush has a fixed cost)."""
-    agg = Aggregator(config(tmp_path, store_flush_s=30.0))
-    agg.start()
-    try:
-        burst = [step(r, s, 1.0) for s in range(1, 3001) for r in range(WORLD)]  # 12,000
-        started = time.monotonic()
-        agg.add(burst, imported=False)
-        wait_until(lambda: agg.store.runs() and agg.store.runs()[0]["records"] == 12_000)
-        assert time.monotonic() - started < 10  # not the 30 s period
-        agg.add([step(r, 3001, 1.0) for r in range(WORLD)], imported=False)
-        time.sleep(0.5)  # ten quiet slices: too few records to flush early
-        assert agg.store.runs()[0]["records"] == 12_000
-        assert agg.store.pending() == WORLD
-    finally:
-        agg.stop()
-    with Store(tmp_path / "data") as store:  # stop() flushed the rest
-        assert store.runs()[0]["records"] == 12_000 + WORLD
-
-
 class _Hang(BaseHTTPRequestHandler):
     release = threading.Event()
     hits = 0
