@@ -39,15 +39,11 @@ MIN_BATCH_RANKS = 3  # pairs learn per-rank levels on every step: always one by 
 _NO_STEP = -(2**63)  # below every step the schema allows but this one
 
 
-def block_stats(v: np.ndarray) -> list[list[float]]:
-    """Per row of the finite ``v`` (steps x ranks): [median, mad, mean, min, max, p5, p25,
-    p75, p95] as columns of Python floats, each equal to ``step_stats(row)``'s."""
-    return [c.tolist() for c in block_columns(v)]
-
-
 def block_columns(v: np.ndarray) -> list[np.ndarray]:
-    """``block_stats`` as float64 arrays; ``v`` may also be steps x ranks x metrics (a grid's
-    metrics at once: a few numpy calls for all of them), giving steps x metrics columns."""
+    """Per row of the finite ``v`` (steps x ranks): [median, mad, mean, min, max, p5, p25,
+    p75, p95] as float64 columns, each value equal to ``step_stats(row)``'s. ``v`` may also be
+    steps x ranks x metrics (a grid's metrics at once: a few numpy calls for all of them),
+    giving steps x metrics columns."""
     n = v.shape[1]
     s = np.sort(v, axis=1)
     q = []
@@ -182,9 +178,9 @@ class _QuietScan:
     step of 3+ ranks with the same arithmetic on the same floats in the same order, so the
     verdicts, scales and spread are the sequential path's bit for bit. Only the spread's
     moving average runs step by step (each step's scale needs the spread before it), in a
-    tight loop; the rest is a few numpy calls per run of quiet steps. (One Python loop per
-    step, with the statistics unpacked and the quiet step recorded, was ~8 % of the ingest
-    thread with batched frames.)"""
+    tight loop; the rest is a few numpy calls per run of quiet steps. (A Python loop over every
+    step's statistics made the divergence update a third of the ingest thread with batched
+    frames, py-spy.)"""
 
     def __init__(
         self,

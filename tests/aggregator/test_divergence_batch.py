@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from rankwatch.agent.records import StepBlock
 from rankwatch.aggregator.divergence import DivergenceDetector, QuietSteps, StepResult, expand
-from rankwatch.aggregator.divergence_batch import block_stats, finite_columns
+from rankwatch.aggregator.divergence_batch import block_columns, finite_columns
 from rankwatch.aggregator.divergence_lists import step_stats
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues
 
@@ -130,7 +130,7 @@ def test_block_statistics_are_step_stats_bit_for_bit(n: int) -> None:
     rng = np.random.default_rng(n)
     v = rng.standard_normal((300, n)) * 10 ** rng.uniform(-3, 3, (300, n))
     v[::3] = np.round(v[::3], 1)  # ties
-    cols = block_stats(v)
+    cols = [c.tolist() for c in block_columns(v)]
     for i, row in enumerate(v.tolist()):
         assert tuple(c[i] for c in cols) == step_stats(row)
 
@@ -150,7 +150,7 @@ def test_a_grids_metrics_at_once_have_each_metrics_statistics_bit_for_bit(n: int
 
 def test_block_statistics_refuse_rows_longer_than_numpys_order_is_followed() -> None:
     with pytest.raises(ValueError, match="at most 128"):
-        block_stats(np.ones((2, 129)))
+        block_columns(np.ones((2, 129)))
 
 
 def test_non_finite_steps_and_out_of_order_steps_go_one_by_one() -> None:
