@@ -4,7 +4,7 @@
 and ``rankwatch.agent.mindspore`` and are never imported from here.
 """
 
-from .identity import DEFAULT_INGEST_PORT
 from .monitor import Monitor
+from .wire.addresses import DEFAULT_INGEST_PORT
 
 __all__ = ["DEFAULT_INGEST_PORT", "Monitor"]

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .identity import safe_filename
-from .records import DecodeError, Record, from_json_line
+from .wire.records import DecodeError, Record, from_json_line
 
 log = logging.getLogger("rankwatch.agent")
 

@@ -35,9 +35,10 @@ from typing import Any
 
 from . import hooks, identity
 from .fallback import JsonlWriter, jsonl_path
-from .records import EVENT_KINDS, MAX_METRICS, NONFINITE_TO_JSON, SCHEMA_VERSION
-from .sender import CURVE_DIR_ENV, STEP, Sender, curve_keys
+from .sender import STEP, Sender
 from .values import NotANumber, check_name, plain, to_float
+from .wire.curve import CURVE_DIR_ENV, curve_keys
+from .wire.records import EVENT_KINDS, MAX_METRICS, NONFINITE_TO_JSON, SCHEMA_VERSION
 
 log = logging.getLogger("rankwatch.agent")
 
@@ -79,7 +80,7 @@ class Monitor:
     ``jsonl_path``, ``dropped``, ``write_errors``, ``batch_size`` (settable), ``enabled``.
     ``stage(**metrics)`` adds values to the next ``log()`` (for hooks such as the DDP one).
     ``curve_dir`` (or ``RANKWATCH_CURVE_DIR``): CurveZMQ keys for an aggregator run with
-    ``serve --curve`` (see ``sender.curve_keys``).
+    ``serve --curve`` (see ``wire.curve.curve_keys``).
     """
 
     def __init__(

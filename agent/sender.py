@@ -27,13 +27,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgpack
 import zmq
 
 from .fallback import read_records
-from .records import MAX_FRAME_BYTES, SCHEMA_VERSION, Record, encode_frame, to_wire
+from .wire.curve import CurveKeys
+from .wire.records import MAX_FRAME_BYTES, SCHEMA_VERSION, Record, encode_frame, to_wire
 
 log = logging.getLogger("rankwatch.agent")
 
@@ -48,39 +49,6 @@ ZMTP_HEARTBEAT_TIMEOUT_MS = 6000
 MAX_RESEND_RECORDS = 1_000_000  # one resend request re-sends at most this many records
 
 STEP = "s"  # tag of a step tuple in the queue: (STEP, seq, time, step, epoch, metrics)
-CURVE_DIR_ENV = "RANKWATCH_CURVE_DIR"
-CURVE_SERVER_PUBLIC = "server.key"  # the aggregator's public key
-CURVE_CLIENT_SECRET = "client.key_secret"  # this node's key pair (or one client-NAME.key_secret)
-
-
-class CurveKeys(NamedTuple):
-    public: bytes
-    secret: bytes
-    server: bytes
-
-
-def curve_keys(directory: str | Path) -> CurveKeys:
-    """This agent's CurveZMQ keys from ``directory``; ``ValueError`` naming what is missing."""
-    import zmq.auth  # only with curve: it pulls in asyncio
-
-    directory = Path(directory).expanduser()
-    hint = "make them with `rankwatch keys` and copy server.key and a client secret here"
-    if not zmq.has("curve"):
-        raise ValueError("CurveZMQ keys given, but this libzmq has no CURVE support")
-    secrets = sorted(directory.glob("client*.key_secret"))
-    if (directory / CURVE_CLIENT_SECRET).is_file():
-        secrets = [directory / CURVE_CLIENT_SECRET]
-    if len(secrets) != 1:
-        found = "none" if not secrets else ", ".join(p.name for p in secrets)
-        raise ValueError(f"need one client*.key_secret in {directory} (found {found}); {hint}")
-    try:
-        public, secret = zmq.auth.load_certificate(secrets[0])
-        server, _ = zmq.auth.load_certificate(directory / CURVE_SERVER_PUBLIC)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read CurveZMQ keys in {directory}: {exc}; {hint}") from None
-    if not secret:
-        raise ValueError(f"{secrets[0]} holds no secret key; {hint}")
-    return CurveKeys(public, secret, server)
 
 
 class Sender:

@@ -24,7 +24,7 @@ import itertools
 import math
 from typing import Any
 
-from .records import MAX_NAME_CHARS, NONFINITE_TO_JSON
+from .wire.records import MAX_NAME_CHARS, NONFINITE_TO_JSON
 
 MAX_INFO_CHARS = 4096  # strings in event info are cut to this
 MAX_INFO_ITEMS = 256  # items per list/map in event info

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
-from rankwatch.aggregator.alerts import AlertConfig
-from rankwatch.aggregator.divergence import DivergenceConfig
+from rankwatch.aggregator.alerts.rules import AlertConfig
+from rankwatch.aggregator.alerts.webhooks import WEBHOOK_KINDS, WebhookConfig
+from rankwatch.aggregator.divergence.detector import DivergenceConfig
 from rankwatch.aggregator.service import ServeConfig
-from rankwatch.aggregator.webhooks import WEBHOOK_KINDS, WebhookConfig
 
 SECTIONS = ("serve", "alerts", "divergence", "webhooks")
 

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rankwatch.agent.records import EventRecord, StepBlock, StepRecord, json_value
+from rankwatch.agent.wire.records import EventRecord, StepBlock, StepRecord, json_value
 
 if TYPE_CHECKING:
     from rankwatch.aggregator.health import RankHealth

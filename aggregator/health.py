@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from rankwatch.agent.records import EventRecord, Heartbeat, Record, StepRecord
+from rankwatch.agent.wire.records import EventRecord, Heartbeat, Record, StepRecord
 
 DEFAULT_LOST_AFTER_S = 10.0
 DEFAULT_STALL_FACTOR = 10.0

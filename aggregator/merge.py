@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rankwatch.agent.records import Record, StepBlock, StepRecord
+from rankwatch.agent.wire.records import Record, StepBlock, StepRecord
 
 DEFAULT_GRACE_S = 5.0  # wait this long for the slowest rank before scoring a partial step
 MAX_STEP_WINDOW = 1_000  # steps older than the newest by more than this are closed at once

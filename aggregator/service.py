@@ -23,10 +23,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rankwatch.agent.records import EventRecord, Record, StepBlock, StepRecord, unblock
-from rankwatch.aggregator.alerts import Alert, AlertConfig, AlertEngine
-from rankwatch.aggregator.console import ConsoleSink
-from rankwatch.aggregator.divergence import (
+from rankwatch.agent.wire.addresses import DEFAULT_INGEST_PORT
+from rankwatch.agent.wire.records import EventRecord, Record, StepBlock, StepRecord, unblock
+from rankwatch.aggregator.alerts.console import ConsoleSink
+from rankwatch.aggregator.alerts.rules import Alert, AlertConfig, AlertEngine
+from rankwatch.aggregator.alerts.webhooks import WebhookConfig, Webhooks, alert_dict
+from rankwatch.aggregator.divergence.detector import (
     DivergenceConfig,
     DivergenceDetector,
     QuietSteps,
@@ -40,10 +42,9 @@ from rankwatch.aggregator.health import (
     RankHealth,
     run_state,
 )
+from rankwatch.aggregator.ingest.receiver import Receiver
 from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues, as_blocks
-from rankwatch.aggregator.receiver import DEFAULT_INGEST_PORT, Receiver
-from rankwatch.aggregator.store import Store, StoreError
-from rankwatch.aggregator.webhooks import WebhookConfig, Webhooks, alert_dict
+from rankwatch.aggregator.store.db import Store, StoreError
 
 log = logging.getLogger("rankwatch.service")
 

@@ -5,8 +5,8 @@
 
 Values come from the load generator's model (``bench/loadgen.py``: loss decaying with 5 % relative
 per-rank noise, the ``sigma`` of the faults) and are fed straight to
-``rankwatch.aggregator.divergence.DivergenceDetector`` as ``StepValues``, one metric per step, as
-the merger hands them over.
+``rankwatch.aggregator.divergence.detector.DivergenceDetector`` as ``StepValues``, one metric per
+step, as the merger hands them over.
 
 * Recall and delay: per fault size (drift of 1..5 sigma in the loss, a NaN), ``--trials`` runs
   with ``FAULTY`` drifting ranks from step ``ONSET``; delay = steps from the onset to the flag
@@ -28,8 +28,8 @@ import time
 
 import numpy as np
 from loadgen import METRICS, Fault, Model
-from rankwatch.aggregator.divergence import MAD_TO_SIGMA, DivergenceDetector
-from rankwatch.aggregator.divergence_config import DivergenceConfig
+from rankwatch.aggregator.divergence.config import DivergenceConfig
+from rankwatch.aggregator.divergence.detector import MAD_TO_SIGMA, DivergenceDetector
 from rankwatch.aggregator.merge import StepValues
 
 ONSET = 30  # faults start here: the detector has seen 29 clean steps

@@ -21,8 +21,8 @@ import statistics
 import time
 
 import numpy as np
-from rankwatch.aggregator import divergence
-from rankwatch.aggregator.divergence import DivergenceDetector
+from rankwatch.aggregator.divergence import detector as divergence
+from rankwatch.aggregator.divergence.detector import DivergenceDetector
 from rankwatch.aggregator.merge import StepValues
 
 WARMUP_STEPS = 50

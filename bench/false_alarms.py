@@ -24,8 +24,8 @@ import math
 
 import numpy as np
 from divergence_cost import steps_of
-from rankwatch.aggregator.divergence import DivergenceDetector
-from rankwatch.aggregator.divergence_config import DivergenceConfig
+from rankwatch.aggregator.divergence.config import DivergenceConfig
+from rankwatch.aggregator.divergence.detector import DivergenceDetector
 
 CELLS = 800  # evidence grid of the Markov chain
 STEPS_PER_S = 5.0

@@ -35,7 +35,7 @@ import httpx
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
-from rankwatch.agent import records
+from rankwatch.agent.wire import records
 
 from tests.hardening.frames import Expected, Sequencer, pack, random_message
 from tests.hardening.procs import Rank, Serve, compare, read_jsonl, read_store, wait_until

@@ -46,13 +46,13 @@ from typing import Any
 import msgpack
 import msgspec
 import zmq
-from rankwatch.agent import records
-from rankwatch.aggregator import frames as aggregator_frames
-from rankwatch.aggregator.divergence import DivergenceDetector
+from rankwatch.agent.wire import records
+from rankwatch.aggregator.divergence.detector import DivergenceDetector
+from rankwatch.aggregator.ingest import frames as aggregator_frames
+from rankwatch.aggregator.ingest.receiver import MAX_BATCH_RECORDS, RCVHWM_MESSAGES
 from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues
-from rankwatch.aggregator.receiver import MAX_BATCH_RECORDS, RCVHWM_MESSAGES
 from rankwatch.aggregator.service import Aggregator, ServeConfig, tune_gc
-from rankwatch.aggregator.store import Store
+from rankwatch.aggregator.store.db import Store
 
 METRICS = ("loss", "lr", "grad_norm", "step_time", "throughput", "loss_scale", "acc", "tokens")
 POLL_S = 0.005  # how often the aggregator's counters are read while waiting

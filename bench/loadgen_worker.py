@@ -21,7 +21,7 @@ from typing import Any
 import msgpack
 import zmq
 from loadgen import METRICS, Fault, Model
-from rankwatch.agent.records import MAX_FRAME_BYTES, SCHEMA_VERSION
+from rankwatch.agent.wire.records import MAX_FRAME_BYTES, SCHEMA_VERSION
 
 RECORDS_PER_FRAME = 4_000  # shared-socket mode: records per frame before the size check
 SNDHWM_FRAMES = 100_000  # generous: backlog shows up at the aggregator, not here

@@ -40,7 +40,7 @@ import httpx
 import numpy as np
 import uvicorn
 from rankwatch.aggregator.service import Aggregator, ServeConfig
-from rankwatch.aggregator.store import Store
+from rankwatch.aggregator.store.db import Store
 from rankwatch.dashboard.app import create_app
 
 RUN, METRIC, LOAD_RUN = "overlay", "loss", "load"

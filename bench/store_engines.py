@@ -24,8 +24,8 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
-from rankwatch.agent.records import StepRecord
-from rankwatch.aggregator.store import Store
+from rankwatch.agent.wire.records import StepRecord
+from rankwatch.aggregator.store.db import Store
 
 RUN, METRIC = "bench-run", "loss"
 POINTS = 2000

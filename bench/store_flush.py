@@ -31,8 +31,8 @@ import msgpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ingest import make_frames
-from rankwatch.agent import records
-from rankwatch.aggregator.store import Store
+from rankwatch.agent.wire import records
+from rankwatch.aggregator.store.db import Store
 
 RANKS = 8
 METRICS = 4

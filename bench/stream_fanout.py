@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import numpy as np
-from rankwatch.agent.records import StepRecord
+from rankwatch.agent.wire.records import StepRecord
 from rankwatch.aggregator.feed import Feed, points_messages
 from rankwatch.aggregator.service import MAX_FEED_POINTS
 from rankwatch.dashboard import live

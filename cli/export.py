@@ -25,8 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from rankwatch.aggregator.export import ExportError, export_run
-    from rankwatch.aggregator.store import STORE_FILENAME, Store, StoreError
+    from rankwatch.aggregator.store.db import STORE_FILENAME, Store, StoreError
+    from rankwatch.aggregator.store.export import ExportError, export_run
 
     data = Path(args.data)
     store_file = data if data.suffix in (".duckdb", ".db") else data / STORE_FILENAME

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rankwatch.cli.status import DEFAULT_URL, TOKEN_ENV, ApiError, request_json, token_of
 
 if TYPE_CHECKING:
-    from rankwatch.agent.records import Record
+    from rankwatch.agent.wire.records import Record
 
 NAME = "import"
 HELP = "import JSONL files or directories (agent logs, legacy callback logs)"
@@ -49,7 +49,7 @@ class HttpSink:
         self.token = token
 
     def add(self, records: Sequence[Record]) -> int:
-        from rankwatch.agent.records import to_json_line
+        from rankwatch.agent.wire.records import to_json_line
 
         accepted = 0
         for start in range(0, len(records), MAX_POST_RECORDS):
@@ -75,8 +75,8 @@ def _new_records(answer: Any, sent: int) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rankwatch.aggregator.importer import import_into_store, import_paths
-    from rankwatch.aggregator.store import StoreError
+    from rankwatch.aggregator.ingest.importer import import_into_store, import_paths
+    from rankwatch.aggregator.store.db import StoreError
 
     progress = not args.quiet and sys.stderr.isatty()
     try:

@@ -3,7 +3,7 @@
 Writes ``server.key``/``server.key_secret`` and ``client.key``/``client.key_secret`` (or
 ``client-NAME.*`` with ``--client NAME``) in the ZeroMQ certificate format; secret files are
 created with mode 0600 (never readable by others, not even for an instant) and existing files
-are never overwritten. See ``rankwatch.aggregator.curve`` for which file goes where.
+are never overwritten. See ``rankwatch.agent.wire.curve`` for which file goes where.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def format_counters(c: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from rankwatch.aggregator import relay as relay_mod
+    from rankwatch.relay import forwarder as relay_mod
 
     try:
         listen = relay_mod.listen_endpoint(args.listen or relay_mod.DEFAULT_LISTEN)

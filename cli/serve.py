@@ -69,9 +69,9 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rankwatch.agent.wire.curve import CurveError, client_keys, server_keys
     from rankwatch.aggregator.config import ConfigError, load_config, with_overrides
-    from rankwatch.aggregator.curve import CurveError, client_keys, server_keys
-    from rankwatch.aggregator.store import StoreError
+    from rankwatch.aggregator.store.db import StoreError
 
     try:
         config = load_config(args.config)

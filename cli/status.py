@@ -85,7 +85,7 @@ def token_of(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rankwatch.aggregator.console import render_status
+    from rankwatch.aggregator.alerts.console import render_status
 
     url = args.url.rstrip("/") + "/api/status"
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
-from rankwatch.agent import records
+from rankwatch.agent.wire import records
 
 from .jsonenc import StrictJSONResponse
 

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
-from rankwatch.agent import records
-from rankwatch.aggregator.columns import SeriesColumns
+from rankwatch.agent.wire import records
+from rankwatch.aggregator.store.columns import SeriesColumns
 from starlette.convertors import Convertor, register_url_convertor
 
 from . import prom, seriesfmt, views

@@ -13,8 +13,9 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
-from rankwatch.agent import identity, records
+from rankwatch.agent import identity
 from rankwatch.agent.monitor import Monitor
+from rankwatch.agent.wire import records
 
 # Variables a launcher (or the developer's shell) may have set that would change identity.
 ENV_VARS = (*identity.INFO_VARS, "MS_ROLE", "SLURM_STEP_ID", "LOCAL_WORLD_SIZE")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from rankwatch.agent.fallback import JsonlWriter, jsonl_path, last_seq, read_records
-from rankwatch.agent.records import Heartbeat, StepRecord, to_json_line
+from rankwatch.agent.wire.records import Heartbeat, StepRecord, to_json_line
 
 
 def step(seq: int, value: float = 0.5) -> StepRecord:

@@ -9,17 +9,15 @@ from pathlib import Path
 
 import pytest
 from rankwatch.agent.identity import (
-    DEFAULT_INGEST_PORT,
     derive_run,
     launcher_name,
-    parse_addr,
     process_start,
     resolve,
-    resolve_addr,
     resolve_rank,
     safe_filename,
     script_stem,
 )
+from rankwatch.agent.wire.addresses import DEFAULT_INGEST_PORT, parse_addr, resolve_addr
 
 MSRUN = {"RANK_ID": "3", "RANK_SIZE": "4", "MS_SCHED_HOST": "10.0.0.1", "MS_SCHED_PORT": "8118"}
 TORCHRUN = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "node0"}

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rankwatch.agent import records
+from rankwatch.agent.wire import records
 
 BLOCKED = ("mindspore", "torch", "numpy", "fastapi", "duckdb", "pyarrow")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from rankwatch.agent import records
+from rankwatch.agent.wire import records
 
 pytestmark = pytest.mark.mindspore
 ms = pytest.importorskip("mindspore", reason="MindSpore is not installed")

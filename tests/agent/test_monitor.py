@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from rankwatch.agent import Monitor, records
+from rankwatch.agent import Monitor
 from rankwatch.agent.monitor import CLOSE_TIMEOUT_S
+from rankwatch.agent.wire import records
 
 
 def read_jsonl(path: Path) -> list[records.Record]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from rankwatch.agent.records import (
+from rankwatch.agent.wire.records import (
     MAX_FRAME_BYTES,
     MAX_METRICS,
     MAX_NAME_CHARS,

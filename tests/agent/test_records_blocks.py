@@ -13,7 +13,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from rankwatch.agent.records import (
+from rankwatch.agent.wire.records import (
     SCHEMA_VERSION,
     DecodeError,
     StepBlock,

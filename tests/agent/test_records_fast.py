@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rankwatch.agent.records import (
+from rankwatch.agent.wire.records import (
     MAX_METRICS,
     DecodeError,
     StepRecord,

@@ -12,9 +12,9 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from rankwatch.agent import records
 from rankwatch.agent import sender as sender_module
 from rankwatch.agent.sender import Sender
+from rankwatch.agent.wire import records
 
 Record = records.Record
 

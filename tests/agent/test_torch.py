@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rankwatch.agent import records
+from rankwatch.agent.wire import records
 
 torch = pytest.importorskip("torch")
 

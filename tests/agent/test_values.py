@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from rankwatch.agent.records import MAX_NAME_CHARS
 from rankwatch.agent.values import NotANumber, check_name, plain, to_float
+from rankwatch.agent.wire.records import MAX_NAME_CHARS
 
 
 class Level(enum.IntEnum):

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import zmq
-from rankwatch.aggregator.receiver import Receiver
+from rankwatch.aggregator.ingest.receiver import Receiver
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import math
 import threading
 
 import pytest
-from rankwatch.agent.records import StepRecord
+from rankwatch.agent.wire.records import StepRecord
 from rankwatch.aggregator.feed import Feed, FeedClosed, points_messages
 
 

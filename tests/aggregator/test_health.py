@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rankwatch.agent.records import EventRecord, Heartbeat, Record, StepRecord
+from rankwatch.agent.wire.records import EventRecord, Heartbeat, Record, StepRecord
 from rankwatch.aggregator.health import HealthTracker, RankHealth, RankState, run_state
 
 A, S, L, F, C, P = (

@@ -6,7 +6,7 @@ import math
 import random
 
 import pytest
-from rankwatch.agent.records import StepRecord
+from rankwatch.agent.wire.records import StepRecord
 from rankwatch.aggregator.merge import SeqTracker, StepMerger, StepValues
 
 

@@ -11,7 +11,7 @@ import math
 import random
 
 import pytest
-from rankwatch.agent.records import Heartbeat, StepBlock, StepRecord, unblock
+from rankwatch.agent.wire.records import Heartbeat, StepBlock, StepRecord, unblock
 from rankwatch.aggregator.feed import points_messages
 from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues, as_blocks
 

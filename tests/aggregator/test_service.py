@@ -17,12 +17,12 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
-from rankwatch.agent import records
-from rankwatch.agent.records import EventRecord, Heartbeat, Record, StepRecord
-from rankwatch.aggregator.alerts import Alert
+from rankwatch.agent.wire import records
+from rankwatch.agent.wire.records import EventRecord, Heartbeat, Record, StepRecord
+from rankwatch.aggregator.alerts.rules import Alert
+from rankwatch.aggregator.alerts.webhooks import WebhookConfig
 from rankwatch.aggregator.service import LIVE_RETENTION_S, Aggregator, ServeConfig
-from rankwatch.aggregator.store import Store, StoreError
-from rankwatch.aggregator.webhooks import WebhookConfig
+from rankwatch.aggregator.store.db import Store, StoreError
 
 from tests.polling import wait_until
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from loadgen import LOSS_SIGMA, Fault, LoadConfig, LoadGen, Model, parse_faults
 from loadgen_worker import pack
-from rankwatch.agent import records
+from rankwatch.agent.wire import records
 from serve_proc import ServeProc
 
 # --- the pure parts ------------------------------------------------------------------------

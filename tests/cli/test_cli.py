@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 import zmq
-from rankwatch.agent import records
-from rankwatch.agent.records import StepRecord
+from rankwatch.agent.wire import records
+from rankwatch.agent.wire.records import StepRecord
 
 from tests import polling
 

@@ -18,7 +18,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*install `httpx2` instead")
     import starlette.testclient  # noqa: F401
 
-from rankwatch.agent.records import EventRecord, StepRecord
+from rankwatch.agent.wire.records import EventRecord, StepRecord
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SHIFTED = FIXTURES / "msrun4_rank2_labels_shifted_from_step20.csv"

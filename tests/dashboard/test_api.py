@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from rankwatch.agent.records import to_wire
+from rankwatch.agent.wire.records import to_wire
 from rankwatch.dashboard.app import create_app
 
 from .conftest import Records, feed_shifted_run, settle

@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from rankwatch.agent.records import StepRecord, to_wire
+from rankwatch.agent.wire.records import StepRecord, to_wire
 from rankwatch.dashboard.jsonenc import dumps
 
 from .conftest import fixture_rows

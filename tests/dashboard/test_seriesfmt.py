@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from rankwatch.aggregator.columns import SeriesColumns, empty_band
+from rankwatch.aggregator.store.columns import SeriesColumns, empty_band
 from rankwatch.dashboard import seriesfmt
 from rankwatch.dashboard.app import create_app
 from rankwatch.dashboard.jsonenc import parse_finite

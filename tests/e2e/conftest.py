@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rankwatch.agent import records
+from rankwatch.agent.wire import records
 from rankwatch.demo.launcher import rankwatch_command
 
 READY_TIMEOUT_S = 90.0  # serve imports DuckDB, FastAPI and numpy on a busy 2-core machine
@@ -338,7 +338,7 @@ def canonical(record: records.Record) -> str:
 
 def stored_records(data: Path, run: str) -> dict[int, list[records.Record]]:
     """rank -> records the aggregator stored for ``run`` (open only after serve has stopped)."""
-    from rankwatch.aggregator.store import Store
+    from rankwatch.aggregator.store.db import Store
 
     store = Store(data)
     try:

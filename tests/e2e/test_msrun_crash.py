@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rankwatch.agent import records
+from rankwatch.agent.wire import records
 
 from .conftest import (
     Serve,

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from rankwatch.agent import records
+from rankwatch.agent.wire import records
 
 from .conftest import (
     FlagWatcher,

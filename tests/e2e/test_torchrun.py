@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rankwatch.agent import DEFAULT_INGEST_PORT, records
+from rankwatch.agent import DEFAULT_INGEST_PORT
+from rankwatch.agent.wire import records
 
 from .conftest import (
     Serve,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-from rankwatch.agent import records
+from rankwatch.agent.wire import records
 
 FUZZ_RUNS = ("fuzz-a", "fuzz-b", "fuzz-ç中", "fuzz-\U0001f525")
 ODD_RUN = "fuzz-odd-steps"  # steps going back or extreme: in one run (see valid_record)

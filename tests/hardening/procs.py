@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from rankwatch.agent import records
+from rankwatch.agent.wire import records
 
 from tests import polling
 
@@ -273,7 +273,7 @@ def read_jsonl(run_dir: Path) -> dict[tuple[int, int], str]:
 
 def read_store(data: Path, run: str) -> dict[tuple[int, int], str]:
     """(rank, seq) -> canonical record stored for ``run`` (serve must have stopped)."""
-    from rankwatch.aggregator.store import Store
+    from rankwatch.aggregator.store.db import Store
 
     with Store(data) as store:
         return {(rec.rank, rec.seq): canonical(rec) for rec in store.records(run)}

@@ -19,8 +19,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 import zmq
-from rankwatch.agent import records
-from rankwatch.agent.records import EventRecord, StepRecord
+from rankwatch.agent.wire import records
+from rankwatch.agent.wire.records import EventRecord, StepRecord
 
 from .conftest import Spawner
 from .procs import SERVE, parse_prom, wait_until

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import zmq.auth
 from rankwatch.agent import Monitor
-from rankwatch.agent.sender import curve_keys
+from rankwatch.agent.wire.curve import curve_keys
 
 from .conftest import Spawner
 from .procs import SERVE, compare, read_jsonl, read_store, wait_until

@@ -18,8 +18,8 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rankwatch.agent import records
-from rankwatch.aggregator.store import Store
+from rankwatch.agent.wire import records
+from rankwatch.aggregator.store.db import Store
 
 from .conftest import Spawner
 from .frames import FUZZ_RUNS, Expected, Sequencer, mutate, pack, random_message

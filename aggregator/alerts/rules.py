@@ -1,0 +1,574 @@
+"""Alert rules over divergence results and rank health; alerts are values that explain themselves.
+
+Pure: ``now`` is passed in. ``AlertEngine.evaluate`` keeps a set of *conditions* (one per rule,
+run, rank, metric) and returns only transitions: an alert that starts firing, or one that
+resolves. When more than ``group_ranks`` ranks of one run trip the same rule on the same metric
+(all ranks lost when the head node's network drops, NaN everywhere), they are published as one
+run-level alert (``rank=None``) instead of thousands.
+
+Formatting for webhooks and consoles is not here; ``Alert.title`` and ``Alert.text`` are the
+sink-independent words every sink can use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from datetime import datetime, timezone
+from typing import Any
+
+from rankwatch.aggregator.divergence.detector import (
+    Divergence,
+    DivergenceConfig,
+    QuietSteps,
+    StepResult,
+    StepStats,
+    step_lag,
+)
+from rankwatch.aggregator.health import RankHealth, RankState, run_state
+
+SEVERITIES = ("info", "warning", "critical")
+RULES = (
+    "divergence", "nonfinite", "straggler", "threshold", "plateau", "throughput_drop",
+    "stalled", "lost", "crashed",
+)  # fmt: skip
+DEFAULT_SEVERITY = {
+    "divergence": "warning",
+    "nonfinite": "critical",
+    "straggler": "warning",
+    "threshold": "warning",
+    "plateau": "info",
+    "throughput_drop": "warning",
+    "stalled": "warning",
+    "lost": "critical",
+    "crashed": "critical",
+}
+OPS = {
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+}
+HEALTH_RULES = {RankState.STALLED: "stalled", RankState.LOST: "lost", RankState.CRASHED: "crashed"}
+GROUP_LISTED = 5  # ranks named in a grouped alert's message
+
+__all__ = ["Alert", "AlertConfig", "AlertEngine", "PlateauRule", "ThresholdRule", "ThroughputRule"]
+
+
+def _check(ok: bool, where: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"alert setting {where}: {message}")
+
+
+@dataclass(frozen=True)
+class ThresholdRule:
+    metric: str
+    op: str  # > >= < <=
+    value: float
+    on: str = "median"  # "median" of the ranks, or "any" rank (max for >, min for <)
+    steps: int = 1  # consecutive steps the condition must hold before firing
+    severity: str = "warning"
+
+    def __post_init__(self) -> None:
+        _check(bool(self.metric), "threshold.metric", "must not be empty")
+        _check(self.op in OPS, "threshold.op", f"{self.op!r} is not one of {sorted(OPS)}")
+        _check(math.isfinite(self.value), "threshold.value", f"{self.value!r} is not finite")
+        _check(self.on in ("median", "any"), "threshold.on", f"{self.on!r} is not median or any")
+        _check(self.steps >= 1, "threshold.steps", f"{self.steps} must be >= 1")
+        _check(self.severity in SEVERITIES, "threshold.severity", f"{self.severity!r} unknown")
+
+
+@dataclass(frozen=True)
+class PlateauRule:
+    """No improvement of a smoothed median of ``metric`` over ``steps`` steps."""
+
+    metric: str = "loss"
+    steps: int = 1_000
+    min_improvement: float = 0.01  # relative: 1 % better than the best so far counts
+    mode: str = "min"  # lower is better ("min") or higher ("max")
+    smoothing: float = 0.1  # EWMA weight of one step: a lucky step must not set the bar
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1, "plateau.steps", f"{self.steps} must be >= 1")
+        _check(self.min_improvement >= 0, "plateau.min_improvement", "must be >= 0")
+        _check(self.mode in ("min", "max"), "plateau.mode", f"{self.mode!r} is not min or max")
+        _check(0 < self.smoothing <= 1, "plateau.smoothing", "must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class ThroughputRule:
+    """The run's median throughput below ``fraction`` of its own recent baseline."""
+
+    metric: str = "throughput"
+    fraction: float = 0.5
+    baseline_steps: int = 50  # baseline = median of the run's last this-many step medians
+    min_baseline_steps: int = 10
+    confirm_steps: int = 3
+
+    def __post_init__(self) -> None:
+        _check(0 < self.fraction < 1, "throughput_drop.fraction", "must be in (0, 1)")
+        _check(self.baseline_steps >= 1, "throughput_drop.baseline_steps", "must be >= 1")
+        _check(
+            1 <= self.min_baseline_steps <= self.baseline_steps,
+            "throughput_drop.min_baseline_steps",
+            "must be in [1, baseline_steps]",
+        )
+        _check(self.confirm_steps >= 1, "throughput_drop.confirm_steps", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class AlertConfig:
+    disabled: frozenset[str] = frozenset()  # rule names switched off
+    severity: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_SEVERITY))
+    thresholds: tuple[ThresholdRule, ...] = ()
+    plateau: PlateauRule | None = PlateauRule()
+    throughput_drop: ThroughputRule | None = ThroughputRule()
+    group_ranks: int = 8  # more ranks than this on one rule -> one run-level alert
+    history_size: int = 1_000
+
+    def __post_init__(self) -> None:
+        for name in self.disabled:
+            _check(name in RULES, "disabled", f"{name!r} is not one of {RULES}")
+        for name, sev in self.severity.items():
+            _check(name in RULES, "severity", f"{name!r} is not one of {RULES}")
+            _check(sev in SEVERITIES, f"severity.{name}", f"{sev!r} is not one of {SEVERITIES}")
+        _check(self.group_ranks >= 1, "group_ranks", "must be >= 1")
+        _check(self.history_size >= 1, "history_size", "must be >= 1")
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> AlertConfig:
+        """Build from a parsed TOML ``[alerts]`` table; ValueError names the bad key."""
+        known = {f.name for f in fields(cls)}
+        kw: dict[str, Any] = {}
+        for key, value in raw.items():
+            _check(key in known, repr(key), f"unknown; known: {sorted(known)}")
+            if key == "disabled":
+                _check(_is_list(value, str), "disabled", "must be a list of rule names")
+                kw[key] = frozenset(value)
+            elif key == "severity":
+                _check(isinstance(value, Mapping), "severity", "must be a table rule -> level")
+                kw[key] = {**DEFAULT_SEVERITY, **value}
+            elif key == "thresholds":
+                _check(_is_list(value, Mapping), "thresholds", "must be a list of tables")
+                kw[key] = tuple(
+                    _build(ThresholdRule, f"thresholds[{i}]", t) for i, t in enumerate(value)
+                )
+            elif key in ("plateau", "throughput_drop"):
+                rule_cls = PlateauRule if key == "plateau" else ThroughputRule
+                if value is False:
+                    kw[key] = None
+                else:
+                    _check(isinstance(value, Mapping), key, "must be a table or false")
+                    kw[key] = _build(rule_cls, key, value)
+            else:
+                _check(type(value) is int, key, f"must be an integer, got {value!r}")
+                kw[key] = value
+        return cls(**kw)
+
+    def enabled(self, rule: str) -> bool:
+        return rule not in self.disabled
+
+    def severity_of(self, rule: str) -> str:
+        return self.severity.get(rule, DEFAULT_SEVERITY[rule])
+
+
+def _is_list(value: Any, kind: type) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(v, kind) for v in value)
+
+
+def _build(cls: type, where: str, raw: Mapping[str, Any]) -> Any:
+    known = {f.name: f for f in fields(cls)}
+    for key, value in raw.items():
+        _check(key in known, f"{where}.{key}", f"unknown; known: {sorted(known)}")
+        expected = str(known[key].type)
+        if expected == "int":
+            ok, want = type(value) is int, "an integer"
+        elif expected == "float":
+            ok, want = type(value) in (int, float), "a number"
+        else:
+            ok, want = isinstance(value, str), "a string"
+        _check(ok, f"{where}.{key}", f"must be {want}, got {value!r}")
+    try:
+        return cls(**raw)
+    except TypeError as exc:  # a required key is missing
+        raise ValueError(f"alert setting {where}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Alert:
+    key: str  # rule|run|rank|metric ("*" for a run-level group, "" for none)
+    rule: str
+    severity: str  # info | warning | critical
+    state: str  # firing | resolved
+    run: str
+    rank: int | None  # None: about the run (or a group of ranks)
+    metric: str | None
+    since_step: int | None
+    since_time: float  # when the condition began (aggregator clock)
+    time: float  # when this transition happened
+    value: float | None
+    message: str
+    ranks: tuple[int, ...] = ()  # the ranks involved, for a grouped alert
+
+    @property
+    def title(self) -> str:
+        what = self.rule.replace("_", " ")
+        subject = f"rank {self.rank}" if self.rank is not None else "run"
+        if self.ranks:
+            subject = f"{len(self.ranks)} ranks"
+        metric = f" {self.metric}" if self.metric else ""
+        head = "RESOLVED" if self.state == "resolved" else self.severity.upper()
+        return f"[{head}] {self.run}: {subject}{metric} {what}"
+
+    @property
+    def text(self) -> str:
+        lines = [self.message]
+        since = f"since step {self.since_step}, " if self.since_step is not None else "since "
+        lines.append(f"{since}{_iso(self.since_time)}; {self.state} at {_iso(self.time)}")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["ranks"] = list(self.ranks)
+        out["title"] = self.title
+        return out
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@dataclass(frozen=True)
+class _Cond:
+    rule: str
+    run: str
+    rank: int | None
+    metric: str | None
+    since_step: int | None
+    since_time: float
+    value: float | None
+    message: str
+    severity: str
+
+    @property
+    def key(self) -> str:
+        return _cond_key(self.rule, self.run, self.rank, self.metric)
+
+
+def _cond_key(rule: str, run: str, rank: int | None, metric: str | None) -> str:
+    return f"{rule}|{run}|{'' if rank is None else rank}|{metric or ''}"
+
+
+class _Series:
+    """Per (run, metric) memory of the step-based rules."""
+
+    def __init__(self, run: str, metric: str) -> None:
+        self.run, self.metric = run, metric
+        self._keys: dict[tuple[str, str], str] = {}
+        self.threshold_run: dict[int, int] = {}  # threshold index -> consecutive steps true
+        self.smooth: float | None = None
+        self.best: float | None = None
+        self.best_step: int | None = None
+        self.baseline: deque[float] = deque()
+        self.low_run = 0
+
+    def key(self, rule: str, metric: str) -> str:
+        """``_Cond.key`` of this run's run-level condition (made once: it is asked per step)."""
+        key = self._keys.get((rule, metric))
+        if key is None:
+            key = self._keys[(rule, metric)] = _cond_key(rule, self.run, None, metric)
+        return key
+
+
+def _threshold_cond(
+    rule: ThresholdRule, s: StepStats, value: float, metric_key: str, now: float
+) -> _Cond:
+    what = "median" if rule.on == "median" else ("max" if ">" in rule.op else "min")
+    msg = (
+        f"{s.metric} {what} across {s.n} ranks is {value:.4g}, {rule.op} {rule.value:g}"
+        f" (step {s.step})"
+    )
+    since = s.step - rule.steps + 1
+    return _Cond("threshold", s.run, None, metric_key, since, now, value, msg, rule.severity)
+
+
+def _plateau_cond(
+    rule: PlateauRule, s: StepStats, best: float, best_step: int, level: float, stuck: int,
+    now: float, severity: str,
+) -> _Cond:  # fmt: skip
+    sign = 1.0 if rule.mode == "min" else -1.0
+    msg = (
+        f"{s.metric} (median of {s.n} ranks, smoothed) has not improved by "
+        f"{rule.min_improvement:.0%} for {stuck} steps: best {sign * best:.4g} at "
+        f"step {best_step}, now {sign * level:.4g}"
+    )
+    return _Cond("plateau", s.run, None, s.metric, best_step, now, s.median, msg, severity)
+
+
+def _throughput_cond(s: StepStats, baseline: float, since: int, now: float, severity: str) -> _Cond:
+    msg = (
+        f"median {s.metric} of {s.n} ranks fell to {s.median:.4g}, "
+        f"{s.median / baseline:.0%} of its recent {baseline:.4g} (step {s.step})"
+    )
+    return _Cond("throughput_drop", s.run, None, s.metric, since, now, s.median, msg, severity)
+
+
+class AlertEngine:
+    def __init__(
+        self, config: AlertConfig | None = None, divergence: DivergenceConfig | None = None
+    ):
+        self.config = config or AlertConfig()
+        self.divergence = divergence or DivergenceConfig()
+        self._conds: dict[str, _Cond] = {}
+        self._series: dict[tuple[str, str], _Series] = {}
+        # conditions the step rules set, built when evaluate settles them (_defer)
+        self._pending: dict[str, tuple[int | None, Callable[..., _Cond], tuple[Any, ...]]] = {}
+        self._published: dict[str, Alert] = {}
+        self._history: deque[Alert] = deque(maxlen=self.config.history_size)
+
+    def evaluate(
+        self,
+        now: float,
+        *,
+        results: Iterable[StepResult | QuietSteps] = (),
+        health: Mapping[str, Mapping[int, RankHealth]] | None = None,
+    ) -> list[Alert]:
+        """Update the conditions; return the alerts that started firing or resolved."""
+        for res in results:
+            if type(res) is QuietSteps:  # nothing flagged or resolved: only the step rules
+                if self._watched(res.metric):
+                    self._step_rules(res.stats(), now)
+                continue
+            self._divergences(res, now)
+            self._step_rules((res.stats,), now)
+        self._settle()  # before health: a finished run drops every condition it has
+        if health is not None:
+            self._health(health, now)
+        return self._publish(now)
+
+    def firing(self) -> list[Alert]:
+        return sorted(self._published.values(), key=lambda a: (a.since_time, a.key))
+
+    def history(self, limit: int = 100) -> list[Alert]:
+        """The latest transitions, newest first."""
+        return list(self._history)[::-1][: max(0, limit)]
+
+    # --- condition sources -----------------------------------------------------------------
+
+    def _set(self, cond: _Cond, before: Mapping[str, _Cond] | None = None) -> None:
+        if self.config.enabled(cond.rule):
+            old = self._conds.get(cond.key) or (before or {}).get(cond.key)
+            # Keep when it began: a condition that persists is one condition.
+            if old is not None:
+                cond = replace(cond, since_step=old.since_step, since_time=old.since_time)
+            self._conds[cond.key] = cond
+
+    def _clear(self, rule: str, run: str, rank: int | None, metric: str | None) -> None:
+        self._drop(_cond_key(rule, run, rank, metric))
+
+    def _drop(self, key: str) -> None:
+        self._conds.pop(key, None)
+        self._pending.pop(key, None)
+
+    def _divergences(self, res: StepResult, now: float) -> None:
+        for d in res.new:
+            rule = "nonfinite" if d.kind == "nonfinite" else "divergence"
+            self._set(self._from_divergence(rule, d, now))
+        for d in res.resolved:
+            self._clear(
+                "nonfinite" if d.kind == "nonfinite" else "divergence", d.run, d.rank, d.metric
+            )
+
+    def _from_divergence(self, rule: str, d: Divergence, now: float) -> _Cond:
+        return _Cond(
+            rule, d.run, d.rank, d.metric, d.since_step, now, d.value, d.message,
+            self.config.severity_of(rule),
+        )  # fmt: skip
+
+    def _watched(self, metric: str) -> bool:
+        """A step rule reads this metric's statistics."""
+        cfg = self.config
+        return (
+            any(rule.metric == metric for rule in cfg.thresholds)
+            or (cfg.plateau is not None and cfg.plateau.metric == metric)
+            or (cfg.throughput_drop is not None and cfg.throughput_drop.metric == metric)
+        )
+
+    def _step_rules(self, stats: Sequence[StepStats], now: float) -> None:
+        """The step rules over consecutive steps of one (run, metric), in step order."""
+        cfg = self.config
+        run, metric = stats[0].run, stats[0].metric
+        series = self._series.get((run, metric))
+        if series is None:
+            series = self._series[(run, metric)] = _Series(run, metric)
+        live = [s for s in stats if math.isfinite(s.median)]
+        if not live:
+            return
+        thresholds = [(i, rule) for i, rule in enumerate(cfg.thresholds) if rule.metric == metric]
+        if thresholds:
+            self._thresholds(thresholds, live, series, now)
+        if cfg.plateau is not None and cfg.plateau.metric == metric:
+            self._plateau(cfg.plateau, live, series, now)
+        if cfg.throughput_drop is not None and cfg.throughput_drop.metric == metric:
+            self._throughput(cfg.throughput_drop, live, series, now)
+
+    def _defer(self, key: str, since: int | None, build: Callable[..., _Cond], *args: Any) -> None:
+        """Set condition ``key`` (``build(*args)``) when ``evaluate`` settles: a rule firing on
+        every step of a batch builds its words once, from the last step. It began at the first
+        (or earlier: ``_set`` keeps the start of one that was already set)."""
+        pending = self._pending.get(key)
+        self._pending[key] = (since if pending is None else pending[0], build, args)
+
+    def _settle(self) -> None:
+        for since, build, args in self._pending.values():
+            cond = build(*args)
+            self._set(cond if cond.since_step == since else replace(cond, since_step=since))
+        self._pending.clear()
+
+    def _thresholds(
+        self,
+        rules: list[tuple[int, ThresholdRule]],
+        stats: list[StepStats],
+        series: _Series,
+        now: float,
+    ) -> None:
+        runs = series.threshold_run
+        keyed = []
+        for i, rule in rules:
+            metric_key = f"{series.metric}{rule.op}{rule.value:g}"
+            keyed.append((i, rule, metric_key, series.key("threshold", metric_key)))
+        for s in stats:
+            for i, rule, metric_key, key in keyed:
+                value = s.median
+                if rule.on == "any":
+                    value = s.max if rule.op.startswith(">") else s.min
+                if OPS[rule.op](value, rule.value):
+                    runs[i] = runs.get(i, 0) + 1
+                    if runs[i] >= rule.steps:
+                        since = s.step - rule.steps + 1
+                        self._defer(key, since, _threshold_cond, rule, s, value, metric_key, now)
+                else:
+                    runs[i] = 0
+                    self._drop(key)
+
+    def _plateau(
+        self, rule: PlateauRule, stats: list[StepStats], series: _Series, now: float
+    ) -> None:
+        sign = 1.0 if rule.mode == "min" else -1.0
+        key = series.key("plateau", series.metric)
+        for s in stats:
+            x = sign * s.median
+            series.smooth = (
+                x if series.smooth is None else series.smooth + rule.smoothing * (x - series.smooth)
+            )
+            level = series.smooth
+            if series.best is None or level < series.best - rule.min_improvement * abs(series.best):
+                series.best, series.best_step = level, s.step
+                self._drop(key)
+                continue
+            assert series.best_step is not None
+            stuck = s.step - series.best_step
+            if stuck >= rule.steps:
+                severity = self.config.severity_of("plateau")
+                self._defer(
+                    key, series.best_step, _plateau_cond, rule, s, series.best, series.best_step,
+                    level, stuck, now, severity,
+                )  # fmt: skip
+
+    def _throughput(
+        self, rule: ThroughputRule, stats: list[StepStats], series: _Series, now: float
+    ) -> None:
+        base = series.baseline
+        key = series.key("throughput_drop", series.metric)
+        for s in stats:
+            if len(base) >= rule.min_baseline_steps:
+                baseline = sorted(base)[len(base) // 2]
+                if s.median < rule.fraction * baseline:
+                    series.low_run += 1
+                    if series.low_run >= rule.confirm_steps:
+                        since = s.step - series.low_run + 1
+                        severity = self.config.severity_of("throughput_drop")
+                        self._defer(key, since, _throughput_cond, s, baseline, since, now, severity)
+                    continue  # a dropped step must not drag the baseline down with it
+                series.low_run = 0
+                self._drop(key)
+            base.append(s.median)
+            while len(base) > rule.baseline_steps:
+                base.popleft()
+
+    def _health(self, health: Mapping[str, Mapping[int, RankHealth]], now: float) -> None:
+        live = {"stalled", "lost", "crashed", "straggler"}
+        before = {k: c for k, c in self._conds.items() if c.rule in live}
+        for key in before:
+            del self._conds[key]  # recomputed from the snapshot below
+        for run, ranks in health.items():
+            if run_state(ranks.values()) == "finished":
+                # A finished run has nothing left to alert about.
+                for key in [k for k, c in self._conds.items() if c.run == run]:
+                    del self._conds[key]
+                continue
+            for rank, h in ranks.items():
+                rule = HEALTH_RULES.get(h.state)
+                if rule is not None:
+                    msg = f"rank {rank} ({h.host or 'unknown host'}) {h.message}"
+                    sev = self.config.severity_of(rule)
+                    cond = _Cond(rule, run, rank, None, h.last_step, h.since, None, msg, sev)
+                    self._set(cond, before)
+            steps = {
+                rank: h.last_step
+                for rank, h in ranks.items()
+                if h.last_step is not None and h.state in (RankState.ALIVE, RankState.STALLED)
+            }
+            for d in step_lag(run, steps, self.divergence):
+                self._set(self._from_divergence("straggler", d, now), before)
+
+    # --- publishing ------------------------------------------------------------------------
+
+    def _publish(self, now: float) -> list[Alert]:
+        groups: dict[tuple[str, str, str | None], list[_Cond]] = {}
+        for cond in self._conds.values():
+            groups.setdefault((cond.rule, cond.run, cond.metric), []).append(cond)
+        wanted: dict[str, Alert] = {}
+        for (rule, run, metric), conds in groups.items():
+            per_rank = [c for c in conds if c.rank is not None]
+            if len(per_rank) > self.config.group_ranks:
+                alert = _group_alert(rule, run, metric, per_rank, now)
+                wanted[alert.key] = alert
+                conds = [c for c in conds if c.rank is None]
+            for c in conds:
+                wanted[c.key] = Alert(
+                    c.key, c.rule, c.severity, "firing", c.run, c.rank, c.metric, c.since_step,
+                    c.since_time, now, c.value, c.message,
+                )  # fmt: skip
+        out: list[Alert] = []
+        for key, alert in wanted.items():
+            old = self._published.get(key)
+            if old is None:
+                out.append(alert)
+                self._published[key] = alert
+            else:  # still firing: keep its first time, refresh the words
+                self._published[key] = replace(alert, time=old.time)
+        for key in [k for k in self._published if k not in wanted]:
+            old = self._published.pop(key)
+            out.append(replace(old, state="resolved", time=now, message=f"resolved: {old.message}"))
+        self._history.extend(out)
+        return out
+
+
+def _group_alert(
+    rule: str, run: str, metric: str | None, conds: Sequence[_Cond], now: float
+) -> Alert:
+    conds = sorted(conds, key=lambda c: c.rank if c.rank is not None else -1)
+    ranks = tuple(c.rank for c in conds if c.rank is not None)
+    first = conds[0]
+    listed = "; ".join(c.message for c in conds[:GROUP_LISTED])
+    more = f"; and {len(conds) - GROUP_LISTED} more" if len(conds) > GROUP_LISTED else ""
+    steps = [c.since_step for c in conds if c.since_step is not None]
+    sev = max((c.severity for c in conds), key=SEVERITIES.index)
+    return Alert(
+        f"{rule}|{run}|*|{metric or ''}", rule, sev, "firing", run, None, metric,
+        min(steps) if steps else None, min(c.since_time for c in conds), now, first.value,
+        f"{len(conds)} ranks: {listed}{more}", ranks,
+    )  # fmt: skip

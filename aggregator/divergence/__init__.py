@@ -1,0 +1,1 @@
+"""Cross-rank divergence: robust per-step statistics, per-rank evidence, verdicts (pure)."""

@@ -1,0 +1,303 @@
+"""Per (run, metric) confirmation state, and the verdicts drawn from it.
+
+Shared by both scoring paths of ``divergence.py`` (lists for small worlds, numpy for large
+ones): whatever computed the z-scores, flagging, blaming and resolving happen here, the same
+way. Per-rank sequences (``ranks``, ``v``, ``z``, ``rel``) may be lists or numpy arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from rankwatch.aggregator.divergence.config import DivergenceConfig, MetricRule
+from rankwatch.aggregator.divergence.types import Divergence, StepStats
+from rankwatch.aggregator.merge import StepValues
+
+MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
+
+
+class MetricState:
+    """Evidence per rank and direction, spread and own-level history of one (run, metric).
+
+    Per-rank state is indexed by rank: Python lists while every rank seen is below the
+    detector's list limit, numpy arrays from the first step scored with numpy on.
+    """
+
+    def __init__(self, rule: MetricRule) -> None:
+        self.rule = rule
+        self.size = 0
+        self.lists = True
+        self.ev_hi: Any = []  # CUSUM evidence that the rank is above the others
+        self.ev_lo: Any = []
+        self.start_hi: Any = []  # step where the current evidence run began
+        self.start_lo: Any = []
+        self.own: Any = []  # EWMA of log|x| per rank (pairs only), NaN until seen
+        self.calm = True  # lists only: every evidence entry is zero
+        self.spread: float | None = None  # EWMA of 1.4826 * MAD / |median|
+        self.spread_steps = 0
+        self.last_step: int | None = None
+        self.active: dict[tuple[int, str], Divergence] = {}  # (rank, kind) -> divergence
+        self.clean: dict[tuple[int, str], int] = {}  # consecutive clean steps while active
+
+    def grow(self, top: int, list_ranks: int) -> None:
+        """Make room for rank ``top``; ranks >= ``list_ranks`` turn the state into arrays."""
+        if top < self.size:
+            return
+        if self.lists and top < list_ranks:
+            pad = max(top + 1, 8) - self.size
+            self.ev_hi += [0.0] * pad
+            self.ev_lo += [0.0] * pad
+            self.start_hi += [0] * pad
+            self.start_lo += [0] * pad
+            self.own += [math.nan] * pad
+            self.size += pad
+            return
+        self.to_arrays()
+        size = max(top + 1, 2 * self.size, 8)
+        pad = size - self.size
+        self.ev_hi = np.concatenate([self.ev_hi, np.zeros(pad)])
+        self.ev_lo = np.concatenate([self.ev_lo, np.zeros(pad)])
+        self.start_hi = np.concatenate([self.start_hi, np.zeros(pad, np.int64)])
+        self.start_lo = np.concatenate([self.start_lo, np.zeros(pad, np.int64)])
+        self.own = np.concatenate([self.own, np.full(pad, np.nan)])
+        self.size = size
+
+    def to_arrays(self) -> None:
+        if self.lists:
+            self.lists = False
+            self.ev_hi = np.array(self.ev_hi, np.float64)
+            self.ev_lo = np.array(self.ev_lo, np.float64)
+            self.start_hi = np.array(self.start_hi, np.int64)
+            self.start_lo = np.array(self.start_lo, np.int64)
+            self.own = np.array(self.own, np.float64)
+
+
+def gates(rule: MetricRule, n: int) -> tuple[float, float]:
+    """The (high, low) ratio gates of a step with ``n`` finite ranks."""
+    if n == 2:
+        pair = rule.pair_ratio or 1.0
+        return pair, 1.0 / pair
+    return rule.high_ratio or 1.0, rule.low_ratio or 0.0
+
+
+def scale(cfg: DivergenceConfig, st: MetricState, stats: StepStats) -> float:
+    """The z-score denominator: 1.4826 MAD with its floors (see the ``divergence`` doc)."""
+    rule = st.rule
+    absmed = abs(stats.median)
+    typical = st.spread if st.spread is not None else 0.0
+    if stats.n == 2:  # the MAD of two values is their own distance: history only
+        rel_scale = max(rule.rel_floor or 0.0, typical)
+        return max(absmed * rel_scale, rule.abs_floor or cfg.abs_floor)
+    rel_scale = max(rule.rel_floor or 0.0, cfg.spread_pool * typical)
+    return max(MAD_TO_SIGMA * stats.mad, absmed * rel_scale, rule.abs_floor or cfg.abs_floor)
+
+
+def learn_spread(
+    cfg: DivergenceConfig,
+    st: MetricState,
+    stats: StepStats,
+    ranks: Sequence[int],
+    v: Sequence[float],
+) -> None:
+    """Update the typical spread (and a pair's own levels: ``ranks``, ``v`` read for n == 2)."""
+    if stats.median == 0:
+        return
+    if stats.n == 2:
+        # A pair learns its spread and levels only on quiet steps: a fault must not become
+        # the new normal while it is being confirmed.
+        ev_hi, ev_lo = st.ev_hi, st.ev_lo
+        if st.active or any(ev_hi[r] or ev_lo[r] for r in ranks):
+            return
+        a, own = cfg.history_alpha, st.own
+        for r, x in zip(ranks, v, strict=True):
+            log_x = math.log(abs(x)) if x != 0 else math.nan
+            old = own[r]
+            own[r] = log_x if math.isnan(old) else (1 - a) * old + a * log_x
+    measured = MAD_TO_SIGMA * stats.mad / abs(stats.median)
+    if st.spread is None:
+        st.spread = measured
+    else:
+        st.spread += cfg.spread_alpha * (measured - st.spread)
+    st.spread_steps += 1
+
+
+def flag_nonfinite(
+    st: MetricState,
+    sv: StepValues,
+    stats: StepStats,
+    bad: list[tuple[int, float]],
+    new: list[Divergence],
+) -> None:
+    """Flag each (rank, value) of ``bad`` at once, unless it is flagged already."""
+    for rank, value in bad:
+        k = (rank, "nonfinite")
+        st.clean.pop(k, None)
+        if k in st.active:
+            continue
+        word = "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+        d = Divergence(
+            sv.run, sv.metric, rank, "nonfinite", "low" if value < 0 else "high",
+            sv.step, sv.step, value, stats.median, math.nan, math.nan,
+            f"rank {rank} {sv.metric} is {word} at step {sv.step}"
+            + (f" (median of the other ranks {stats.median:.4g})" if stats.n else ""),
+            stats.n,
+        )  # fmt: skip
+        st.active[k] = d
+        new.append(d)
+
+
+def clear_nonfinite(
+    cfg: DivergenceConfig,
+    st: MetricState,
+    step: int,
+    finite_ranks: set[int],
+    resolved: list[Divergence],
+) -> None:
+    for k in [k for k in st.active if k[1] == "nonfinite" and k[0] in finite_ranks]:
+        tick_clean(cfg, st, k, step, resolved, "finite again")
+
+
+def tick_clean(
+    cfg: DivergenceConfig,
+    st: MetricState,
+    k: tuple[int, str],
+    step: int,
+    resolved: list[Divergence],
+    why: str,
+) -> None:
+    count = st.clean.get(k, 0) + 1
+    if count < cfg.clear_steps:
+        st.clean[k] = count
+        return
+    st.clean.pop(k, None)
+    d = st.active.pop(k)
+    resolved.append(replace(d, step=step, message=f"{d.message}; {why} at step {step}"))
+    if k[1] == "outlier" and k[0] < st.size:
+        st.ev_hi[k[0]] = st.ev_lo[k[0]] = 0.0
+
+
+def check_active(
+    cfg: DivergenceConfig,
+    st: MetricState,
+    step: int,
+    at: Mapping[int, int],
+    z: Sequence[float],
+    rel: Sequence[float],
+    n: int,
+    resolved: list[Divergence],
+) -> None:
+    """Tick the flagged outliers reported this step (``at``: rank -> index) toward clear."""
+    allowance = cfg.z_allowance
+    hi_ratio, lo_ratio = gates(st.rule, n)
+    for k, d in list(st.active.items()):
+        i = at.get(k[0])
+        if k[1] != "outlier" or i is None:
+            continue  # not reported this step: nothing learned
+        if d.direction == "high":
+            clean = z[i] < allowance or rel[i] < hi_ratio
+        else:
+            clean = -z[i] < allowance or rel[i] > lo_ratio
+        if clean:
+            tick_clean(cfg, st, k, step, resolved, "back with the others")
+        else:
+            st.clean.pop(k, None)
+
+
+def new_outliers(
+    cfg: DivergenceConfig,
+    st: MetricState,
+    sv: StepValues,
+    stats: StepStats,
+    fresh: list[tuple[int, str]],
+    ranks: Sequence[int],
+    v: Sequence[float],
+    z: Sequence[float],
+    rel: Sequence[float],
+    new: list[Divergence],
+) -> None:
+    """Flag the ``fresh`` (index, direction) pairs whose evidence reached the limit."""
+    moved = None
+    if stats.n == 2:
+        fresh, moved = _blame_pair(cfg, st, ranks, v, fresh)
+    for i, direction in fresh:
+        rank = int(ranks[i])
+        start = st.start_hi if direction == "high" else st.start_lo
+        since = int(start[rank])
+        d = _outlier(cfg, sv, stats, rank, direction, since, v, z, rel, i, ranks, moved)
+        st.active[(rank, "outlier")] = d
+        new.append(d)
+
+
+def _blame_pair(
+    cfg: DivergenceConfig,
+    st: MetricState,
+    ranks: Sequence[int],
+    v: Sequence[float],
+    fresh: list[tuple[int, str]],
+) -> tuple[list[tuple[int, str]], list[float]]:
+    """Of two disagreeing ranks, keep the one that moved from its own recent level."""
+    moved = []
+    for r, x in zip(ranks, v, strict=True):
+        m = abs((math.log(abs(x)) if x != 0 else math.inf) - st.own[r])
+        moved.append(math.inf if math.isnan(m) else m)  # no own history: unknown
+    if any((r, "outlier") in st.active for r in ranks):
+        return [], moved  # the pair is already explained
+    if len(fresh) == 2:
+        i = 0 if moved[0] >= moved[1] else 1
+        return [c for c in fresh if c[0] == i], moved
+    i = fresh[0][0]
+    other = 1 - i
+    if math.isfinite(moved[other]) and moved[other] >= cfg.blame_factor * moved[i]:
+        return [], moved  # the other rank changed (e.g. its throughput went up)
+    return fresh, moved
+
+
+def _outlier(
+    cfg: DivergenceConfig,
+    sv: StepValues,
+    stats: StepStats,
+    rank: int,
+    direction: str,
+    since: int,
+    v: Sequence[float],
+    z: Sequence[float],
+    rel: Sequence[float],
+    i: int,
+    ranks: Sequence[int],
+    moved: list[float] | None,
+) -> Divergence:
+    value, zi, ri = float(v[i]), float(z[i]), float(rel[i])
+    confident = True
+    if moved is not None:
+        other = 1 - i
+        confident = bool(
+            math.isfinite(moved[other]) and moved[i] >= cfg.blame_factor * moved[other]
+        )
+        o_rank = int(ranks[other])
+        pair_ratio = value / float(v[other]) if v[other] != 0 else math.inf
+        message = (
+            f"rank {rank} {sv.metric} {_ratio(pair_ratio)} rank {o_rank} (2 ranks; "
+            f"rank {rank} moved {_ratio(math.exp(moved[i]))} from its own recent level, "
+            f"rank {o_rank} {_ratio(math.exp(moved[other]))}"
+            + ("" if confident else "; cannot tell which rank changed")
+            + f") since step {since}"
+        )
+    else:
+        message = (
+            f"rank {rank} {sv.metric} {_ratio(ri)} the median of {stats.n} ranks "
+            f"(z={zi:.1f}) since step {since}"
+        )
+    return Divergence(
+        sv.run, sv.metric, rank, "outlier", direction, since, sv.step, value,
+        stats.median, zi, ri, message, stats.n, confident,
+    )  # fmt: skip
+
+
+def _ratio(r: float) -> str:
+    if not math.isfinite(r):
+        return "inf x"
+    return f"{r:.2f}x" if r < 10 else f"{r:.0f}x"

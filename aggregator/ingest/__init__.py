@@ -1,0 +1,1 @@
+"""Ingest: the ZeroMQ receiver, its frame decoders, and the JSONL importer."""

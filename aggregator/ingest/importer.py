@@ -1,0 +1,411 @@
+"""Import JSONL histories: the agent's own files and the legacy per-rank callback logs.
+
+Two formats are read, line by line and told apart per line:
+
+* agent JSONL (``<log_dir>/<run>/rank<k>.jsonl``): one ``records.to_json_line`` record a line;
+* legacy callback logs, one file per rank named ``<model>_rank<k>.jsonl``, lines like
+  ``{"step": 10, "epoch": 0, "loss": 0.3 | {"ce": .., "aux": ..}, "lr": 1e-3,
+  "timestamp": 1.7e9, "rank": 0}`` and a last ``{"event": "train_end", "step": -1}``. They carry
+  no run or seq: the run is ``<model>`` (unless given) and the seq is the line number, which is
+  stable, so importing a file twice imports it once.
+
+Records go to a *sink*: anything with ``add(records)`` returning the number accepted, or a
+mapping with an ``"accepted"`` count (``Aggregator.add``: the service's ingest path, so imported
+and live records dedupe against each other). ``import_into_store``
+is the CLI's path without a running aggregator: it opens the Store itself and dedupes against
+``store.seen_seqs()``. A bad line is counted with its number and reason, never fatal.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from rankwatch.agent.wire.records import DecodeError, Record, check_version, decode_record
+from rankwatch.aggregator.store.db import Store, StoreError
+
+BATCH_RECORDS = 5000  # records handed to the sink at once
+STORE_FLUSH_RECORDS = 200_000  # import_into_store flushes this often (bounds memory)
+MAX_LINE_BYTES = 1 << 20  # a longer line is reported bad, never loaded whole
+MAX_BAD_EXAMPLES = 20  # bad lines kept per file with their reason (all are counted)
+PROGRESS_INTERVAL_S = 0.2
+LEGACY_NAME = re.compile(r"^(?P<model>.+)_rank(?P<rank>\d+)\.jsonl$")
+_LEGACY_EVENTS = {"train_end": "end", "train_begin": "start", "train_start": "start",
+                  "crash": "crash", "error": "crash", "exception": "crash",
+                  "eval": "eval"}  # fmt: skip
+_LEGACY_FIELDS = {"step", "epoch", "loss", "timestamp", "time", "rank", "event", "world_size",
+                  "host", "pid", "run", "seq"}  # fmt: skip
+_NONFINITE = {"NaN": math.nan, "nan": math.nan, "Infinity": math.inf, "inf": math.inf,
+              "-Infinity": -math.inf, "-inf": -math.inf}  # fmt: skip
+
+
+class Sink(Protocol):
+    def add(self, records: Sequence[Record]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class BadLine:
+    path: Path
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason}"
+
+
+@dataclass
+class FileSummary:
+    path: Path
+    format: str = "empty"  # "agent", "legacy", "mixed" or "empty"
+    read: int = 0  # records parsed
+    accepted: int = 0  # records the sink took
+    duplicates: int = 0  # records the sink already had
+    bad: int = 0
+    bad_lines: list[BadLine] = field(default_factory=list)  # the first MAX_BAD_EXAMPLES
+    error: str | None = None  # the file could not be read at all
+
+    def __str__(self) -> str:
+        if self.error:
+            return f"{self.path}: {self.error}"
+        return (
+            f"{self.path}: {self.format}, {self.read} records, {self.accepted} new, "
+            f"{self.duplicates} duplicates, {self.bad} bad lines"
+        )
+
+
+def iter_file(
+    path: Path | str,
+    *,
+    run: str | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+) -> Iterator[Record | BadLine]:
+    """Records (or BadLine) of one JSONL file, in file order. ``run`` renames every record;
+    ``on_bytes`` is told how many bytes each line took (progress). Raises OSError only if the
+    file cannot be opened."""
+    for item, _ in _items(Path(path), run, on_bytes):
+        yield item
+
+
+def _items(
+    path: Path, run: str | None, on_bytes: Callable[[int], None] | None
+) -> Iterator[tuple[Record | BadLine, str]]:
+    """(record or BadLine, "agent" | "legacy" | "bad") per non-blank line."""
+    legacy = _LegacyContext(path, run)
+    with path.open("rb") as f:
+        lineno = 0
+        while chunk := f.readline(MAX_LINE_BYTES + 1):
+            lineno += 1
+            size = len(chunk)
+            if size > MAX_LINE_BYTES and not chunk.endswith(b"\n"):
+                while (rest := f.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                    size += len(rest)
+                size += len(rest)
+                yield BadLine(path, lineno, f"line longer than {MAX_LINE_BYTES} bytes"), "bad"
+            elif chunk.strip():
+                yield _parse(chunk, lineno, path, run, legacy)
+            if on_bytes is not None:
+                on_bytes(size)
+
+
+def _parse(
+    chunk: bytes, lineno: int, path: Path, run: str | None, legacy: _LegacyContext
+) -> tuple[Record | BadLine, str]:
+    try:
+        raw = json.loads(chunk.decode("utf-8"))
+    except UnicodeDecodeError:
+        return BadLine(path, lineno, "not UTF-8 text"), "bad"
+    except ValueError as exc:
+        return BadLine(path, lineno, f"not a JSON line: {exc}"), "bad"
+    if not isinstance(raw, dict):
+        return BadLine(path, lineno, f"a JSON {type(raw).__name__}, expected an object"), "bad"
+    try:
+        if "kind" in raw or "v" in raw:
+            check_version(raw.get("v"))
+            rec = decode_record(raw)
+            return (rec if run is None else dataclasses.replace(rec, run=run)), "agent"
+        return legacy.record(raw, lineno), "legacy"
+    except DecodeError as exc:
+        return BadLine(path, lineno, str(exc)), "bad"
+
+
+class _LegacyContext:
+    """What a legacy line needs from its file name and directory."""
+
+    def __init__(self, path: Path, run: str | None) -> None:
+        m = LEGACY_NAME.match(path.name)
+        self.model = m["model"] if m else path.stem
+        self.run = run or self.model
+        self.file_rank = int(m["rank"]) if m else None
+        self._path = path
+        self._world: int | None = None
+        self._mtime: float | None = None
+
+    def world_size(self) -> int:
+        """The ranks of this model whose files sit next to this one (max rank + 1)."""
+        if self._world is None:
+            ranks = [self.file_rank or 0]
+            for p in self._path.parent.glob(f"{glob_escape(self.model)}_rank*.jsonl"):
+                m = LEGACY_NAME.match(p.name)
+                if m and m["model"] == self.model:
+                    ranks.append(int(m["rank"]))
+            self._world = max(ranks) + 1
+        return self._world
+
+    def mtime(self) -> float:
+        if self._mtime is None:
+            self._mtime = self._path.stat().st_mtime
+        return self._mtime
+
+    def record(self, raw: dict[str, Any], lineno: int) -> Record:
+        rank = raw.get("rank", self.file_rank)
+        if rank is None:
+            raise DecodeError("field", "no 'rank' in the line and none in the file name")
+        wire: dict[str, Any] = {
+            "run": self.run,
+            "rank": rank,
+            "seq": lineno,
+            "time": _timestamp(raw.get("timestamp", raw.get("time")), self.mtime()),
+            "world_size": raw.get("world_size", self.world_size()),
+            "host": raw.get("host", ""),
+            "pid": raw.get("pid", 0),
+        }
+        if raw.get("event") is not None:
+            event = raw["event"]
+            step = raw.get("step")
+            info = {k: v for k, v in raw.items() if k not in _LEGACY_FIELDS}
+            info["legacy_event"] = event
+            if event == "train_end":
+                info.setdefault("reason", "normal")
+            wire.update(
+                kind="event",
+                event=_LEGACY_EVENTS.get(str(event), "note"),
+                step=None if isinstance(step, int) and step < 0 else step,
+                info=info,
+            )
+            return decode_record(wire)
+        wire.update(
+            kind="step", step=raw.get("step"), epoch=raw.get("epoch"), metrics=_metrics(raw)
+        )
+        return decode_record(wire)
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+def _timestamp(value: Any, default: float) -> Any:
+    if value is None:
+        return default
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            raise DecodeError("field", f"timestamp {value[:40]!r} is not ISO 8601") from None
+    return value  # numbers pass; anything else is reported by decode_record
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, str) and value in _NONFINITE:
+        return _NONFINITE[value]
+    if type(value) not in (int, float):
+        raise DecodeError("field", f"'{name}' must be a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _metrics(raw: dict[str, Any]) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    loss = raw.get("loss")
+    if isinstance(loss, dict):
+        parts = {str(k): _number(f"loss.{k}", v) for k, v in loss.items()}
+        total_key = "total" if "total" in parts else "loss" if "loss" in parts else None
+        parts_only = {k: v for k, v in parts.items() if k != total_key}
+        metrics["loss"] = parts[total_key] if total_key else math.fsum(parts_only.values())
+        metrics.update({f"loss/{k}": v for k, v in parts_only.items()})
+    elif loss is not None:
+        metrics["loss"] = _number("loss", loss)
+    for key, value in raw.items():
+        # other numbers (lr, grad_norm, ...) are metrics; labels and flags are not
+        if key not in _LEGACY_FIELDS and type(value) in (int, float):
+            metrics[key] = float(value)
+        elif key not in _LEGACY_FIELDS and isinstance(value, str) and value in _NONFINITE:
+            metrics[key] = _NONFINITE[value]
+    return metrics
+
+
+# --- driving a sink -------------------------------------------------------------------------
+
+
+def import_paths(
+    paths: Iterable[Path | str],
+    sink: Sink,
+    progress: bool | Callable[[int, int], None] = False,
+    *,
+    run: str | None = None,
+) -> list[FileSummary]:
+    """Import files (directories: every ``*.jsonl`` below them) into ``sink``; one summary per
+    file. ``progress``: True for a stderr line, or a callable(bytes_done, bytes_total)."""
+    files = _expand(paths)
+    report = _Progress(sum(f.stat().st_size for f in files), progress)
+    summaries = []
+    for path in files:
+        summary = FileSummary(path)
+        kinds: set[str] = set()
+        batch: list[Record] = []
+        try:
+            for item, kind in _items(path, run, report.advance):
+                if isinstance(item, BadLine):
+                    summary.bad += 1
+                    if len(summary.bad_lines) < MAX_BAD_EXAMPLES:
+                        summary.bad_lines.append(item)
+                    continue
+                summary.read += 1
+                kinds.add(kind)
+                batch.append(item)
+                if len(batch) >= BATCH_RECORDS:
+                    _send(sink, batch, summary)
+                    batch = []
+        except OSError as exc:
+            summary.error = f"cannot read: {exc.strerror or exc}"
+        _send(sink, batch, summary)
+        summary.format = "mixed" if len(kinds) > 1 else kinds.pop() if kinds else "empty"
+        summaries.append(summary)
+    report.finish()
+    return summaries
+
+
+def _send(sink: Sink, batch: list[Record], summary: FileSummary) -> None:
+    if not batch:
+        return
+    result = sink.add(batch)
+    if isinstance(result, Mapping) and "accepted" in result:  # Aggregator.add
+        accepted = int(result["accepted"])
+    elif isinstance(result, int) and not isinstance(result, bool):
+        accepted = result
+    elif isinstance(result, Sequence):
+        accepted = len(result)
+    else:  # a sink that does not say: all taken
+        accepted = len(batch)
+    summary.accepted += accepted
+    summary.duplicates += len(batch) - accepted
+
+
+def _expand(paths: Iterable[Path | str]) -> list[Path]:
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files.extend(sorted(p.rglob("*.jsonl")))
+        elif p.exists():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"no such file or directory: {p}")
+    return files
+
+
+class _Progress:
+    def __init__(self, total: int, progress: bool | Callable[[int, int], None]) -> None:
+        self.total, self.done, self._last = total, 0, 0.0
+        self._fn = progress if callable(progress) else self._line if progress else None
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self._fn is not None and now - self._last >= PROGRESS_INTERVAL_S:
+            self._last = now
+            self._fn(self.done, self.total)
+
+    def finish(self) -> None:
+        if self._fn is not None:
+            self._fn(self.done, self.total)
+            if self._fn == self._line:
+                sys.stderr.write("\n")
+
+    @staticmethod
+    def _line(done: int, total: int) -> None:
+        pct = 100.0 * done / total if total else 100.0
+        sys.stderr.write(f"\rimporting: {done / 1e6:.1f} / {total / 1e6:.1f} MB ({pct:.0f}%)")
+        sys.stderr.flush()
+
+
+# --- straight into a Store (no aggregator running) ------------------------------------------
+
+
+class StoreSink:
+    """A sink writing to a Store, dropping (run, rank, seq) it already holds."""
+
+    def __init__(self, store: Store, flush_every: int = STORE_FLUSH_RECORDS) -> None:
+        self.store = store
+        self.flush_every = flush_every
+        self.runs: set[str] = set()
+        self._los: dict[tuple[str, int], list[int]] = {}
+        self._his: dict[tuple[str, int], list[int]] = {}
+        self._pending = 0
+        for run, rank, lo, hi in store.seen_seqs():  # sorted, disjoint
+            self._los.setdefault((run, rank), []).append(lo)
+            self._his.setdefault((run, rank), []).append(hi)
+
+    def accept(self, run: str, rank: int, seq: int) -> bool:
+        los = self._los.setdefault((run, rank), [])
+        his = self._his.setdefault((run, rank), [])
+        i = bisect.bisect_right(los, seq) - 1
+        if i >= 0 and his[i] >= seq:
+            return False
+        joins_left = i >= 0 and his[i] == seq - 1
+        joins_right = i + 1 < len(los) and los[i + 1] == seq + 1
+        if joins_left and joins_right:
+            his[i] = his.pop(i + 1)
+            los.pop(i + 1)
+        elif joins_left:
+            his[i] = seq
+        elif joins_right:
+            los[i + 1] = seq
+        else:
+            los.insert(i + 1, seq)
+            his.insert(i + 1, seq)
+        return True
+
+    def add(self, records: Sequence[Record]) -> int:
+        fresh = [r for r in records if self.accept(r.run, r.rank, r.seq)]
+        self.store.append(fresh)
+        self.runs.update(r.run for r in fresh)
+        self._pending += len(fresh)
+        if self._pending >= self.flush_every:
+            self.store.flush()
+            self._pending = 0
+        return len(fresh)
+
+
+def import_into_store(
+    paths: Iterable[Path | str],
+    data: Path | str,
+    progress: bool | Callable[[int, int], None] = False,
+    *,
+    run: str | None = None,
+) -> list[FileSummary]:
+    """``rankwatch import PATH --data DIR``: import into the store under ``data`` directly.
+    Raises StoreError if the store is in use by a running aggregator (import with --url)."""
+    try:
+        store = Store(data)
+    except StoreError as exc:
+        if "lock" not in str(exc).lower():
+            raise
+        raise StoreError(
+            f"{exc}\n(an aggregator is probably running on {data}: import through it with --url)"
+        ) from exc
+    with store:
+        sink = StoreSink(store)
+        summaries = import_paths(paths, sink, progress, run=run)
+        store.flush()
+        # files arrive one rank after another: settle each run's band over all of its ranks
+        for name in sorted(sink.runs):
+            store.rebuild_band(name)
+    return summaries

@@ -1,0 +1,1 @@
+"""The embedded store (DuckDB behind a narrow interface), its write buffer, rollups, export."""

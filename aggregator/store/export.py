@@ -1,0 +1,34 @@
+"""Export one run's step history as long rows (run, rank, step, epoch, time, metric, value).
+
+CSV writes non-finite values as ``nan``, ``inf`` and ``-inf`` and an unknown epoch as an empty
+field; Parquet keeps them as IEEE doubles and nulls. DuckDB writes both (``COPY``), so a run of
+any size streams to disk without passing through Python.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rankwatch.aggregator.store.db import Store
+
+FORMATS = ("csv", "parquet")
+
+
+class ExportError(ValueError):
+    """The export cannot be done as asked (unknown run, format or target directory)."""
+
+
+def export_run(store: Store, run: str, out_path: Path | str, fmt: str | None = None) -> int:
+    """Write ``run`` to ``out_path`` as ``fmt`` ("csv" or "parquet"; default: from the file
+    suffix). Returns the number of rows written."""
+    out_path = Path(out_path)
+    fmt = (fmt or out_path.suffix.lstrip(".")).lower()
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown export format {fmt!r}: use one of {', '.join(FORMATS)}")
+    known = [r["run"] for r in store.runs()]
+    if run not in known:
+        listing = ", ".join(repr(k) for k in sorted(known)) if known else "none"
+        raise ExportError(f"no run named {run!r} in {store.path}; known runs: {listing}")
+    if not out_path.parent.is_dir():
+        raise ExportError(f"cannot write {out_path}: {out_path.parent} is not a directory")
+    return store.export_steps(run, out_path, fmt)

@@ -1,0 +1,360 @@
+"""The store's row layout and bookkeeping: table definitions, records rebuilt from rows, and
+the in-memory summaries (``Mirror``) that runs(), query planning and the band frontier read.
+The write buffer is ``store_buffer.py``. Only the store uses them."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+from rankwatch.agent.wire.records import EventRecord, Heartbeat, Record, StepRecord
+from rankwatch.aggregator.store import rollup
+
+# Column kinds: "c" a repeated string (run, metric, host...) as an int32 code into the part's
+# name table (NULL_CODE: NULL), "s" free text as Python objects (event info), "i" int,
+# "n" nullable int, "f" float, "b" bool. DuckDB reads numpy columns zero-copy but turns NaN into
+# NULL and cannot type an int column holding None, so nullable ints travel as NULL_INT and
+# floats get their NaN back in SQL. An object column it reads one Python string at a time,
+# taking the GIL for each chunk and handing it back: with the ingest thread busy each hand-over
+# waits for a switch interval (measured: 0.95 s instead of 25 ms for 400,000 rows), hence codes.
+NULL_INT = -(2**63)
+NULL_CODE = -1
+_T = {"c": "VARCHAR", "s": "VARCHAR", "i": "BIGINT", "n": "BIGINT", "f": "DOUBLE", "b": "BOOLEAN"}
+DTYPE: dict[str, Any] = {
+    "c": np.int32, "s": object, "i": np.int64, "n": np.int64, "f": np.float64, "b": bool,
+}  # fmt: skip
+LAYOUT: dict[str, tuple[tuple[str, str], ...]] = {
+    "steps": (("run", "c"), ("rank", "i"), ("seq", "i"), ("step", "i"), ("epoch", "n"),
+              ("time", "f"), ("metric", "c"), ("value", "f")),
+    "events": (("run", "c"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("world_size", "i"),
+               ("host", "c"), ("pid", "i"), ("event", "c"), ("step", "n"), ("info", "s")),
+    "heartbeats": (("run", "c"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("last_step", "n"),
+                   ("next_in", "f"), ("dropped", "i"), ("paused", "c")),
+    # seq intervals, rank summaries, rank_meta. One row per span of buffered records: a step
+    # block with consecutive seqs is one row (seq..hi, n records, its first and last time, its
+    # last step), any other record its own row (hi = seq, n = 1).
+    "recs": (("run", "c"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("kind", "c"),
+             ("world_size", "n"), ("host", "c"), ("pid", "n"), ("step", "n"), ("event", "c"),
+             ("hi", "i"), ("n", "i"), ("last_time", "f")),
+    "ranks": (("run", "c"), ("rank", "i"), ("world_size", "n"), ("host", "c"), ("pid", "n"),
+              ("first_time", "f"), ("last_time", "f"), ("records", "i"), ("last_step", "n"),
+              ("meta_seq", "n"), ("life_seq", "n"), ("ended", "b")),
+}  # fmt: skip
+BUFFERED = ("steps", "events", "heartbeats", "recs")
+
+TABLES = (
+    *(
+        f"{name} ({', '.join(f'{c} {_T[k]}' for c, k in LAYOUT[name])})"
+        for name in ("steps", "events", "heartbeats", "ranks")
+    ),
+    "rank_meta (run VARCHAR, rank BIGINT, seq BIGINT, world_size BIGINT, host VARCHAR, "
+    "pid BIGINT)",  # change log: a rank's world_size/host/pid from this seq on
+    "seqs (run VARCHAR, rank BIGINT, lo BIGINT, hi BIGINT)",
+    "band (run VARCHAR, metric VARCHAR, step BIGINT, n BIGINT, nonfinite BIGINT, "
+    "median DOUBLE, p5 DOUBLE, p95 DOUBLE, vmin DOUBLE, vmax DOUBLE)",
+    "band_done (run VARCHAR, done BIGINT)",  # last settled band step of a run
+    "band_late (run VARCHAR, metric VARCHAR, step BIGINT)",  # earliest value after settling
+    "meta (key VARCHAR, value VARCHAR)",
+)
+
+
+# --- the bookkeeping a flush does in SQL over its batch (temp table buf_recs) ----------
+
+# Seen (run, rank, seq) as merged intervals, in one statement: this flush's spans as intervals
+# (a rank's spans usually make one unbroken run: min/max/sum, no sort; records are new, so a
+# repeated span start is the only overlap looked for), then gaps-and-islands over the spans of
+# the other ranks plus the touched ranks' old intervals.
+SEQ_MERGE = """
+CREATE OR REPLACE TEMP TABLE rw_seq AS
+WITH sg AS MATERIALIZED (SELECT run, rank, min(seq) AS lo, max(hi) AS hi, sum(n) AS n,
+    count(*) = count(DISTINCT seq) AS distinct_starts FROM buf_recs GROUP BY run, rank),
+si AS (SELECT run, rank, lo, hi FROM sg WHERE hi - lo + 1 = n AND distinct_starts
+    UNION ALL
+    SELECT r.run, r.rank, r.seq, r.hi FROM buf_recs r SEMI JOIN
+        (SELECT run, rank FROM sg WHERE hi - lo + 1 <> n OR NOT distinct_starts) g
+        ON r.run = g.run AND r.rank = g.rank),
+u AS (SELECT * FROM si
+      UNION ALL SELECT s.run, s.rank, s.lo, s.hi FROM seqs s SEMI JOIN sg k
+      ON s.run = k.run AND s.rank = k.rank),
+w AS (SELECT *, max(hi) OVER (PARTITION BY run, rank ORDER BY lo, hi
+      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_hi FROM u),
+g AS (SELECT *, sum(CASE WHEN prev_hi IS NULL OR lo > prev_hi + 1 THEN 1 ELSE 0 END)
+      OVER (PARTITION BY run, rank ORDER BY lo, hi ROWS UNBOUNDED PRECEDING) AS island FROM w)
+SELECT run, rank, min(lo) AS lo, max(hi) AS hi FROM g GROUP BY run, rank, island
+"""
+
+# Where a rank's world_size/host/pid start (its first record, a restart elsewhere): the first
+# seq of each identity in this flush, in seq order (hash aggregate, no window over the batch).
+META_BATCH = """
+SELECT run, rank, min(seq) AS seq, world_size, host, pid FROM buf_recs
+WHERE world_size IS NOT NULL GROUP BY run, rank, world_size, host, pid ORDER BY run, rank, seq
+"""
+
+RANK_BATCH = """
+SELECT run, rank, sum(n) AS records, min(time) AS first_time, max(last_time) AS last_time,
+  max(step) FILTER (WHERE kind = 'step') AS last_step,
+  arg_max(world_size, seq) FILTER (WHERE world_size IS NOT NULL) AS world_size,
+  arg_max(host, seq) FILTER (WHERE world_size IS NOT NULL) AS host,
+  arg_max(pid, seq) FILTER (WHERE world_size IS NOT NULL) AS pid,
+  max(hi) FILTER (WHERE world_size IS NOT NULL) AS meta_seq,
+  max(seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life_seq,
+  arg_max(event, seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life
+FROM buf_recs GROUP BY run, rank
+"""
+
+
+def select_sql(name: str, src: str, names: str = "raw_names") -> str:
+    """SELECT restoring strings, NULLs and NaNs from numpy columns registered as ``src``;
+    codes index the column ``name`` of ``names`` (registered too, ordered by ``i``)."""
+    exprs = []
+    for col, kind in LAYOUT[name]:
+        if kind == "c":
+            exprs.append(f"nm.names[{col} + 1] AS {col}")
+        elif kind == "n":
+            exprs.append(f"CAST(nullif({col}, {NULL_INT}) AS BIGINT) AS {col}")
+        elif kind == "f" and (name, col) == ("steps", "value"):
+            exprs.append(
+                f"CASE WHEN metric <> {NULL_CODE} THEN coalesce(value, 'nan'::DOUBLE) END AS value"
+            )
+        elif kind == "f":
+            exprs.append(f"coalesce({col}, 'nan'::DOUBLE) AS {col}")
+        else:
+            exprs.append(f"CAST({col} AS {_T[kind]}) AS {col}")
+    return (
+        f"SELECT {', '.join(exprs)} FROM {src} CROSS JOIN "
+        f"(SELECT list(CAST(name AS VARCHAR) ORDER BY i) AS names FROM {names}) nm"
+    )
+
+
+def read_records(con: duckdb.DuckDBPyConnection, run: str) -> Iterator[Record]:
+    cur = con.cursor()
+    try:
+        events = [
+            EventRecord(run, *row[:-1], info=json.loads(row[-1]))  # type: ignore[arg-type]
+            for row in cur.execute(
+                "SELECT rank, seq, time, world_size, host, pid, event, step, info FROM events "
+                "WHERE run = ? ORDER BY rank, seq",
+                [run],
+            ).fetchall()
+        ]
+        beats = [
+            Heartbeat(run, *row)
+            for row in cur.execute(
+                "SELECT rank, seq, time, last_step, next_in, dropped, paused FROM heartbeats "
+                "WHERE run = ? ORDER BY rank, seq",
+                [run],
+            ).fetchall()
+        ]
+        yield from heapq.merge(
+            _step_records(cur, run), events, beats, key=lambda r: (r.rank, r.seq)
+        )
+    finally:
+        cur.close()
+
+
+def _step_records(cur: duckdb.DuckDBPyConnection, run: str) -> Iterator[StepRecord]:
+    # world_size/host/pid of a step record: the latest rank_meta entry at or before its seq
+    cur.execute(
+        "SELECT s.rank, s.seq, s.time, m.world_size, m.host, m.pid, s.step, s.epoch, s.metric, "
+        "s.value FROM steps s ASOF LEFT JOIN rank_meta m "
+        "ON s.run = m.run AND s.rank = m.rank AND s.seq >= m.seq "
+        "WHERE s.run = ? ORDER BY s.rank, s.seq",
+        [run],
+    )
+    head: tuple | None = None
+    metrics: dict[str, float] = {}
+    while rows := cur.fetchmany(10_000):
+        for row in rows:
+            if head is not None and (row[0], row[1]) != (head[0], head[1]):
+                yield _step_record(run, head, metrics)
+                metrics = {}
+            head = row
+            if row[8] is not None:
+                metrics[row[8]] = row[9]
+    if head is not None:
+        yield _step_record(run, head, metrics)
+
+
+def _step_record(run: str, row: tuple, metrics: dict[str, float]) -> StepRecord:
+    rank, seq, t, ws, host, pid, step, epoch = row[:8]
+    return StepRecord(run, rank, seq, t, ws or 1, host or "", pid or 0, step, epoch, metrics)
+
+
+# --- in-memory summaries: what runs(), metrics(), query planning and the band frontier read ---
+
+
+@dataclass(frozen=True, slots=True)
+class RankRow:
+    """One row of the ``ranks`` table: a rank's summary, rewritten at each flush touching it."""
+
+    run: str
+    rank: int
+    world_size: int | None
+    host: str | None
+    pid: int | None
+    first_time: float
+    last_time: float
+    records: int
+    last_step: int | None
+    meta_seq: int | None  # seq of the record world_size/host/pid come from
+    life_seq: int | None  # seq of the latest start/end/crash event
+    ended: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in RANK_FIELDS}
+
+
+RANK_FIELDS = tuple(RankRow.__dataclass_fields__)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricStats:
+    """Rows, step span and ranks of one (run, metric): enough to pick a level without a query."""
+
+    metric: str
+    rows: int
+    lo: int
+    hi: int
+    keys: frozenset[int]
+
+
+def _max(a: Any, b: Any) -> Any:
+    return b if a is None else a if b is None else max(a, b)
+
+
+@dataclass
+class Mirror:
+    """Summaries kept in memory and rewritten to their tables inside each flush; copied before
+    a flush and swapped in after its commit, so a failed flush leaves them untouched."""
+
+    ranks: dict[str, dict[int, RankRow]] = field(default_factory=dict)  # run -> rank -> row
+    stats: dict[tuple[str, str], MetricStats] = field(default_factory=dict)
+    band: dict[str, int] = field(default_factory=dict)  # run -> last settled band step
+    late: dict[tuple[str, str], int] = field(default_factory=dict)  # earliest step to repair
+
+    @classmethod
+    def load(cls, cur: duckdb.DuckDBPyConnection) -> Mirror:
+        m = cls()
+        for row in cur.execute(f"SELECT {', '.join(RANK_FIELDS)} FROM ranks").fetchall():
+            m.ranks.setdefault(row[0], {})[row[1]] = RankRow(*row)
+        m.band = dict(cur.execute("SELECT run, done FROM band_done").fetchall())
+        for run, metric, step in cur.execute("SELECT * FROM band_late").fetchall():
+            m.late[(run, metric)] = step
+        # The coarsest level plus every open bucket covers each stored value exactly once.
+        union = " UNION ALL ".join(
+            f"SELECT run, metric, key, n, lo, hi FROM {t}"
+            for t in [rollup.table("series", rollup.LEVELS[-1])]
+            + [rollup.table("series", w, True) for w in rollup.LEVELS]
+        )
+        m.merge_metrics(
+            cur.execute(
+                f"SELECT run, metric, sum(n), min(lo), max(hi), list(DISTINCT key) FROM ({union}) "
+                "GROUP BY run, metric"
+            ).fetchall()
+        )
+        return m
+
+    def copy(self) -> Mirror:
+        """Shallow: merge_ranks replaces the per-run dicts it changes instead of mutating."""
+        return Mirror(dict(self.ranks), dict(self.stats), dict(self.band), dict(self.late))
+
+    def identity(self, run: str, rank: int) -> tuple[Any, Any, Any] | None:
+        row = self.ranks.get(run, {}).get(rank)
+        return None if row is None else (row.world_size, row.host, row.pid)
+
+    def merge_ranks(self, rows: list[tuple]) -> list[RankRow]:
+        """Fold a flush's per-rank aggregates (RANK_BATCH) in; returns the new rows."""
+        changed = []
+        for run in {row[0] for row in rows}:
+            self.ranks[run] = dict(self.ranks.get(run, {}))
+        for run, rank, n, t0, t1, last_step, ws, host, pid, meta_seq, life_seq, life in rows:
+            old = self.ranks[run].get(rank)
+            new_meta = meta_seq is not None and (
+                old is None or old.meta_seq is None or meta_seq > old.meta_seq
+            )
+            new_life = life_seq is not None and (
+                old is None or old.life_seq is None or life_seq > old.life_seq
+            )
+            row = RankRow(
+                run=run,
+                rank=rank,
+                world_size=ws if new_meta or old is None else old.world_size,
+                host=host if new_meta or old is None else old.host,
+                pid=pid if new_meta or old is None else old.pid,
+                first_time=t0 if old is None else min(old.first_time, t0),
+                last_time=t1 if old is None else max(old.last_time, t1),
+                records=n + (0 if old is None else old.records),
+                last_step=_max(None if old is None else old.last_step, last_step),
+                meta_seq=meta_seq if new_meta or old is None else old.meta_seq,
+                life_seq=life_seq if new_life or old is None else old.life_seq,
+                ended=(life in ("end", "crash")) if new_life else bool(old and old.ended),
+            )
+            self.ranks[run][rank] = row
+            changed.append(row)
+        return changed
+
+    def merge_metrics(self, rows: list[tuple]) -> None:
+        for run, metric, n, lo, hi, keys in rows:
+            old = self.stats.get((run, metric))
+            if old is not None:
+                n, lo, hi = n + old.rows, min(lo, old.lo), max(hi, old.hi)
+                keys = old.keys | set(keys)
+            self.stats[(run, metric)] = MetricStats(metric, int(n), lo, hi, frozenset(keys))
+
+    def last_step(self, run: str) -> int | None:
+        steps = [r.last_step for r in self.ranks.get(run, {}).values() if r.last_step is not None]
+        return max(steps, default=None)
+
+    def metric_stats(self, run: str) -> list[MetricStats]:
+        return [s for (r, _), s in self.stats.items() if r == run]
+
+    def runs(self) -> list[dict[str, Any]]:
+        by_run = {run: list(rows.values()) for run, rows in self.ranks.items() if rows}
+        return [
+            {
+                "run": run,
+                "world_size": max((r.world_size or 0 for r in rows), default=0) or None,
+                "ranks": len(rows),
+                "first_time": min(r.first_time for r in rows),
+                "last_time": max(r.last_time for r in rows),
+                "records": sum(r.records for r in rows),
+                "last_step": max(
+                    (r.last_step for r in rows if r.last_step is not None), default=None
+                ),
+            }
+            for run, rows in sorted(by_run.items(), key=lambda kv: min(r.first_time for r in kv[1]))
+        ]
+
+    def frontier(
+        self,
+        run: str,
+        arrival: dict[int, float],
+        now: float,
+        first: float | None,
+        stale_s: float,
+        wait_unseen_s: float,
+    ) -> int | None:
+        """The last step whose band can be settled: one below the slowest live rank's latest
+        step. Ranks that ended, crashed or went silent for ``stale_s`` do not hold it back;
+        ranks of world_size never seen do, for ``wait_unseen_s`` after the run's first record.
+        With no live rank left, everything is settled. None: nothing to settle yet."""
+        rows = list(self.ranks.get(run, {}).values())
+        world = max((r.world_size or 0 for r in rows), default=0)
+        if world > len(rows) and first is not None and now - first < wait_unseen_s:
+            return None
+        live = [
+            r.last_step
+            for r in rows
+            if r.last_step is not None
+            and not r.ended
+            and now - arrival.get(r.rank, -math.inf) < stale_s
+        ]
+        if live:
+            return min(live) - 1
+        return max((r.last_step for r in rows if r.last_step is not None), default=None)

@@ -1,0 +1,382 @@
+"""Alert rules: transitions only, deduplicated, grouped, explained; config validation."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from rankwatch.aggregator.alerts.rules import Alert, AlertConfig, AlertEngine, ThresholdRule
+from rankwatch.aggregator.divergence.detector import (
+    DivergenceDetector,
+    QuietSteps,
+    StepResult,
+    StepStats,
+)
+from rankwatch.aggregator.health import RankHealth, RankState
+from rankwatch.aggregator.merge import StepValues
+
+
+def stats(
+    step: int, median: float, metric: str = "loss", lo: float | None = None, hi: float | None = None
+) -> StepResult:
+    lo = median if lo is None else lo
+    hi = median if hi is None else hi
+    s = StepStats("r", metric, step, 4, median, 0.0, median, lo, hi, lo, lo, hi, hi)
+    return StepResult(s, {}, [], [])
+
+
+def rh(
+    rank: int, state: RankState, last_step: int = 100, since: float = 0.0, message: str = ""
+) -> RankHealth:
+    return RankHealth("r", rank, state, "node1", 1, 4, last_step, 0.0, 0.0, message, 0, 1.0, since)
+
+
+def healthy(n: int = 4, **over: RankHealth) -> dict[str, dict[int, RankHealth]]:
+    ranks = {r: rh(r, RankState.ALIVE) for r in range(n)}
+    ranks.update({int(k[1:]): v for k, v in over.items()})
+    return {"r": ranks}
+
+
+def engine(**kw: Any) -> AlertEngine:
+    return AlertEngine(AlertConfig(**kw))
+
+
+# --- divergence and non-finite -----------------------------------------------------------------
+
+BASE = {r: 1.0 + 0.01 * ((r + 2) % 3) for r in range(16)}
+
+
+def sv(step: int, values: dict[int, float]) -> StepValues:
+    return StepValues("r", "loss", step, values, len(values), True)
+
+
+def test_divergence_fires_once_and_resolves() -> None:
+    det, eng = DivergenceDetector(), engine()
+    out = []
+    for step in range(1, 6):
+        out += eng.evaluate(float(step), results=[det.update(sv(step, {**BASE, 5: 3.0}))])
+    (a,) = out
+    assert (a.rule, a.state, a.rank, a.metric, a.severity) == (
+        "divergence",
+        "firing",
+        5,
+        "loss",
+        "warning",
+    )
+    assert a.since_step == 1 and a.value == 3.0 and a.time == 2.0
+    assert a.message.startswith("rank 5 loss 2.97x the median of 16 ranks")
+    assert eng.firing() == [a]
+    out = []
+    for step in range(6, 12):
+        out += eng.evaluate(float(step), results=[det.update(sv(step, BASE))])
+    (r,) = out
+    assert (r.state, r.key, r.time) == ("resolved", a.key, 10.0)
+    assert r.message.startswith("resolved: rank 5 loss")
+    assert eng.firing() == []
+    assert [x.state for x in eng.history()] == ["resolved", "firing"]
+
+
+def test_nonfinite_is_its_own_critical_rule() -> None:
+    det, eng = DivergenceDetector(), engine()
+    (a,) = eng.evaluate(1.0, results=[det.update(sv(1, {**BASE, 3: math.nan}))])
+    assert (a.rule, a.severity, a.rank) == ("nonfinite", "critical", 3)
+    assert "is NaN at step 1" in a.message
+
+
+def test_many_ranks_are_grouped_into_one_run_alert() -> None:
+    det, eng = DivergenceDetector(), engine(group_ranks=8)
+    nan_all = {r: math.nan for r in range(64)}
+    (a,) = eng.evaluate(1.0, results=[det.update(sv(1, nan_all))])
+    assert a.rank is None and a.ranks == tuple(range(64)) and a.key == "nonfinite|r|*|loss"
+    assert a.message.startswith("64 ranks: rank 0 loss is NaN") and "and 59 more" in a.message
+    assert a.title == "[CRITICAL] r: 64 ranks loss nonfinite"
+    out = []
+    for step in range(2, 8):
+        out += eng.evaluate(
+            float(step), results=[det.update(sv(step, dict.fromkeys(range(64), 1.0)))]
+        )
+    assert [(x.state, x.key) for x in out] == [("resolved", a.key)]
+
+
+# --- thresholds ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rule", "series", "fires_at", "resolves_at"),
+    [
+        (ThresholdRule("loss", ">", 5.0), [1, 6, 6, 1], 2, 4),
+        (ThresholdRule("loss", ">=", 5.0), [5, 1], 1, 2),
+        (ThresholdRule("loss", "<", 0.1), [1, 0.05, 0.2], 2, 3),
+        (ThresholdRule("loss", "<=", 0.1), [0.2, 0.3], None, None),
+        (ThresholdRule("loss", ">", 5.0, steps=3), [6, 6, 1, 6, 6, 6, 1], 6, 7),
+    ],
+)
+def test_threshold_table(
+    rule: ThresholdRule, series: list[float], fires_at: int | None, resolves_at: int | None
+) -> None:
+    eng = engine(thresholds=(rule,))
+    events = []
+    for step, value in enumerate(series, start=1):
+        events += [(a.state, step) for a in eng.evaluate(float(step), results=[stats(step, value)])]
+    expected = [] if fires_at is None else [("firing", fires_at), ("resolved", resolves_at)]
+    assert events == expected
+
+
+def test_threshold_on_any_rank_uses_the_extreme() -> None:
+    eng = engine(
+        thresholds=(ThresholdRule("grad_norm", ">", 100.0, on="any", severity="critical"),)
+    )
+    (a,) = eng.evaluate(1.0, results=[stats(1, 5.0, "grad_norm", lo=1.0, hi=250.0)])
+    assert a.severity == "critical" and a.value == 250.0
+    assert a.message == "grad_norm max across 4 ranks is 250, > 100 (step 1)"
+
+
+# --- plateau and throughput drop -----------------------------------------------------------------
+
+
+def test_plateau_fires_after_steps_without_improvement_and_resolves_on_progress() -> None:
+    eng = AlertEngine(AlertConfig.from_dict({"plateau": {"steps": 20, "smoothing": 1.0}}))
+    fired = []
+    for step in range(1, 60):
+        loss = max(1.0, 3.0 - 0.1 * step) if step < 50 else 0.5
+        fired += [
+            (a.rule, a.state, step) for a in eng.evaluate(float(step), results=[stats(step, loss)])
+        ]
+    # Loss reaches 1.0 at step 20 and stays: the plateau fires 20 steps later, resolves at 50.
+    assert fired == [("plateau", "firing", 40), ("plateau", "resolved", 50)]
+
+
+def test_throughput_drop_against_the_runs_own_baseline() -> None:
+    eng = engine()
+    events = []
+    series = [100.0] * 20 + [40.0] * 5 + [95.0] * 3
+    for step, tp in enumerate(series, start=1):
+        events += [
+            (a.state, step, a.since_step)
+            for a in eng.evaluate(float(step), results=[stats(step, tp, "throughput")])
+        ]
+    assert events == [("firing", 23, 21), ("resolved", 26, 21)]
+
+
+def test_throughput_drop_needs_a_baseline_first() -> None:
+    eng = engine()
+    for step, tp in enumerate([100.0, 100.0, 10.0, 10.0, 10.0, 10.0], start=1):
+        assert eng.evaluate(float(step), results=[stats(step, tp, "throughput")]) == []
+
+
+# --- health ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("state", "rule", "severity"),
+    [
+        (RankState.STALLED, "stalled", "warning"),
+        (RankState.LOST, "lost", "critical"),
+        (RankState.CRASHED, "crashed", "critical"),
+    ],
+)
+def test_health_rules(state: RankState, rule: str, severity: str) -> None:
+    eng = engine()
+    assert eng.evaluate(0.0, health=healthy()) == []
+    bad = healthy(r2=rh(2, state, since=5.0, message=f"is {state.value}"))
+    (a,) = eng.evaluate(10.0, health=bad)
+    assert (a.rule, a.rank, a.severity, a.since_time, a.since_step) == (rule, 2, severity, 5.0, 100)
+    assert a.message == f"rank 2 (node1) is {state.value}"
+    assert eng.evaluate(11.0, health=bad) == []  # deduplicated
+    (r,) = eng.evaluate(12.0, health=healthy())
+    assert (r.state, r.key) == ("resolved", a.key)
+
+
+@pytest.mark.parametrize(
+    ("state",), [(RankState.PAUSED,), (RankState.FINISHED,), (RankState.ALIVE,)]
+)
+def test_harmless_states_do_not_alert(state: RankState) -> None:
+    assert engine().evaluate(0.0, health=healthy(r1=rh(1, state))) == []
+
+
+def test_a_finished_run_resolves_everything() -> None:
+    det, eng = DivergenceDetector(), engine()
+    eng.evaluate(1.0, results=[det.update(sv(1, {**BASE, 3: math.inf}))], health=healthy())
+    assert len(eng.firing()) == 1
+    done = {"r": {r: rh(r, RankState.FINISHED) for r in range(4)}}
+    (r,) = eng.evaluate(2.0, health=done)
+    assert r.state == "resolved" and eng.firing() == []
+    # A step rule firing in the call that learns the run finished: nothing fires either.
+    over = [stats(s, 5.0) for s in range(3, 9)]
+    eng = engine(thresholds=(ThresholdRule("loss", ">", 1.0),))
+    assert eng.evaluate(3.0, results=over, health=done) == [] and eng.firing() == []
+
+
+def test_straggler_from_the_ranks_last_steps() -> None:
+    eng = engine()
+    slow = healthy(r3=rh(3, RankState.ALIVE, last_step=40))
+    (a,) = eng.evaluate(1.0, health=slow)
+    assert (a.rule, a.rank, a.since_step) == ("straggler", 3, 40)
+    assert "60 steps behind the median step 100" in a.message
+    assert eng.evaluate(2.0, health=slow) == []
+    (r,) = eng.evaluate(3.0, health=healthy())
+    assert r.state == "resolved"
+
+
+def test_disabled_rules_and_severity_overrides() -> None:
+    eng = AlertEngine(
+        AlertConfig.from_dict({"disabled": ["stalled"], "severity": {"lost": "warning"}})
+    )
+    assert eng.evaluate(0.0, health=healthy(r1=rh(1, RankState.STALLED))) == []
+    (a,) = eng.evaluate(1.0, health=healthy(r1=rh(1, RankState.LOST)))
+    assert a.severity == "warning"
+
+
+def test_lost_ranks_of_a_whole_run_group_and_ungroup() -> None:
+    eng = engine(group_ranks=2)
+    (a,) = eng.evaluate(0.0, health={"r": {r: rh(r, RankState.LOST) for r in range(4)}})
+    assert a.rank is None and a.ranks == (0, 1, 2, 3)
+    partly = {"r": {r: rh(r, RankState.LOST if r == 0 else RankState.ALIVE) for r in range(4)}}
+    out = eng.evaluate(1.0, health=partly)
+    assert sorted((x.state, x.rank) for x in out) == [("firing", 0), ("resolved", None)]
+
+
+# --- the alert as a value ------------------------------------------------------------------------
+
+
+def test_title_and_text() -> None:
+    a = Alert(
+        "lost|r|2|",
+        "lost",
+        "critical",
+        "firing",
+        "r",
+        2,
+        None,
+        100,
+        0.0,
+        60.0,
+        None,
+        "rank 2 (node1) no record for 60 s",
+    )
+    assert a.title == "[CRITICAL] r: rank 2 lost"
+    assert a.text == (
+        "rank 2 (node1) no record for 60 s\n"
+        "since step 100, 1970-01-01 00:00:00 UTC; firing at 1970-01-01 00:01:00 UTC"
+    )
+    resolved = Alert(
+        "plateau|r||loss",
+        "plateau",
+        "info",
+        "resolved",
+        "r",
+        None,
+        "loss",
+        None,
+        0.0,
+        1.0,
+        2.0,
+        "m",
+    )
+    assert resolved.title == "[RESOLVED] r: run loss plateau"
+    assert a.as_dict()["title"] == a.title and a.as_dict()["ranks"] == []
+
+
+def test_history_is_newest_first_and_bounded() -> None:
+    eng = engine(history_size=3, thresholds=(ThresholdRule("loss", ">", 1.0),))
+    for step in range(1, 9):
+        eng.evaluate(float(step), results=[stats(step, 2.0 if step % 2 else 0.5)])
+    hist = eng.history()
+    assert len(hist) == 3 and [a.time for a in hist] == [8.0, 7.0, 6.0]
+    assert len(eng.history(limit=1)) == 1
+
+
+# --- configuration --------------------------------------------------------------------------
+
+
+def test_from_dict_full_example() -> None:
+    cfg = AlertConfig.from_dict(
+        {
+            "thresholds": [{"metric": "loss", "op": ">", "value": 10, "steps": 2}],
+            "plateau": False,
+            "throughput_drop": {"fraction": 0.3},
+            "group_ranks": 16,
+        }
+    )
+    assert cfg.thresholds == (ThresholdRule("loss", ">", 10, steps=2),)
+    assert cfg.plateau is None and cfg.throughput_drop is not None
+    assert cfg.throughput_drop.fraction == 0.3 and cfg.group_ranks == 16
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        ({"tresholds": []}, "'tresholds'"),
+        ({"thresholds": [{"metric": "loss", "op": "=>", "value": 1}]}, "threshold.op"),
+        ({"thresholds": [{"metric": "loss", "op": ">"}]}, "thresholds\\[0\\].*value"),
+        ({"thresholds": [{"metric": "loss", "op": ">", "value": "x"}]}, "thresholds\\[0\\].value"),
+        (
+            {"thresholds": [{"metric": "loss", "op": ">", "value": 1, "when": 2}]},
+            "thresholds\\[0\\].when",
+        ),
+        ({"plateau": {"steps": 0}}, "plateau.steps"),
+        ({"plateau": {"steps": 2.5}}, "plateau.steps: must be an integer"),
+        ({"plateau": {"metric": 3}}, "plateau.metric: must be a string"),
+        ({"plateau": {"mode": "best"}}, "plateau.mode"),
+        ({"throughput_drop": {"fraction": 1.5}}, "throughput_drop.fraction"),
+        ({"disabled": ["divergance"]}, "'divergance'"),
+        ({"severity": {"lost": "panic"}}, "severity.lost"),
+        ({"group_ranks": 0}, "group_ranks"),
+        ({"group_ranks": "8"}, "group_ranks"),
+    ],
+)
+def test_from_dict_errors_name_the_key(raw: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        AlertConfig.from_dict(raw)
+
+
+# --- many steps per call ---------------------------------------------------------------------
+
+
+def quiet(metric: str, rows: list[tuple[int, float, float, float]]) -> QuietSteps:
+    """Quiet steps as the batch scorer hands them over: (step, median, min, max) each."""
+    stats = [(med, 0.0, med, lo, hi, lo, lo, hi, hi) for _, med, lo, hi in rows]
+    cols = [np.array(c, dtype=np.float64) for c in zip(*stats, strict=True)] or [np.zeros(0)] * 9
+    n = len(rows)
+    steps = [step for step, *_ in rows]
+    return QuietSteps("r", metric, [0, 1, 2, 3], np.zeros((n, 4)), cols, steps, range(n), [1.0] * n)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_step_rules_over_many_steps_per_call_match_one_step_per_call(seed: int) -> None:
+    """The step rules build a firing condition's words once per call (from its last step):
+    what is firing after each call, since when and with which words, is what calling once
+    per step gives."""
+    rng = random.Random(seed)
+    cfg = AlertConfig.from_dict({
+        "plateau": {"steps": rng.choice([3, 8]), "smoothing": rng.choice([0.3, 1.0])},
+        "thresholds": [
+            {"metric": "loss", "op": ">", "value": 2.5, "steps": rng.choice([1, 3])},
+            {"metric": "throughput", "op": "<", "value": 50.0, "on": "any"},
+        ],
+    })  # fmt: skip
+    per_step, batched = AlertEngine(cfg), AlertEngine(cfg)
+    loss, tp, step = 3.0, 100.0, 0
+    for call in range(60):
+        now = float(call)
+        rows: dict[str, list[tuple[int, float, float, float]]] = {"loss": [], "throughput": []}
+        for _ in range(rng.choice([1, 2, 5, 17])):
+            step += rng.choice([1, 1, 1, 3])
+            loss = loss * rng.choice([0.97, 1.0, 1.0, 1.0, 1.08]) + rng.gauss(0, 0.005)
+            tp = rng.choice([tp, tp, tp, 100.0, 30.0, 45.0])
+            rows["loss"].append((step, loss, loss * 0.9, loss * 1.1))
+            rows["throughput"].append((step, tp, tp * 0.8, tp))
+        for metric, metric_rows in rows.items():
+            for s, med, lo, hi in metric_rows:
+                st = StepStats("r", metric, s, 4, med, 0.0, med, lo, hi, lo, lo, hi, hi)
+                per_step.evaluate(now, results=[StepResult(st, {}, [], [])])
+        batched.evaluate(now, results=[quiet(m, r) for m, r in rows.items()])
+        # (``time``, when an alert was first published, is the caller's grouping: one call
+        # never publishes a condition that cleared and fired again within it as resolved)
+        a, b = ([replace(x, time=0.0) for x in e.firing()] for e in (batched, per_step))
+        assert a == b, f"seed {seed}, call {call}"
+    assert {a.rule for a in per_step.history(1000)} >= {"plateau", "threshold"}

@@ -1,0 +1,120 @@
+"""Console text: the alert line and the `rankwatch status` table (pure formatting)."""
+
+from __future__ import annotations
+
+import io
+
+from rankwatch.aggregator.alerts.console import ConsoleSink, format_alert, render_status
+from rankwatch.aggregator.alerts.rules import Alert
+
+NOW = 1_700_000_100.0
+
+
+def rank(r: int, **kw: object) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "rank": r, "state": "alive", "host": f"node{r}", "pid": 100 + r, "last_step": 120,
+        "last_seen": NOW - 1, "message": "", "divergent": [], "z": {"loss": 0.4},
+        "values": {"loss": 0.25 + r / 100, "lr": 0.001, "grad_norm": 1.5, "zeta": 3.0,
+                   "throughput": 512.0},
+        "throughput": 512.0, "dropped": 0, "gaps": [],
+    }  # fmt: skip
+    entry.update(kw)
+    return entry
+
+
+SNAPSHOT = {
+    "now": NOW,
+    "runs": [
+        {
+            "run": "llama-7b",
+            "state": "running",
+            "world_size": 3,
+            "last_time": NOW - 1,
+            "last_step": 120,
+            "ranks": [
+                rank(0),
+                rank(2, divergent=["loss"], z={"loss": 8.25}, values={"loss": "NaN"}),
+                rank(
+                    1,
+                    state="lost",
+                    last_seen=NOW - 95,
+                    message="no record for 95 s",
+                    dropped=12,
+                    gaps=[[5, 9]],
+                ),
+            ],
+            "divergences": [
+                {
+                    "rank": 2,
+                    "metric": "loss",
+                    "kind": "outlier",
+                    "since_step": 100,
+                    "message": "rank 2 loss 3.1x the median of 3 ranks (z=8.2) since step 100",
+                },
+            ],
+        },
+        {"run": "other", "state": "finished", "world_size": 1, "ranks": [], "divergences": []},
+    ],
+}
+
+
+def test_status_table_has_a_row_per_rank_and_says_what_is_wrong() -> None:
+    text = render_status(SNAPSHOT, now=NOW)
+    lines = text.splitlines()
+    assert lines[0].startswith("run llama-7b  [running]  world size 3  last step 120")
+    assert lines[1] == "  ranks: 2 alive, 1 lost; 1 divergent"
+    header = lines[2].split()
+    assert header[:6] == ["rank", "state", "step", "seen", "host", "pid"]
+    assert header[6:10] == ["loss", "grad_norm", "lr", "throughput"]  # preferred first, 4 max
+    rows = {int(line.split()[0]): line for line in lines[3:6]}
+    assert list(rows) == [0, 1, 2]  # sorted by rank
+    assert rows[1].split()[1:4] == ["lost", "120", "95s"]
+    assert "NaN" in rows[2] and "loss (z=8.25)" in rows[2]
+    assert "rank 1: no record for 95 s" in text
+    assert "! rank 2 loss outlier since step 100" in text
+    assert "run other  [finished]  world size 1\n  (no ranks heard from)" in text
+
+
+def test_status_filters_by_run_and_reports_none() -> None:
+    assert "llama-7b" not in render_status(SNAPSHOT, run="other", now=NOW)
+    assert render_status(SNAPSHOT, run="nope", now=NOW) == "no run named 'nope'"
+    assert render_status({"runs": []}, now=NOW) == "no runs yet"
+
+
+def test_console_sink_prints_one_line_per_transition() -> None:
+    alert = Alert(
+        key="divergence|r|2|loss", rule="divergence", severity="warning", state="firing", run="r",
+        rank=2, metric="loss", since_step=21, since_time=NOW, time=NOW, value=float("nan"),
+        message="rank 2 loss 3.1x the median of 4 ranks (z=8.2) since step 21",
+    )  # fmt: skip
+    out = io.StringIO()
+    sink = ConsoleSink(out)
+    sink(alert)
+    line = out.getvalue()
+    assert line.count("\n") == 1
+    assert "FIRING [warning] run r, rank 2, loss: rank 2 loss 3.1x" in line
+    assert "(since step 21)" not in line  # the message already says since when
+    assert format_alert(alert).split(" rankwatch ")[1] == line.strip().split(" rankwatch ")[1]
+
+
+def test_a_big_run_lists_only_the_ranks_with_something_to_say() -> None:
+    ranks = [rank(r) for r in range(4_096)]
+    ranks[17] = rank(17, divergent=["loss"], z={"loss": 6.5})
+    ranks[77] = rank(77, state="stalled", message="no new step for 40 s")
+    ranks[100] = rank(100, state="lost", message="no record for 30 s")
+    ranks[512] = rank(512, gaps=[[3, 4]])  # alive, but records went missing
+    ranks[4_000] = rank(4_000, state="finished")
+    run = {"run": "big", "state": "running", "world_size": 4_096, "ranks": ranks}
+    lines = render_status({"runs": [run]}, now=NOW).splitlines()
+    assert lines[1] == "  ranks: 4,093 alive, 1 stalled, 1 lost, 1 finished; 1 divergent"
+    assert [int(line.split()[0]) for line in lines[3:8]] == [17, 77, 100, 512, 4_000]
+    assert lines[8] == (
+        "  (4,091 more ranks alive, not divergent, nothing missing: not listed; "
+        "--all lists every rank)"
+    )
+    assert "  rank 77: no new step for 40 s" in lines
+    every = render_status({"runs": [run]}, now=NOW, all_ranks=True).splitlines()
+    assert len(every) == 3 + 4_096 + 2  # head, counts, header, the rows, two messages
+    # at the fold size every rank is listed anyway
+    small = {**run, "ranks": ranks[:64]}
+    assert "more ranks" not in render_status({"runs": [small]}, now=NOW)
