@@ -4,7 +4,7 @@
 and appends a compact tuple to a bounded deque that the sender thread turns into msgpack. The
 constant part of the line (run, rank, host, ...) is serialised once; only seq, time, step,
 epoch and metrics are formatted per call. ``repr(float)`` is valid JSON for finite floats and
-non-finite ones are written as the strings of ``records.NONFINITE_TO_JSON``, so every line
+non-finite ones are written as the strings of ``jsonsafe.NONFINITE_TO_JSON``, so every line
 decodes with ``records.from_json_line``.
 
 Nothing here raises into training after construction: bad values are skipped and logged once
@@ -38,7 +38,8 @@ from .fallback import JsonlWriter, jsonl_path
 from .sender import STEP, Sender
 from .values import NotANumber, check_name, plain, to_float
 from .wire.curve import CURVE_DIR_ENV, curve_keys
-from .wire.records import EVENT_KINDS, MAX_METRICS, NONFINITE_TO_JSON, SCHEMA_VERSION
+from .wire.jsonsafe import NONFINITE_TO_JSON
+from .wire.records import EVENT_KINDS, MAX_METRICS, SCHEMA_VERSION
 
 log = logging.getLogger("rankwatch.agent")
 

@@ -21,10 +21,10 @@ floats, anything else its ``str``; strings, containers and nesting are cut to sa
 from __future__ import annotations
 
 import itertools
-import math
 from typing import Any
 
-from .wire.records import MAX_NAME_CHARS, NONFINITE_TO_JSON
+from .wire.jsonsafe import json_value
+from .wire.records import MAX_NAME_CHARS
 
 MAX_INFO_CHARS = 4096  # strings in event info are cut to this
 MAX_INFO_ITEMS = 256  # items per list/map in event info
@@ -112,7 +112,7 @@ def plain(value: Any, depth: int = 0) -> Any:
     if value is None or isinstance(value, (bool, int)):
         return value if not isinstance(value, int) or -(2**63) <= value < 2**63 else str(value)
     if isinstance(value, float):
-        return value if math.isfinite(value) else NONFINITE_TO_JSON[repr(float(value))]
+        return json_value(value)
     if isinstance(value, str):
         return value[:MAX_INFO_CHARS].encode("utf-8", "replace").decode("utf-8")
     if depth < 4 and isinstance(value, dict):

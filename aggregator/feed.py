@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import math
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rankwatch.agent.wire.records import EventRecord, StepBlock, StepRecord, json_value
+from rankwatch.agent.wire.jsonsafe import json_safe, json_value
+from rankwatch.agent.wire.records import EventRecord, StepBlock, StepRecord
 
 if TYPE_CHECKING:
     from rankwatch.aggregator.health import RankHealth
@@ -252,24 +252,10 @@ class Feed:
 
 def num(value: float | None) -> float | str | None:
     """A float as strict JSON allows it: NaN and ±Inf as strings, like JSONL."""
-    if value is None or math.isfinite(value):
-        return value
-    return json_value(value)
+    return None if value is None else json_value(value)
 
 
-def jsonable(value: Any) -> Any:
-    """Dataclasses, enums and non-finite floats made JSON-ready (recursively)."""
-    if isinstance(value, float):
-        return num(value)
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [jsonable(v) for v in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(getattr(value, "value", None), str):
-        return value.value  # str enums (RankState)
-    return value
+jsonable = json_safe  # dataclasses, enums and non-finite floats made JSON-ready (recursively)
 
 
 def points_messages(

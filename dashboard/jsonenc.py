@@ -1,8 +1,8 @@
 """Strict JSON for the dashboard: NaN and ±Inf travel as "NaN", "Infinity" and "-Infinity".
 
-That is the JSONL convention of ``agent/records.py``, so the page decodes one format everywhere.
-Payloads are mostly finite numbers, so the fast path is a plain ``json.dumps``; only when it
-refuses a non-finite float is the payload walked and rewritten.
+That is the JSONL convention (``agent/wire/jsonsafe.py``), so the page decodes one format
+everywhere. Payloads are mostly finite numbers, so the fast path is a plain ``json.dumps``; only
+when it refuses a non-finite float is the payload walked and rewritten.
 """
 
 from __future__ import annotations
@@ -10,13 +10,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from fastapi.responses import JSONResponse
-
-NONFINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+from rankwatch.agent.wire.jsonsafe import json_number, json_safe
 
 
 def _default(obj: Any) -> Any:
@@ -34,17 +32,8 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
 
 
-def jsonable(obj: Any) -> Any:
-    """``obj`` as plain JSON types with every non-finite float replaced by its string."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else NONFINITE[repr(obj)]
-    if obj is None or isinstance(obj, (str, int)):
-        return obj
-    if isinstance(obj, dict):
-        return {str(k) if not isinstance(k, str) else k: jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [jsonable(v) for v in obj]
-    return jsonable(_default(obj))
+jsonable = json_safe  # ``obj`` as plain JSON types, every non-finite float as its string
+parse_finite = json_number  # a float from a JSON number or non-finite string; None otherwise
 
 
 def dumps(obj: Any) -> str:
@@ -54,7 +43,13 @@ def dumps(obj: Any) -> str:
             obj, allow_nan=False, ensure_ascii=False, separators=(",", ":"), default=_default
         )
     except ValueError:  # a NaN or infinity somewhere: rewrite and retry
-        return json.dumps(jsonable(obj), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(
+            json_safe(obj),
+            allow_nan=False,
+            ensure_ascii=False,
+            separators=(",", ":"),
+            default=_default,
+        )
 
 
 class StrictJSONResponse(JSONResponse):
@@ -62,14 +57,3 @@ class StrictJSONResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return dumps(content).encode("utf-8")
-
-
-def parse_finite(value: Any) -> float | None:
-    """A float from a JSON value that may be one of the non-finite strings; None otherwise."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.get(value)
-    return None

@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rankwatch.agent.wire.jsonsafe import json_number
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "rankwatch_aggregator_"
 
@@ -152,14 +154,14 @@ def render(snapshot: Mapping[str, Any], counters: Mapping[str, Any], firing: int
             for metric, value in (rank.get("values") or {}).items():
                 out.add(
                     "rankwatch_metric_last",
-                    _number(value),
+                    json_number(value),  # snapshot values may be strict-JSON strings ("NaN")
                     {**labels, "metric": metric},
                     help_text="Last value of each metric per rank.",
                 )
             for metric, z in (rank.get("z") or {}).items():
                 out.add(
                     "rankwatch_divergence_z",
-                    _number(z),
+                    json_number(z),
                     {**labels, "metric": metric},
                     help_text="Robust z-score of the rank against the others, last step.",
                 )
@@ -181,10 +183,3 @@ def render(snapshot: Mapping[str, Any], counters: Mapping[str, Any], firing: int
         for name, labels, inner in _flatten(metric_name(str(key)), value):
             out.add(name, inner, labels, help_text=f"Aggregator counter '{key}'.")
     return out.render()
-
-
-def _number(value: Any) -> float | None:
-    """Snapshot values may already be strict-JSON strings ("NaN"); Prometheus wants numbers."""
-    if isinstance(value, str):
-        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.get(value)
-    return value

@@ -28,9 +28,8 @@ import struct
 from typing import Any
 
 import numpy as np
+from rankwatch.agent.wire.jsonsafe import json_value
 from rankwatch.aggregator.store.columns import BAND_KEYS, SeriesColumns
-
-from .jsonenc import NONFINITE
 
 MAGIC = b"RWS1"
 MEDIA_TYPE = "application/octet-stream"
@@ -44,12 +43,12 @@ def _fields(minmax: bool) -> tuple[tuple[str, str], ...]:
 
 def _json_list(col: np.ndarray) -> list:
     """A column as a JSON-ready list: non-finite floats become "NaN", "Infinity", "-Infinity"
-    (jsonenc's convention), found with numpy rather than by walking the payload."""
+    (``jsonsafe``'s convention), found with numpy rather than by walking the payload."""
     out = col.tolist()
     if col.dtype.kind == "f":
         bad = np.flatnonzero(~np.isfinite(col))
         for i in bad.tolist():
-            out[i] = NONFINITE[repr(out[i])]
+            out[i] = json_value(out[i])
     return out
 
 

@@ -37,7 +37,6 @@ back into floats, so a record round-trips exactly.
 from __future__ import annotations
 
 import json
-import math
 import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +44,8 @@ from operator import itemgetter
 from typing import Any
 
 import msgpack
+
+from .jsonsafe import JSON_TO_NONFINITE, json_safe, json_value
 
 SCHEMA_VERSION = 1
 MAX_FRAME_BYTES = 4 * 1024 * 1024  # aggregator's ZMQ_MAXMSGSIZE; agents batch below this
@@ -58,9 +59,6 @@ _STEP_FIELDS = ("run", "rank", "seq", "time", "world_size", "host", "pid", "step
 
 KINDS = ("step", "event", "heartbeat")
 EVENT_KINDS = ("start", "end", "crash", "eval", "note", "pause", "resume")
-
-NONFINITE_TO_JSON = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
-JSON_TO_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 class DecodeError(ValueError):
@@ -393,15 +391,6 @@ def _step_fast(raw: Any, copy: bool) -> StepRecord | None:
 # --- JSONL -------------------------------------------------------------------------------
 
 
-def json_value(value: float) -> float | str:
-    """A metric value as strict JSON allows it (non-finite floats become strings)."""
-    if value != value:
-        return "NaN"
-    if value in (math.inf, -math.inf):
-        return "Infinity" if value > 0 else "-Infinity"
-    return value
-
-
 def to_json_line(record: Record) -> str:
     """One JSONL line (with trailing newline) in strict RFC 8259 JSON."""
     wire = to_wire(record)
@@ -412,18 +401,8 @@ def to_json_line(record: Record) -> str:
         wire["next_in"] = json_value(wire["next_in"])
     wire["time"] = json_value(wire["time"])
     if "info" in wire:  # free-form, so a NaN may hide anywhere in it
-        wire["info"] = _json_safe(wire["info"])
+        wire["info"] = json_safe(wire["info"])
     return json.dumps(wire, allow_nan=False, ensure_ascii=False, default=str) + "\n"
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float):
-        return json_value(value)
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def from_json_line(line: str) -> Record:

@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rankwatch.agent.wire.records import json_value
+from rankwatch.agent.wire.jsonsafe import json_safe
 
 log = logging.getLogger("rankwatch.webhooks")
 
@@ -99,19 +99,7 @@ def redact(url: str) -> str:
 def alert_dict(alert: Any) -> dict[str, Any]:
     """An Alert (dataclass) or a dict as a JSON-ready dict (NaN as "NaN")."""
     raw = dataclasses.asdict(alert) if dataclasses.is_dataclass(alert) else dict(alert)
-    return {k: _jsonable(v) for k, v in raw.items()}
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float):
-        return json_value(value)
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "value") and isinstance(getattr(value, "value", None), str):
-        return value.value  # str enums
-    return value
+    return {k: json_safe(v) for k, v in raw.items()}
 
 
 def alert_line(a: Mapping[str, Any]) -> str:

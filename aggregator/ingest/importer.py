@@ -31,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from rankwatch.agent.wire.jsonsafe import JSON_TO_NONFINITE, NONFINITE_TO_JSON
 from rankwatch.agent.wire.records import DecodeError, Record, check_version, decode_record
 from rankwatch.aggregator.store.db import Store, StoreError
 
@@ -45,8 +46,8 @@ _LEGACY_EVENTS = {"train_end": "end", "train_begin": "start", "train_start": "st
                   "eval": "eval"}  # fmt: skip
 _LEGACY_FIELDS = {"step", "epoch", "loss", "timestamp", "time", "rank", "event", "world_size",
                   "host", "pid", "run", "seq"}  # fmt: skip
-_NONFINITE = {"NaN": math.nan, "nan": math.nan, "Infinity": math.inf, "inf": math.inf,
-              "-Infinity": -math.inf, "-inf": -math.inf}  # fmt: skip
+# Older tools also wrote Python's repr of the value ("nan", "inf", "-inf").
+_NONFINITE = JSON_TO_NONFINITE | {k: JSON_TO_NONFINITE[v] for k, v in NONFINITE_TO_JSON.items()}
 
 
 class Sink(Protocol):
