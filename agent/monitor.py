@@ -30,20 +30,23 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
 from . import hooks, identity
 from .fallback import JsonlWriter, jsonl_path
 from .sender import STEP, Sender
+from .sources import Sampler, Source, resolve
 from .values import NotANumber, check_name, plain, to_float
 from .wire.curve import CURVE_DIR_ENV, curve_keys
-from .wire.jsonsafe import NONFINITE_TO_JSON
+from .wire.jsonsafe import NONFINITE_TO_JSON, json_value
 from .wire.records import EVENT_KINDS, MAX_METRICS, SCHEMA_VERSION
 
 log = logging.getLogger("rankwatch.agent")
 
 CLOSE_TIMEOUT_S = 1.5  # close() waits at most this long for the sender to flush
+SAMPLER_CLOSE_S = 0.2  # and this long for a metric source's sample in progress
 EVENT_SLACK = 1000  # events may exceed queue_max by this much: start/end/crash matter most
 MAX_KEY_CACHE = 4096  # metric names whose JSON key is cached
 MAX_TEMPLATES = 256  # sets of metric names whose line template is cached
@@ -82,6 +85,8 @@ class Monitor:
     ``stage(**metrics)`` adds values to the next ``log()`` (for hooks such as the DDP one).
     ``curve_dir`` (or ``RANKWATCH_CURVE_DIR``): CurveZMQ keys for an aggregator run with
     ``serve --curve`` (see ``wire.curve.curve_keys``).
+    ``sources`` (or ``RANKWATCH_SOURCES``): metric sources polled off the training thread, as
+    ``Source`` objects or built-in names such as ``"process"`` (see ``sources``); none by default.
     """
 
     def __init__(
@@ -97,6 +102,7 @@ class Monitor:
         queue_max: int = 10_000,
         enabled: bool = True,
         curve_dir: str | os.PathLike[str] | None = None,
+        sources: Iterable[Source | str] | None = None,
     ) -> None:
         self._active = False  # log() and event() do nothing until the end of construction
         self._closed = True
@@ -126,6 +132,9 @@ class Monitor:
         self._close_lock = threading.RLock()
         self._queue: deque[Any] | None = None
         self._sender: Sender | None = None
+        self._sampler: Sampler | None = None
+        self._sampled: dict[str, int] = {}  # source name -> the step its last sample went to
+        registry = resolve(sources)  # also RANKWATCH_SOURCES
         if enabled and os.environ.get("MS_ROLE") == "MS_SCHED":
             log.info("rankwatch: MindSpore scheduler process (MS_ROLE=MS_SCHED): monitor disabled")
             enabled = False
@@ -181,6 +190,13 @@ class Monitor:
         hooks.register(self)
         info = dict(ident.info, addr=self.addr, jsonl=str(self.jsonl_path))
         self._emit("start", None, info)
+        if len(registry):
+            self._sampler = Sampler(registry, self._sample)
+            try:
+                self._sampler.start()
+            except RuntimeError as exc:
+                log.warning("rankwatch: cannot start the sampler thread (%s); no sources", exc)
+                self._sampler = None
 
     # --- the hot path --------------------------------------------------------------------
 
@@ -385,6 +401,37 @@ class Monitor:
         self._writer.write((line + "\n").encode("utf-8", "replace"))
         return wire
 
+    def _sample(self, source: str, values: Any) -> None:
+        """One source's sample (sampler thread): a step record at the last logged step."""
+        step = self._last_step
+        if not self._active or step is None or self._sampled.get(source) == step:
+            return
+        self._sampled[source] = step
+        metrics: dict[str, float] = {}
+        for key, value in values.items():
+            name = f"{source}/{key}"
+            reason = check_name(name) if isinstance(key, str) else f"key {key!r} is not a str"
+            if reason:
+                self._warn_once(("name", name), "rankwatch: source metric skipped: %s", reason)
+                continue
+            try:
+                metrics[name] = to_float(value)
+            except NotANumber as exc:
+                self._warn_once(("value", name), "rankwatch: metric %r skipped: %s", name, exc)
+        if not metrics:
+            return
+        seq, now = next(self._seq), time.time()
+        wire = {"kind": "step", **self._base, "seq": seq, "time": now, "step": step, "epoch": None}
+        text = {k: json_value(v) for k, v in metrics.items()}
+        line = json.dumps({"v": SCHEMA_VERSION, **wire, "metrics": text}, separators=_COMPACT)
+        self._writer.write((line + "\n").encode("utf-8", "replace"))
+        queue = self._queue
+        if queue is not None:
+            if len(queue) < self._queue_max:
+                queue.append((STEP, seq, now, step, None, metrics))
+            else:
+                self._drop(1)
+
     def pause(self, seconds: float, reason: str = "checkpoint") -> _Pause:
         """Announce that no step will come for ``seconds`` (checkpointing, evaluation, ...)."""
         try:
@@ -447,6 +494,8 @@ class Monitor:
                 return
             self._closed = True
             self._active = False
+            if self._sampler is not None:
+                self._sampler.close(SAMPLER_CLOSE_S)
             try:
                 if not self._crashed:
                     self._emit("end", self._last_step, {"reason": str(reason)[:256]})

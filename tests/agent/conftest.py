@@ -15,10 +15,11 @@ import pytest
 import zmq
 from rankwatch.agent import identity
 from rankwatch.agent.monitor import Monitor
+from rankwatch.agent.sources import SOURCES_ENV
 from rankwatch.agent.wire import records
 
 # Variables a launcher (or the developer's shell) may have set that would change identity.
-ENV_VARS = (*identity.INFO_VARS, "MS_ROLE", "SLURM_STEP_ID", "LOCAL_WORLD_SIZE")
+ENV_VARS = (*identity.INFO_VARS, "MS_ROLE", "SLURM_STEP_ID", "LOCAL_WORLD_SIZE", SOURCES_ENV)
 
 
 @pytest.fixture(autouse=True)

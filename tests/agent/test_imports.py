@@ -34,7 +34,7 @@ class torch_lookalike:  # a module name that merely starts with "torch"
 
 torch_lookalike.__module__ = "torchvision_like"
 
-with Monitor(run="imports", log_dir=sys.argv[1], addr=sys.argv[2]) as mon:
+with Monitor(run="imports", log_dir=sys.argv[1], addr=sys.argv[2], sources=["process"]) as mon:
     mon.log(1, loss=0.5, frac=Fraction(1, 4), other=torch_lookalike(), nan=float("nan"))
     mon.event("eval", step=1, accuracy=0.9)
     with mon.pause(1.0):
