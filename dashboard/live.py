@@ -16,7 +16,6 @@ the encoding was ~10 % of the aggregator's CPU per open page.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
@@ -129,12 +128,3 @@ class LiveHub:
 def _for_run(message: dict[str, Any], run: str | None) -> bool:
     # Messages without a run (global counters, say) go to every page.
     return run is None or message.get("run", run) == run
-
-
-@contextlib.asynccontextmanager
-async def running(hub: LiveHub) -> AsyncIterator[LiveHub]:
-    hub.start()
-    try:
-        yield hub
-    finally:
-        hub.stop()
