@@ -152,7 +152,7 @@ class HealthTracker:
         """(health, old state) for every rank whose state changed since the last call.
 
         A rank seen for the first time is reported with old state ``""``. ``snapshot``: this
-        ``now``'s ``snapshot()``, if the caller has it (4,096 ranks cost ~20 ms to evaluate).
+        ``now``'s ``snapshot()``, if the caller has it (evaluating thousands of ranks is not free).
         """
         out = []
         for run, ranks in self._ranks.items():

@@ -252,8 +252,8 @@ class _Run:
 
     def __init__(self) -> None:
         # Both are queues: added at the end, removed from the front. A dict's first key is
-        # found by skipping the slots of keys deleted before it, which cost ~1 µs per closed
-        # step at 4,096 remembered steps (~4 % of the ingest thread); OrderedDict finds it
+        # found by skipping the slots of keys deleted before it, a cost that grows with the
+        # steps remembered (docs/benchmarks.md, Ingest); OrderedDict finds it
         # at once.
         self.groups: OrderedDict[int, _Group] = OrderedDict()  # in creation order
         self.closed: OrderedDict[int, None] = OrderedDict()  # recently closed, oldest first

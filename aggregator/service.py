@@ -51,7 +51,7 @@ log = logging.getLogger("rankwatch.service")
 DEFAULT_DATA_DIR = "rankwatch_data"
 DEFAULT_PORT = 8670
 FLUSH_INTERVAL_S = 0.2  # tick period: live feed, divergence, health (dashboard latency)
-# Store flush period. A flush costs ~40 ms of CPU however few rows it writes (rollups, band), so
+# Store flush period. A flush has a fixed CPU cost however few rows it writes (rollups, band), so
 # it runs less often than the tick; the live view never waits for it, and a rank's JSONL plus
 # resend cover what a killed aggregator had not flushed yet.
 STORE_FLUSH_S = 0.5
@@ -104,8 +104,8 @@ class ServeConfig:
 def tune_gc() -> None:
     """Set the collector up for ingest (process-wide; ``rankwatch serve`` calls it once the
     aggregator is built). Ingest makes many short-lived objects: moving what start-up built
-    out of the collector's way and collecting less often saves ~40 % of the ingest thread's
-    CPU per record (bench/ingest.py)."""
+    out of the collector's way and collecting less often saves much of the ingest thread's
+    CPU per record (figures: docs/benchmarks.md)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
@@ -225,9 +225,9 @@ class Aggregator:
             log.exception("rankwatch: internal error (%s); ingest goes on, please report", kind)
 
     def _flush_loop(self) -> None:
-        # The wait starts when a flush ends: a flush has a fixed cost (~30 ms), and starting
-        # them on a fixed period made more, smaller ones under load (4,096 ranks: 39 -> 50 µs
-        # of aggregator CPU per record, bench/scale_soak.py). Unless a backlog built up during
+        # The wait starts when a flush ends: a flush has a fixed cost, and starting
+        # them on a fixed period makes more, smaller ones under load (more aggregator CPU
+        # per record at 4,096 ranks, docs/benchmarks.md). Unless a backlog built up during
         # the flush: a flush that big costs little per record, and waiting only grows it.
         pause = max(self.config.store_flush_s, self.config.flush_interval_s)
         wait = pause
@@ -402,7 +402,7 @@ class Aggregator:
     def _health_snapshot(self, now: float) -> dict[str, dict[int, RankHealth]]:
         """Every rank's health for this tick: evaluated again after a record that may change a
         state, else at most every ``HEALTH_EVERY_S`` (only time moves states then: lost,
-        stalled). 4,096 ranks take ~25 ms to evaluate; five ticks a second add up."""
+        stalled). Evaluating thousands of ranks is not free; five ticks a second add up."""
         cached = self._health
         version = self.health.version
         if cached is None or cached[0] != version or not 0 <= now - cached[1] < HEALTH_EVERY_S:
@@ -472,7 +472,7 @@ class Aggregator:
 
     def _rank_inputs(self, run: str, ranks: dict[int, RankHealth]) -> _RankInputs:
         """What the rank entries of ``run`` are made of, copied (under the lock) so that the
-        entries can be built without it: 4,096 entries take ~30 ms, the copy a few."""
+        entries can be built without it: building them takes far longer than the copy."""
         flagged: dict[int, set[str]] = {}
         for d in self.detector.active(run):
             flagged.setdefault(d.rank, set()).add(d.metric)
@@ -489,7 +489,7 @@ class Aggregator:
     ) -> dict[str, Any]:
         """Live state of every run the aggregator has heard from (or of ``run``), JSON-ready.
 
-        ``ranks=False`` leaves out the per-rank entries (4,096 of them take ~35 ms, under the
+        ``ranks=False`` leaves out the per-rank entries (slow to build at thousands, under the
         lock ingest needs) and gives ``ranks_seen`` and the live ``metrics`` names instead."""
         now = time.time() if now is None else now
         inputs: dict[str, _RankInputs] = {}

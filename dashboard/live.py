@@ -9,8 +9,8 @@ dropped messages because the browser lagged, a ``resync`` event tells the page t
 REST views instead of drawing a series with holes in it.
 
 Every stream gets the same message objects from the feed, so a message is encoded once, by the
-first stream that sends it, and the others reuse its JSON (``LiveHub._json``): at 4,096 ranks
-the encoding was ~10 % of the aggregator's CPU per open page.
+first stream that sends it, and the others reuse its JSON (``LiveHub._json``): at thousands of
+ranks encoding is a visible share of the aggregator's CPU per open page (docs/benchmarks.md).
 """
 
 from __future__ import annotations

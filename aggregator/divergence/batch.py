@@ -2,8 +2,8 @@
 calls, then only the steps where something may happen go through the detector one by one.
 
 Why: a batched frame completes dozens of steps at a time, and nearly every step is quiet (no
-rank past the CUSUM allowance, no evidence held). Scored one by one, each costs ~6 µs at 8
-ranks, most of it the statistics. Here the statistics of a whole run of steps are computed
+rank past the CUSUM allowance, no evidence held). Scored one by one, each step's cost at 8
+ranks is mostly the statistics. Here the statistics of a whole run of steps are computed
 column-wise, bit for bit as ``divergence_lists.step_stats`` computes them for one step (same
 sort, same quantile formula, numpy's summation order), so a quiet step's verdict, spread update
 and scores are exactly the sequential path's. A step that is not quiet, not in order, or has a
@@ -178,9 +178,8 @@ class _QuietScan:
     step of 3+ ranks with the same arithmetic on the same floats in the same order, so the
     verdicts, scales and spread are the sequential path's bit for bit. Only the spread's
     moving average runs step by step (each step's scale needs the spread before it), in a
-    tight loop; the rest is a few numpy calls per run of quiet steps. (A Python loop over every
-    step's statistics made the divergence update a third of the ingest thread with batched
-    frames, py-spy.)"""
+    tight loop; the rest is a few numpy calls per run of quiet steps (a Python loop over every
+    step's statistics is too slow for batched frames: docs/benchmarks.md, Ingest)."""
 
     def __init__(
         self,

@@ -1,9 +1,9 @@
 """Cross-rank divergence: which rank's metric has left the others, since when, by how much.
 
 Pure. Worlds whose ranks are all below ``PY_MAX_RANKS`` are scored on plain lists: numpy's
-fixed cost per call (~2 µs, some 50 calls a step) would be ~100 µs a step at 8 ranks, where the
-arithmetic takes a few. Larger worlds are scored with numpy (4,096 ranks in well under a
-millisecond). Both paths compute the same floats in the same order (``divergence_lists.py``
+fixed cost per call (some 50 calls a step) would dwarf, at 8 ranks, what the
+arithmetic takes (docs/benchmarks.md). Larger worlds are scored with numpy (where that fixed
+cost is small beside the work). Both paths compute the same floats in the same order (``divergence_lists.py``
 follows numpy's percentile and summation exactly), so a verdict never depends on the path.
 The method, its defaults and their calibration are in docs/divergence.md; in short:
 
@@ -66,8 +66,8 @@ from rankwatch.aggregator.merge import StepGrid, StepValues
 
 MAX_RANK = 1 << 20  # ranks at or above this are ignored (state arrays are indexed by rank)
 PERCENTILES = (5.0, 25.0, 50.0, 75.0, 95.0)
-# Worlds whose ranks are all below this are scored on lists: at 8 ranks ~10 µs a step against
-# ~85 µs with numpy, at 64 ranks ~38 against ~90 (bench/divergence_cost.py). Lists follow
+# Worlds whose ranks are all below this are scored on lists, faster than numpy there
+# (bench/divergence_cost.py, docs/benchmarks.md). Lists follow
 # numpy's summation only up to PAIRWISE_BLOCK values, hence the cap.
 PY_MAX_RANKS = PAIRWISE_BLOCK
 
@@ -556,7 +556,7 @@ class _GridStats:
 
 
 def _grid_array(grid: StepGrid) -> np.ndarray:
-    """``np.array(grid.rows, np.float64)``, ~40 % faster: the values (floats, as decoded)
+    """``np.array(grid.rows, np.float64)``, faster: the values (floats, as decoded)
     flattened in one C pass, the shape known from the grid."""
     shape = (len(grid.rows), len(grid.ranks), len(grid.names))
     flat = chain.from_iterable(chain.from_iterable(grid.rows))

@@ -1,7 +1,7 @@
 """Step statistics of a small world on plain Python lists, bit for bit what numpy gives.
 
-Why: numpy costs about 2 µs per call whatever the size, and a scored step makes ~50 calls, so
-at 8 ranks the fixed cost is ~100 µs where the arithmetic is well under 10 µs. The divergence
+Why: numpy has a fixed cost per call whatever the size, and a scored step makes ~50 calls, so
+at 8 ranks the fixed cost dwarfs the arithmetic (docs/benchmarks.md). The divergence
 detector scores worlds whose ranks are all below its ``PY_MAX_RANKS`` with these functions
 and larger ones with numpy; both give the same floats (the tests compare them), so a world's
 verdicts do not depend on which path scored it.

@@ -100,7 +100,7 @@ Item = Record | StepBlock
 class Batch:
     """Records and step blocks waiting for the next flush, plus whole numpy parts (bulk
     appends, or a batch handed back by a failed flush). Items are kept as they came (an append
-    is a list extend) and turned into columns in bulk by the flush: ~2 µs less per record."""
+    is a list extend) and turned into columns in bulk by the flush, cheaper per record."""
 
     def __init__(self) -> None:
         self.records: list[Item] = []

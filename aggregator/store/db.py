@@ -185,7 +185,7 @@ class Store:
     def pending(self) -> int:
         """Records appended and not flushed yet. Counted outside the lock that ``append``
         (the ingest thread) needs: only the lists are copied under it (300,000 buffered
-        records: 2 ms to copy, 8 ms to count)."""
+        records are copied several times faster than counted)."""
         held = Batch()
         with self._buf_lock:
             held.records, held.parts = list(self._buf.records), list(self._buf.parts)
@@ -298,7 +298,7 @@ class Store:
                              (stats, ""))
         )  # fmt: skip
         # DuckDB finds the numpy columns by their names in this frame (a replacement scan), so
-        # no register()/unregister(): each of those is a GIL hand-over (~20 ms each with the
+        # no register()/unregister(): each of those is a GIL hand-over (slow with the
         # ingest thread busy). Later statements read the buf_ tables.
         raw_names, raw_recs = raw["names"], raw["recs"]
         raw_steps, raw_events, raw_heartbeats = (raw.get(n) for n in BUFFERED[:3])
@@ -475,8 +475,8 @@ class Store:
             return SeriesColumns.empty()
         level, lo, hi, where, params = plan
         cur = self._cur()
-        # cur.sql(): DuckDB's relation path converts to numpy about twice as fast as
-        # execute()'s result (measured, bench/overlay_query.py), and the conversion is most
+        # cur.sql(): DuckDB's relation path converts to numpy faster than
+        # execute()'s result (figures: docs/benchmarks.md), and the conversion is most
         # of a big overlay's query time.
         if level < 0:
             res = cur.sql(
@@ -609,7 +609,7 @@ class Store:
 def _config(memory_limit: str) -> dict[str, Any]:
     # Insertion order is not kept: every read that needs an order sorts (ORDER BY, or
     # rollup.sort_buckets), and without it DuckDB writes a flush's rows in parallel
-    # (bench/ingest.py: the flush after the last record -15 %, stored/s +10 %).
+    # (figures: docs/benchmarks.md, Ingest).
     return {"memory_limit": memory_limit, "preserve_insertion_order": False}
 
 

@@ -152,7 +152,7 @@ def query(cur: duckdb.DuckDBPyConnection, script: Sequence[str], sql: str) -> li
     Why one call: while another Python thread is busy (the ingest thread), every DuckDB call
     waits for the GIL when it hands results back (and between its tasks), about a switch
     interval (5 ms) each time; statements joined in one call pay that about a third as often
-    (measured: 20 statements 438 ms apart, 128 ms joined).
+    (figures: docs/storage.md).
     """
     return cur.execute(";\n".join([*script, sql])).fetchall()
 
@@ -223,7 +223,7 @@ def band_part_sql(wide: str, width: int) -> str:
     the lowest min and the highest max. Steps without a finite value (no median) are left out.
 
     Two rows, not one per statistic: at 8 ranks a band row stands for 8 records, and five
-    long rows per step made the band's rollups ~40 % of a flush's cost."""
+    long rows per step made the band's rollups a large part of a flush (docs/benchmarks.md)."""
     group = f"run, metric, step // {width}"
     head = f"SELECT run, metric, {{}} AS key, step // {width} AS b, count(*) AS n"
     span = f"min(step) AS lo, max(step) AS hi FROM {wide} WHERE median IS NOT NULL GROUP BY {group}"

@@ -22,7 +22,7 @@ from rankwatch.aggregator.store import rollup
 # NULL and cannot type an int column holding None, so nullable ints travel as NULL_INT and
 # floats get their NaN back in SQL. An object column it reads one Python string at a time,
 # taking the GIL for each chunk and handing it back: with the ingest thread busy each hand-over
-# waits for a switch interval (measured: 0.95 s instead of 25 ms for 400,000 rows), hence codes.
+# waits for a switch interval (figures: docs/benchmarks.md, Ingest), hence codes.
 NULL_INT = -(2**63)
 NULL_CODE = -1
 _T = {"c": "VARCHAR", "s": "VARCHAR", "i": "BIGINT", "n": "BIGINT", "f": "DOUBLE", "b": "BOOLEAN"}
