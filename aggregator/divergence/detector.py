@@ -1,9 +1,9 @@
 """Cross-rank divergence: which rank's metric has left the others, since when, by how much.
 
 Pure. Worlds whose ranks are all below ``PY_MAX_RANKS`` are scored on plain lists: numpy's
-fixed cost per call (some 50 calls a step) would dwarf, at 8 ranks, what the
-arithmetic takes (docs/benchmarks.md). Larger worlds are scored with numpy (where that fixed
-cost is small beside the work). Both paths compute the same floats in the same order (``divergence_lists.py``
+fixed cost per call (some 50 calls a step) would dwarf, at 8 ranks, what the arithmetic takes
+(docs/benchmarks.md). Larger worlds are scored with numpy, where that cost is small beside the
+work. Both paths compute the same floats in the same order (``divergence_lists.py``
 follows numpy's percentile and summation exactly), so a verdict never depends on the path.
 The method, its defaults and their calibration are in docs/divergence.md; in short:
 
