@@ -110,3 +110,18 @@ def test_the_check_sees_every_kind_of_import(tmp_path: Path) -> None:
     # what a violation looks like: the rules above would report each of these
     assert violations("agent", "rankwatch.agent.sender", None)  # monitor.py imports the sender
     assert violations("agent", "rankwatch.agent", WIRE)
+
+
+def test_importing_the_wire_does_not_load_the_monitor() -> None:
+    """The head node and the relay import the wire; the agent's Monitor stays unloaded."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, rankwatch.agent.wire.records, rankwatch.agent.wire.curve, "
+        "rankwatch.agent.wire.addresses; "
+        "print(sorted(m for m in sys.modules if m.startswith('rankwatch.agent.') "
+        "and not m.startswith('rankwatch.agent.wire')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
