@@ -6,8 +6,8 @@ resolves. When more than ``group_ranks`` ranks of one run trip the same rule on 
 (all ranks lost when the head node's network drops, NaN everywhere), they are published as one
 run-level alert (``rank=None``) instead of thousands.
 
-Formatting for webhooks and consoles is not here; ``Alert.title`` and ``Alert.text`` are the
-sink-independent words every sink can use.
+An Alert's words for people (its one line, a message's title) are the sinks' part:
+``sinks/words.py``, which reads Alerts and their dict form alike.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from datetime import datetime, timezone
 from typing import Any
 
 from rankwatch.aggregator.divergence.detector import (
@@ -211,33 +210,6 @@ class Alert:
     value: float | None
     message: str
     ranks: tuple[int, ...] = ()  # the ranks involved, for a grouped alert
-
-    @property
-    def title(self) -> str:
-        what = self.rule.replace("_", " ")
-        subject = f"rank {self.rank}" if self.rank is not None else "run"
-        if self.ranks:
-            subject = f"{len(self.ranks)} ranks"
-        metric = f" {self.metric}" if self.metric else ""
-        head = "RESOLVED" if self.state == "resolved" else self.severity.upper()
-        return f"[{head}] {self.run}: {subject}{metric} {what}"
-
-    @property
-    def text(self) -> str:
-        lines = [self.message]
-        since = f"since step {self.since_step}, " if self.since_step is not None else "since "
-        lines.append(f"{since}{_iso(self.since_time)}; {self.state} at {_iso(self.time)}")
-        return "\n".join(lines)
-
-    def as_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["ranks"] = list(self.ranks)
-        out["title"] = self.title
-        return out
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @dataclass(frozen=True)

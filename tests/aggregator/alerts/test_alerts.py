@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from rankwatch.aggregator.alerts.rules import Alert, AlertConfig, AlertEngine, ThresholdRule
+from rankwatch.aggregator.alerts.rules import AlertConfig, AlertEngine, ThresholdRule
+from rankwatch.aggregator.alerts.sinks.words import alert_dict, alert_line
 from rankwatch.aggregator.divergence.detector import (
     DivergenceDetector,
     QuietSteps,
@@ -93,7 +94,8 @@ def test_many_ranks_are_grouped_into_one_run_alert() -> None:
     (a,) = eng.evaluate(1.0, results=[det.update(sv(1, nan_all))])
     assert a.rank is None and a.ranks == tuple(range(64)) and a.key == "nonfinite|r|*|loss"
     assert a.message.startswith("64 ranks: rank 0 loss is NaN") and "and 59 more" in a.message
-    assert a.title == "[CRITICAL] r: 64 ranks loss nonfinite"
+    assert alert_line(alert_dict(a)).startswith("FIRING [critical] run r, loss: 64 ranks: rank 0")
+    assert alert_dict(a)["ranks"] == list(range(64))
     out = []
     for step in range(2, 8):
         out += eng.evaluate(
@@ -241,44 +243,6 @@ def test_lost_ranks_of_a_whole_run_group_and_ungroup() -> None:
 
 
 # --- the alert as a value ------------------------------------------------------------------------
-
-
-def test_title_and_text() -> None:
-    a = Alert(
-        "lost|r|2|",
-        "lost",
-        "critical",
-        "firing",
-        "r",
-        2,
-        None,
-        100,
-        0.0,
-        60.0,
-        None,
-        "rank 2 (node1) no record for 60 s",
-    )
-    assert a.title == "[CRITICAL] r: rank 2 lost"
-    assert a.text == (
-        "rank 2 (node1) no record for 60 s\n"
-        "since step 100, 1970-01-01 00:00:00 UTC; firing at 1970-01-01 00:01:00 UTC"
-    )
-    resolved = Alert(
-        "plateau|r||loss",
-        "plateau",
-        "info",
-        "resolved",
-        "r",
-        None,
-        "loss",
-        None,
-        0.0,
-        1.0,
-        2.0,
-        "m",
-    )
-    assert resolved.title == "[RESOLVED] r: run loss plateau"
-    assert a.as_dict()["title"] == a.title and a.as_dict()["ranks"] == []
 
 
 def test_history_is_newest_first_and_bounded() -> None:
