@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
-from rankwatch.aggregator.alerts.rules import AlertConfig
+from rankwatch.aggregator.alerts.config import AlertConfig
 from rankwatch.aggregator.alerts.sinks.base import describe
 from rankwatch.aggregator.alerts.sinks.http import WebhookConfig
 from rankwatch.aggregator.alerts.sinks.registry import kinds

@@ -25,7 +25,8 @@ from typing import Any
 
 from rankwatch.agent.wire.addresses import DEFAULT_INGEST_PORT
 from rankwatch.agent.wire.records import EventRecord, Record, StepBlock, StepRecord, unblock
-from rankwatch.aggregator.alerts.rules import Alert, AlertConfig, AlertEngine
+from rankwatch.aggregator.alerts.config import AlertConfig
+from rankwatch.aggregator.alerts.rules import Alert, AlertEngine
 from rankwatch.aggregator.alerts.sinks.base import Sink
 from rankwatch.aggregator.alerts.sinks.console import ConsoleSink
 from rankwatch.aggregator.alerts.sinks.http import WebhookConfig, Webhooks
