@@ -46,7 +46,8 @@ from rankwatch.aggregator.health import (
     run_state,
 )
 from rankwatch.aggregator.ingest.receiver import Receiver
-from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues, as_blocks
+from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
+from rankwatch.aggregator.seqs import SeqTracker
 from rankwatch.aggregator.store.db import Store, StoreError
 
 log = logging.getLogger("rankwatch.service")
