@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rankwatch.aggregator.divergence.zgrid import z_columns
+from rankwatch.aggregator.metrics import display_order
 
 BAND_THRESHOLD_RANKS = 32  # above this many ranks a chart shows a band, not every line
 MAX_OUTLIER_RANKS = 24  # individual lines drawn in band mode besides the selected ranks
@@ -17,7 +18,7 @@ MAX_SELECTED_RANKS = 256  # ranks one URL may select
 MAX_RANK_ID = 1 << 20  # a rank id beyond this is a typo, not a cluster
 
 # Order of the charts: the usual training metrics first, anything custom after them.
-METRIC_ORDER = ("loss", "lr", "throughput", "step_time", "grad_norm", "loss_scale")
+METRIC_ORDER = display_order()
 
 
 def parse_ranks(text: str | None) -> list[int]:

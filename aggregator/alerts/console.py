@@ -9,8 +9,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rankwatch.aggregator.metrics import display_order
+
 MAX_METRIC_COLUMNS = 4  # metric columns in the status table, beyond the fixed ones
-PREFERRED_METRICS = ("loss", "grad_norm", "lr", "step_time", "throughput")
+PREFERRED_METRICS = display_order()  # the known metrics first, as on the dashboard
 NAME_WIDTH = 14  # metric column width; longer names are clipped
 # Bigger runs list only the ranks with something to say (not alive, divergent, records missing
 # or dropped): 4,096 rows of healthy ranks would scroll the one stalled rank out of sight.
