@@ -52,7 +52,6 @@ class WebhookKind:
     sign: Callable[[str, Payload, str, float], tuple[str, Payload]] = _unsigned
     check: Callable[[bytes], str | None] = _http_status_only
     aliases: tuple[str, ...] = ()
-    signed: str = "—"  # what a ``secret`` does, for the docs table
 
 
 def describe(kinds: Mapping[str, WebhookKind]) -> str:

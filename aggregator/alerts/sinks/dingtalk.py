@@ -30,11 +30,4 @@ def sign(url: str, body: Payload, secret: str, now_s: float) -> tuple[str, Paylo
     return signed_url(url, secret, int(now_s * 1000)), body
 
 
-KIND = WebhookKind(
-    "dingtalk",
-    payload,
-    sign,
-    service_error,
-    signed='`timestamp` (ms) and `sign` = base64(HMAC-SHA256(secret, "timestamp\\nsecret")) '
-    "added to the URL",
-)
+KIND = WebhookKind("dingtalk", payload, sign, service_error)

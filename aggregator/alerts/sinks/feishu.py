@@ -29,12 +29,4 @@ def sign(url: str, body: Payload, secret: str, now_s: float) -> tuple[str, Paylo
     return url, {"timestamp": str(stamp), "sign": signature(secret, stamp), **body}
 
 
-KIND = WebhookKind(
-    "feishu",
-    payload,
-    sign,
-    service_error,
-    aliases=("lark",),
-    signed='`timestamp` (s) and `sign` = base64(HMAC-SHA256(key "timestamp\\nsecret", empty)) '
-    "in the body",
-)
+KIND = WebhookKind("feishu", payload, sign, service_error, aliases=("lark",))

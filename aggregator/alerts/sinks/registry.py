@@ -1,7 +1,7 @@
 """The webhook kinds: every module of this package with a ``KIND``, plus any ``register``ed.
 
 Discovery is what makes a new kind one file: drop ``teams.py`` with ``KIND = WebhookKind(...)``
-next to ``slack.py`` and the config file, ``--webhook`` and the docs table know it.
+next to ``slack.py`` and the config file and ``--webhook`` know it.
 """
 
 from __future__ import annotations
