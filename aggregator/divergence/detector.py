@@ -239,7 +239,7 @@ class _GridStats:
 
 
 def _grid_array(grid: StepGrid) -> np.ndarray:
-    """``np.array(grid.rows, np.float64)``, ~40 % faster: the values (floats, as decoded)
+    """``np.array(grid.rows, np.float64)``, faster: the values (floats, as decoded)
     flattened in one C pass, the shape known from the grid."""
     shape = (len(grid.rows), len(grid.ranks), len(grid.names))
     flat = chain.from_iterable(chain.from_iterable(grid.rows))

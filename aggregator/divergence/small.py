@@ -1,9 +1,10 @@
 """Small worlds: one step of a world whose ranks are all below ``PY_MAX_RANKS``, on lists.
 
-numpy's fixed cost per call (~2 µs, some 50 calls a step) would dominate at 8 ranks, where the
-arithmetic takes a few. The lists follow numpy's percentile and summation exactly (``lists``),
-and flagging, blaming and resolving are ``state``'s, so a verdict never depends on the path:
-``large.score_arrays`` computes the same floats in the same order.
+numpy's fixed cost per call, some 50 calls a step, would dominate a small world, where the
+arithmetic itself takes a few microseconds (docs/benchmarks.md). The lists follow numpy's
+percentile and summation exactly (``lists``), and flagging, blaming and resolving are
+``state``'s, so a verdict never depends on the path: ``large.score_arrays`` computes the same
+floats in the same order.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ from rankwatch.aggregator.divergence.types import (
 )
 from rankwatch.aggregator.merge import StepValues
 
-# Worlds whose ranks are all below this are scored on lists: at 8 ranks ~10 µs a step against
-# ~85 µs with numpy, at 64 ranks ~38 against ~90 (bench/divergence_cost.py). Lists follow
-# numpy's summation only up to PAIRWISE_BLOCK values, hence the cap.
+# Worlds whose ranks are all below this are scored on lists, which beat numpy there
+# (bench/divergence_cost.py). Lists follow numpy's summation only up to PAIRWISE_BLOCK values,
+# hence the cap.
 PY_MAX_RANKS = PAIRWISE_BLOCK
 
 _NONE: frozenset[int] = frozenset()
