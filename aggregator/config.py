@@ -14,7 +14,7 @@
     [divergence]            # DivergenceConfig: z_threshold, confirm_steps, rules.<metric> ...
 
     [[webhooks]]
-    kind = "dingtalk"       # json | slack | dingtalk | wecom | feishu (lark)
+    kind = "dingtalk"       # a kind of aggregator/alerts/sinks/: json, slack, dingtalk, ...
     url_env = "DINGTALK_URL"        # or url = "..."
     secret_env = "DINGTALK_SECRET"  # or secret = "..."
     min_severity = "warning"
@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
-from rankwatch.aggregator.alerts.rules import AlertConfig
-from rankwatch.aggregator.alerts.webhooks import WEBHOOK_KINDS, WebhookConfig
+from rankwatch.aggregator.alerts.config import AlertConfig
+from rankwatch.aggregator.alerts.sinks.base import describe
+from rankwatch.aggregator.alerts.sinks.http import WebhookConfig
+from rankwatch.aggregator.alerts.sinks.registry import kinds
 from rankwatch.aggregator.divergence.detector import DivergenceConfig
 from rankwatch.aggregator.service import ServeConfig
 
@@ -186,7 +188,7 @@ def parse_webhook_flag(text: str) -> WebhookConfig:
     kind, sep, url = text.partition("=")
     if not sep or not kind or not url:
         raise ConfigError(
-            f"--webhook expects KIND=URL with KIND one of {', '.join(WEBHOOK_KINDS)}, "
+            f"--webhook expects KIND=URL with KIND one of {describe(kinds())}, "
             f"got {text.split('=')[0]!r}=..."
         )
     try:

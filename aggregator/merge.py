@@ -1,9 +1,7 @@
-"""Merge the ranks' records: drop duplicate seqs, group metric values by (run, metric, step).
+"""Merge the ranks' records: group metric values by (run, metric, step).
 
 Pure: no sockets, no clock. ``now`` is the aggregator's clock, passed in by the caller.
-
-``SeqTracker`` keeps, per (run, rank), the seen sequence numbers as sorted, merged inclusive
-intervals, so its memory grows with the number of gaps, not with the number of records.
+Duplicates are dropped before, by ``seqs.SeqTracker``.
 
 ``StepMerger`` collects the value every rank logged for a (run, metric, step). A group is handed
 out by ``add()`` the moment all ``world_size`` ranks have reported that metric at that step; groups
@@ -15,9 +13,8 @@ keeps them: the merger only feeds the cross-rank scoring).
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,148 +25,8 @@ MAX_STEP_WINDOW = 1_000  # steps older than the newest by more than this are clo
 MAX_OPEN_STEPS = 4_096  # open (run, step) groups per run, whatever their step numbers
 CLOSED_MEMORY = 4_096  # recently closed steps remembered per run to tell late records apart
 MAX_NAME_SETS = 1_024  # metric-name tuples shared between ranks' block rows (a cache)
-MAX_INTERVALS = 100_000  # seq intervals per (run, rank); beyond this the oldest gap is given up
 
-__all__ = ["SeqTracker", "StepGrid", "StepMerger", "StepValues"]
-
-
-class _Intervals:
-    """Sorted, disjoint, non-adjacent inclusive intervals [lo, hi] of seen seqs."""
-
-    __slots__ = ("his", "los")
-
-    def __init__(self) -> None:
-        self.los: list[int] = []
-        self.his: list[int] = []
-
-    def add(self, lo: int, hi: int) -> int:
-        """Mark [lo, hi] as seen; returns how many seqs in it were new."""
-        los, his = self.los, self.his
-        # Fast path: seqs almost always arrive in order, extending the last interval.
-        if his and lo == his[-1] + 1:
-            his[-1] = hi
-            return hi - lo + 1
-        if not his or lo > his[-1] + 1:
-            los.append(lo)
-            his.append(hi)
-            return hi - lo + 1
-        # General case: find every interval that overlaps or touches [lo, hi] and fuse them.
-        first = bisect_right(his, lo - 2)  # first interval whose hi >= lo - 1
-        last = bisect_right(los, hi + 1)  # intervals before this index start <= hi + 1
-        if first == last:  # touches nothing: insert
-            los.insert(first, lo)
-            his.insert(first, hi)
-            return hi - lo + 1
-        overlap = sum(max(0, min(his[i], hi) - max(los[i], lo) + 1) for i in range(first, last))
-        new_lo, new_hi = min(lo, los[first]), max(hi, his[last - 1])
-        los[first:last] = [new_lo]
-        his[first:last] = [new_hi]
-        return (hi - lo + 1) - overlap
-
-    def contains(self, seq: int) -> bool:
-        i = bisect_right(self.los, seq) - 1
-        return i >= 0 and self.his[i] >= seq
-
-    def give_up_oldest_gap(self) -> None:
-        """Fuse the two oldest intervals: the seqs between them will read as duplicates."""
-        if len(self.los) >= 2:
-            del self.los[1]
-            del self.his[0]
-
-
-class SeqTracker:
-    """Seen sequence numbers per (run, rank), to drop duplicates and find gaps."""
-
-    def __init__(self, max_intervals: int = MAX_INTERVALS) -> None:
-        if max_intervals < 2:
-            raise ValueError(f"max_intervals must be >= 2, got {max_intervals}")
-        self._seen: dict[tuple[str, int], _Intervals] = {}
-        self._max_intervals = max_intervals
-        self.given_up = 0  # gaps fused away because a rank had more than max_intervals
-
-    def accept(self, run: str, rank: int, seq: int) -> bool:
-        """Record ``seq``; False when it was already seen (a duplicate)."""
-        key = (run, rank)
-        iv = self._seen.get(key)
-        if iv is None:
-            iv = self._seen[key] = _Intervals()
-        elif iv.his and seq <= iv.his[-1] and iv.contains(seq):
-            return False
-        iv.add(seq, seq)
-        if len(iv.los) > self._max_intervals:
-            iv.give_up_oldest_gap()
-            self.given_up += 1
-        return True
-
-    def accept_many(self, run: str, rank: int, seqs: list[int]) -> list[bool] | None:
-        """``accept`` for each of ``seqs``; None means all were new. The usual batch (seqs
-        consecutive, above every seq seen) costs one interval update, not one per seq."""
-        iv = self._seen.get((run, rank))
-        lo = seqs[0] if seqs else 0
-        hi = lo + len(seqs) - 1
-        if (
-            iv is not None
-            and seqs
-            and (not iv.his or lo > iv.his[-1])
-            and seqs[-1] == hi
-            and seqs == list(range(lo, hi + 1))
-        ):
-            iv.add(lo, hi)
-            if len(iv.los) > self._max_intervals:
-                iv.give_up_oldest_gap()
-                self.given_up += 1
-            return None
-        fresh = [self.accept(run, rank, seq) for seq in seqs]
-        return None if all(fresh) else fresh
-
-    def load(self, run: str, rank: int, lo: int, hi: int) -> None:
-        """Mark the inclusive range [lo, hi] as seen (rebuilding from the store after a restart)."""
-        if lo > hi:
-            raise ValueError(f"seq range [{lo}, {hi}] for {run!r} rank {rank} is empty")
-        iv = self._seen.setdefault((run, rank), _Intervals())
-        iv.add(lo, hi)
-        while len(iv.los) > self._max_intervals:
-            iv.give_up_oldest_gap()
-            self.given_up += 1
-
-    def gaps(self, run: str, rank: int, limit: int | None = None) -> list[tuple[int, int]]:
-        """Missing inclusive seq ranges below the highest seen (seqs start at 1), oldest first;
-        at most ``limit`` of them. A rank may have up to ``max_intervals`` gaps and the service
-        asks on every tick, so callers that need only the first few say so."""
-        if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
-        iv = self._seen.get((run, rank))
-        if iv is None or not iv.los or limit == 0:
-            return []
-        los, his = iv.los, iv.his
-        out = [(1, los[0] - 1)] if los[0] > 1 else []
-        end = len(los) - 1 if limit is None else min(len(los) - 1, limit - len(out))
-        out.extend((his[i] + 1, los[i + 1] - 1) for i in range(end))
-        return out
-
-    def gap_count(self, run: str, rank: int) -> int:
-        """How many ranges ``gaps()`` would return, without building them."""
-        iv = self._seen.get((run, rank))
-        if iv is None or not iv.los:
-            return 0
-        return len(iv.los) - 1 + (iv.los[0] > 1)
-
-    def max_seq(self, run: str, rank: int) -> int:
-        """Highest seq seen, 0 when none."""
-        iv = self._seen.get((run, rank))
-        return iv.his[-1] if iv is not None and iv.his else 0
-
-    def intervals(self, run: str, rank: int) -> list[tuple[int, int]]:
-        """The seen seqs as inclusive ranges, for persisting or debugging."""
-        iv = self._seen.get((run, rank))
-        return list(zip(iv.los, iv.his, strict=True)) if iv is not None else []
-
-    def keys(self) -> Iterator[tuple[str, int]]:
-        return iter(list(self._seen))
-
-    def forget(self, run: str) -> None:
-        for key in [k for k in self._seen if k[0] == run]:
-            del self._seen[key]
+__all__ = ["StepGrid", "StepMerger", "StepValues", "as_blocks"]
 
 
 @dataclass(frozen=True)

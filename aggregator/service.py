@@ -19,15 +19,18 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rankwatch.agent.wire.addresses import DEFAULT_INGEST_PORT
 from rankwatch.agent.wire.records import EventRecord, Record, StepBlock, StepRecord, unblock
-from rankwatch.aggregator.alerts.console import ConsoleSink
-from rankwatch.aggregator.alerts.rules import Alert, AlertConfig, AlertEngine
-from rankwatch.aggregator.alerts.webhooks import WebhookConfig, Webhooks, alert_dict
+from rankwatch.aggregator.alerts.config import AlertConfig
+from rankwatch.aggregator.alerts.rules import Alert, AlertEngine
+from rankwatch.aggregator.alerts.sinks.base import Sink
+from rankwatch.aggregator.alerts.sinks.console import ConsoleSink
+from rankwatch.aggregator.alerts.sinks.http import WebhookConfig, Webhooks
+from rankwatch.aggregator.alerts.sinks.words import alert_dict
 from rankwatch.aggregator.divergence.detector import (
     DivergenceConfig,
     DivergenceDetector,
@@ -43,7 +46,8 @@ from rankwatch.aggregator.health import (
     run_state,
 )
 from rankwatch.aggregator.ingest.receiver import Receiver
-from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues, as_blocks
+from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
+from rankwatch.aggregator.seqs import SeqTracker
 from rankwatch.aggregator.store.db import Store, StoreError
 
 log = logging.getLogger("rankwatch.service")
@@ -68,6 +72,7 @@ LIVE_RETENTION_S = 6 * 3600.0  # a run over (finished, crashed, lost) this long 
 # live state; the store and the dashboard's run list keep it
 IMPORT_LIVE_WINDOW_S = 600.0  # imported records newer than this also update the live state
 STOP_TIMEOUT_S = 5.0
+SINK_CLOSE_S = 2.0  # all alert sinks together, at stop: a hung webhook is abandoned after it
 GC_THRESHOLDS = (20_000, 20, 20)  # young collections every 20,000 allocations (default 700)
 RECORD_COUNTERS = ("received", "accepted", "duplicates", "imported")
 INGEST_COUNTERS = ("messages", "records", "bad_messages", "bad_records", "connections",
@@ -124,7 +129,7 @@ class Aggregator:
         self.detector = DivergenceDetector(cfg.divergence)
         self.alerts = AlertEngine(cfg.alerts, cfg.divergence)
         self.webhooks = Webhooks(cfg.webhooks)
-        self.sinks: list[Callable[[Alert], None]] = [self.webhooks.submit]
+        self.sinks: list[Sink] = list(self.webhooks.sinks)
         if cfg.console_alerts:
             self.sinks.append(ConsoleSink())
         self.receiver: Receiver | None = None
@@ -183,7 +188,9 @@ class Aggregator:
         self._threads.clear()
         if self._started:
             self.tick()
-        self.webhooks.close()
+        deadline = time.monotonic() + SINK_CLOSE_S
+        for sink in self.sinks:
+            sink.close(max(0.1, deadline - time.monotonic()))
         self.feed.close()
         try:
             self.store.close()
@@ -393,10 +400,10 @@ class Aggregator:
             self.feed.publish({"type": "alert", **alert_dict(alert)})
             for sink in self.sinks:
                 try:
-                    sink(alert)
+                    sink.submit(alert)
                 except Exception:  # one broken sink must not stop the others or ingest
                     self.n["sink_errors"] += 1
-                    log.exception("rankwatch: alert sink %r failed", sink)
+                    log.exception("rankwatch: alert sink %s failed", sink.name)
         return transitions
 
     def _health_snapshot(self, now: float) -> dict[str, dict[int, RankHealth]]:

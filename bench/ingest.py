@@ -50,7 +50,8 @@ from rankwatch.agent.wire import records
 from rankwatch.aggregator.divergence.detector import DivergenceDetector
 from rankwatch.aggregator.ingest import frames as aggregator_frames
 from rankwatch.aggregator.ingest.receiver import MAX_BATCH_RECORDS, RCVHWM_MESSAGES
-from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues
+from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues
+from rankwatch.aggregator.seqs import SeqTracker
 from rankwatch.aggregator.service import Aggregator, ServeConfig, tune_gc
 from rankwatch.aggregator.store.db import Store
 

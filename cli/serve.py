@@ -43,8 +43,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         action="append",
         default=[],
         metavar="KIND=URL",
-        help="send alerts to a webhook; KIND: json, slack, dingtalk, wecom, feishu "
-        "(repeatable; secrets go in the config file)",
+        help="send alerts to a webhook of KIND (json, slack, dingtalk, ...: an unknown KIND "
+        "lists them all; repeatable; secrets go in the config file)",
     )
     parser.add_argument(
         "--min-stall-s",

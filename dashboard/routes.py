@@ -218,7 +218,7 @@ def run_heatmap(
     with _queries(request):
         series = agg.store.series(run, metric, start=start, end=end, max_points=buckets)
     steps, width, grid = views.bucket_series(series, buckets)
-    z = views.robust_z_columns(grid, len(steps))
+    z = views.robust_z_columns(grid, len(steps), metric)
     ranks = sorted(z)
     return _json(
         {

@@ -9,16 +9,16 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from rankwatch.aggregator.divergence.zgrid import z_columns
+from rankwatch.aggregator.metrics import display_order
+
 BAND_THRESHOLD_RANKS = 32  # above this many ranks a chart shows a band, not every line
 MAX_OUTLIER_RANKS = 24  # individual lines drawn in band mode besides the selected ranks
 MAX_SELECTED_RANKS = 256  # ranks one URL may select
 MAX_RANK_ID = 1 << 20  # a rank id beyond this is a typo, not a cluster
-MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
-REL_SCALE_FLOOR = 1e-3  # spread below 0.1 % of |median| counts as "all ranks agree"
-ABS_SCALE_FLOOR = 1e-12
 
 # Order of the charts: the usual training metrics first, anything custom after them.
-METRIC_ORDER = ("loss", "lr", "throughput", "step_time", "grad_norm", "loss_scale")
+METRIC_ORDER = display_order()
 
 
 def parse_ranks(text: str | None) -> list[int]:
@@ -145,43 +145,10 @@ def _finite(value: Any) -> float | None:
 
 
 def robust_z_columns(
-    per_rank: Mapping[int, Sequence[float | None]], columns: int
+    per_rank: Mapping[int, Sequence[float | None]], columns: int, metric: str = ""
 ) -> dict[int, list[float | None]]:
-    """Robust z per rank per column: ``(v - median) / (1.4826 * MAD)`` across ranks.
-
-    A missing cell stays None, a non-finite value gives NaN (the page paints it apart), and a
-    column where all ranks agree (spread under ``REL_SCALE_FLOOR`` of the median) gives 0
-    instead of dividing by zero.
-    """
-    out: dict[int, list[float | None]] = {rank: [None] * columns for rank in per_rank}
-    for col in range(columns):
-        finite: list[float] = []
-        for values in per_rank.values():
-            v = values[col] if col < len(values) else None
-            if v is not None and math.isfinite(v):
-                finite.append(v)
-        if not finite:
-            median = scale = math.nan
-        else:
-            median = _median(finite)
-            mad = _median([abs(v - median) for v in finite])
-            scale = max(MAD_TO_SIGMA * mad, REL_SCALE_FLOOR * abs(median), ABS_SCALE_FLOOR)
-        for rank, values in per_rank.items():
-            v = values[col] if col < len(values) else None
-            if v is None:
-                continue
-            if not math.isfinite(v) or math.isnan(median):
-                out[rank][col] = math.nan
-            else:
-                out[rank][col] = round((v - median) / scale, 2)
-    return out
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+    """The heatmap's cells: the detector's robust z of each column (``divergence.zgrid``)."""
+    return z_columns(per_rank, columns, metric)
 
 
 def bucket_series(

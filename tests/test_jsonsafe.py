@@ -33,7 +33,7 @@ from rankwatch.agent.wire.records import (
     to_json_line,
 )
 from rankwatch.aggregator import feed
-from rankwatch.aggregator.alerts.webhooks import alert_dict
+from rankwatch.aggregator.alerts.sinks.words import alert_dict
 from rankwatch.aggregator.ingest import importer
 from rankwatch.dashboard import jsonenc, prom, seriesfmt
 

@@ -1,54 +1,23 @@
-"""Text for people at a terminal: the console alert sink and the `rankwatch status` table."""
+"""The `rankwatch status` table: every run and rank a server sees, as text for a terminal.
+
+The console alert sink is ``sinks/console.py``."""
 
 from __future__ import annotations
 
-import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
+from typing import Any
 
-from rankwatch.aggregator.alerts.webhooks import alert_dict, alert_line
+from rankwatch.aggregator.metrics import display_order
 
 MAX_METRIC_COLUMNS = 4  # metric columns in the status table, beyond the fixed ones
-PREFERRED_METRICS = ("loss", "grad_norm", "lr", "step_time", "throughput")
+PREFERRED_METRICS = display_order()  # the known metrics first, as on the dashboard
 NAME_WIDTH = 14  # metric column width; longer names are clipped
 # Bigger runs list only the ranks with something to say (not alive, divergent, records missing
 # or dropped): 4,096 rows of healthy ranks would scroll the one stalled rank out of sight.
 FOLD_RANKS = 64
 STATES = ("alive", "stalled", "lost", "crashed", "finished")  # the order of the counts line
-
-
-def format_alert(alert: Any) -> str:
-    """One line per alert transition, local time first."""
-    a = alert_dict(alert)
-    when = a.get("time")
-    stamp = time.strftime(
-        "%Y-%m-%d %H:%M:%S", time.localtime(when if isinstance(when, (int, float)) else None)
-    )
-    return f"{stamp} rankwatch {alert_line(a)}"
-
-
-class ConsoleSink:
-    """Prints each alert transition on one line (stderr by default)."""
-
-    def __init__(self, stream: TextIO | None = None) -> None:
-        self._stream = stream
-        self._lock = threading.Lock()
-
-    def __call__(self, alert: Any) -> None:
-        line = format_alert(alert)
-        stream = self._stream or sys.stderr
-        with self._lock:
-            try:
-                stream.write(line + "\n")
-                stream.flush()
-            except (OSError, ValueError):  # closed or broken terminal: alerts still go elsewhere
-                pass
-
-
-# --- `rankwatch status` -----------------------------------------------------------------------
 
 
 def _fmt_value(value: Any) -> str:

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from rankwatch.aggregator.metrics import KNOWN_METRICS, KnownMetric
+
 DIRECTIONS = ("both", "high", "low", "off")
 
 
@@ -26,18 +28,15 @@ class MetricRule:
             raise ValueError(f"direction {self.direction!r} is not one of {DIRECTIONS}")
 
 
+def _known_rule(m: KnownMetric) -> MetricRule:
+    return MetricRule(
+        m.direction, m.high_ratio, m.low_ratio, m.rel_floor, m.pair_ratio, m.abs_floor
+    )
+
+
+# The known metrics' rules (aggregator/metrics.py), where they differ from the defaults.
 DEFAULT_RULES: dict[str, MetricRule] = {
-    "throughput": MetricRule("low"),  # a fast rank is not a problem, a straggler is
-    "step_time": MetricRule("high"),
-    # Host time outside the step (data loading): a slow loader shows here and nowhere else in
-    # synchronous data parallelism, where every rank waits for the slowest in the all-reduce.
-    # Millisecond jitter is normal, so the scale never drops below 10 ms.
-    "data_time": MetricRule("high", high_ratio=2.0, rel_floor=0.25, abs_floor=0.01),
-    "loss_scale": MetricRule("off"),  # dynamic; its changes are not a rank fault
-    # Every rank follows the same schedule, so any difference is a bug: exact match, 0.01 %.
-    "lr": MetricRule(
-        "both", high_ratio=1.0001, low_ratio=0.9999, rel_floor=1e-6, pair_ratio=1.0001
-    ),
+    m.name: _known_rule(m) for m in KNOWN_METRICS if _known_rule(m) != MetricRule()
 }
 
 

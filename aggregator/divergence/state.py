@@ -14,10 +14,9 @@ from typing import Any
 
 import numpy as np
 from rankwatch.aggregator.divergence.config import DivergenceConfig, MetricRule
+from rankwatch.aggregator.divergence.robust import MAD_TO_SIGMA, robust_scale
 from rankwatch.aggregator.divergence.types import Divergence, StepStats
 from rankwatch.aggregator.merge import StepValues
-
-MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
 
 
 class MetricState:
@@ -85,15 +84,9 @@ def gates(rule: MetricRule, n: int) -> tuple[float, float]:
 
 
 def scale(cfg: DivergenceConfig, st: MetricState, stats: StepStats) -> float:
-    """The z-score denominator: 1.4826 MAD with its floors (see the ``divergence`` doc)."""
-    rule = st.rule
-    absmed = abs(stats.median)
+    """The z-score denominator of this step (``robust.robust_scale``)."""
     typical = st.spread if st.spread is not None else 0.0
-    if stats.n == 2:  # the MAD of two values is their own distance: history only
-        rel_scale = max(rule.rel_floor or 0.0, typical)
-        return max(absmed * rel_scale, rule.abs_floor or cfg.abs_floor)
-    rel_scale = max(rule.rel_floor or 0.0, cfg.spread_pool * typical)
-    return max(MAD_TO_SIGMA * stats.mad, absmed * rel_scale, rule.abs_floor or cfg.abs_floor)
+    return robust_scale(cfg, st.rule, stats.n, stats.median, stats.mad, typical)
 
 
 def learn_spread(

@@ -13,7 +13,8 @@ import random
 import pytest
 from rankwatch.agent.wire.records import Heartbeat, StepBlock, StepRecord, unblock
 from rankwatch.aggregator.feed import points_messages
-from rankwatch.aggregator.merge import SeqTracker, StepGrid, StepMerger, StepValues, as_blocks
+from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
+from rankwatch.aggregator.seqs import SeqTracker
 
 
 def flat(groups: list[StepValues | StepGrid]) -> list[StepValues]:

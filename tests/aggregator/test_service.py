@@ -20,7 +20,7 @@ import zmq
 from rankwatch.agent.wire import records
 from rankwatch.agent.wire.records import EventRecord, Heartbeat, Record, StepRecord
 from rankwatch.aggregator.alerts.rules import Alert
-from rankwatch.aggregator.alerts.webhooks import WebhookConfig
+from rankwatch.aggregator.alerts.sinks.http import WebhookConfig
 from rankwatch.aggregator.service import LIVE_RETENTION_S, Aggregator, ServeConfig
 from rankwatch.aggregator.store.db import Store, StoreError
 
@@ -100,11 +100,30 @@ def send_steps(agents: Agents, steps: range, ranks: range = range(WORLD), **kw: 
             agents.send([step(rank, s, loss_at(rank, s, **kw))])
 
 
+class Recorder:
+    """An alert sink that keeps what it is given."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.alerts: list[Alert] = []
+
+    def submit(self, alert: Alert) -> None:
+        self.alerts.append(alert)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"alerts": len(self.alerts)}
+
+    def close(self, timeout: float = 0.0) -> None:
+        pass
+
+
 def test_divergent_rank_is_flagged_alerted_stored_and_published(
     agg: Aggregator, agents: Agents
 ) -> None:
-    seen: list[Alert] = []
-    agg.sinks.append(seen.append)
+    recorder = Recorder()
+    agg.sinks.append(recorder)
+    seen = recorder.alerts
     sub = agg.feed.subscribe()
     agents.connect(agg.ingest_port)
     send_steps(agents, range(1, 41))

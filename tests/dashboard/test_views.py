@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
+from rankwatch.aggregator.divergence.detector import DivergenceDetector
+from rankwatch.aggregator.merge import StepValues
 from rankwatch.dashboard import views
 
 
@@ -149,3 +154,72 @@ def test_bucket_series_puts_ranks_on_one_grid_and_keeps_nan() -> None:
 
 def test_bucket_series_empty() -> None:
     assert views.bucket_series({}, 10) == ([], 1, {})
+
+
+# --- the heatmap on the real 4-rank msrun traces (tests/fixtures) -------------------------------
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FAULT_Z = 6.0  # the heatmap's darkest colour (dashboard/static/heatmap.js: "z ≥ 6")
+
+
+def trace(name: str) -> dict[int, dict[str, list[Any]]]:
+    series: dict[int, dict[str, list[Any]]] = {}
+    with open(FIXTURES / name, newline="") as f:
+        for row in csv.DictReader(f):
+            s = series.setdefault(int(row["rank"]), {"step": [], "value": []})
+            s["step"].append(int(row["step"]))
+            s["value"].append(float(row["loss"]))
+    return series
+
+
+def heatmap(name: str) -> tuple[list[int], dict[int, list[float | None]]]:
+    """What GET /api/runs/{run}/heatmap computes for the loss, at its default bucket count."""
+    steps, _, grid = views.bucket_series(trace(name), 120)
+    return steps, views.robust_z_columns(grid, len(steps), "loss")
+
+
+def detector_z(name: str) -> tuple[dict[tuple[int, int], float], int]:
+    """The detector's own z per (step, rank) over the trace, and how many flags it raised."""
+    series = trace(name)
+    by_step: dict[int, dict[int, float]] = {}
+    for rank, s in series.items():
+        for step, value in zip(s["step"], s["value"], strict=True):
+            by_step.setdefault(step, {})[rank] = value
+    det, out, flags = DivergenceDetector(), {}, 0
+    for step in sorted(by_step):
+        res = det.update(StepValues("msrun4", "loss", step, by_step[step], 4, True))
+        out.update({(step, r): z for r, z in res.scores.z_map().items()})
+        flags += len(res.new)
+    return out, flags
+
+
+@pytest.mark.parametrize(
+    "name", ["msrun4_clean.csv", "msrun4_rank2_labels_shifted_from_step20.csv"]
+)
+def test_the_heatmap_paints_the_detectors_z(name: str) -> None:
+    steps, z = heatmap(name)
+    expected, _ = detector_z(name)
+    assert len(steps) == 60  # one step per column: each cell is one step the detector scored
+    for rank, row in z.items():
+        for step, cell in zip(steps, row, strict=True):
+            assert cell == pytest.approx(expected[(step, rank)], abs=0.005), (step, rank)
+
+
+def test_the_bad_card_is_a_dark_row_and_no_healthy_rank_is() -> None:
+    steps, z = heatmap("msrun4_rank2_labels_shifted_from_step20.csv")
+    fault = {
+        (s, r)
+        for r, row in z.items()
+        for s, c in zip(steps, row, strict=True)
+        if c is not None and abs(c) >= FAULT_Z
+    }
+    # rank 2 from the shift on (all but one of its 41 steps), no one else, never before
+    assert {r for _, r in fault} == {2} and min(s for s, _ in fault) == 20 and len(fault) >= 40
+    steps, z = heatmap("msrun4_clean.csv")
+    _, flags = detector_z("msrun4_clean.csv")
+    assert flags == 0
+    for rank, row in z.items():
+        dark = [s for s, c in zip(steps, row, strict=True) if c is not None and abs(c) >= FAULT_Z]
+        # A healthy rank is never a dark row. A single dark cell is a real one-step excursion,
+        # which the detector scores the same and, unconfirmed, never flags.
+        assert len(dark) <= 1, (rank, dark)

@@ -1,11 +1,8 @@
-"""Console text: the alert line and the `rankwatch status` table (pure formatting)."""
+"""The `rankwatch status` table (pure formatting)."""
 
 from __future__ import annotations
 
-import io
-
-from rankwatch.aggregator.alerts.console import ConsoleSink, format_alert, render_status
-from rankwatch.aggregator.alerts.rules import Alert
+from rankwatch.aggregator.alerts.console import render_status
 
 NOW = 1_700_000_100.0
 
@@ -65,7 +62,7 @@ def test_status_table_has_a_row_per_rank_and_says_what_is_wrong() -> None:
     assert lines[1] == "  ranks: 2 alive, 1 lost; 1 divergent"
     header = lines[2].split()
     assert header[:6] == ["rank", "state", "step", "seen", "host", "pid"]
-    assert header[6:10] == ["loss", "grad_norm", "lr", "throughput"]  # preferred first, 4 max
+    assert header[6:10] == ["loss", "lr", "throughput", "grad_norm"]  # known first, 4 max
     rows = {int(line.split()[0]): line for line in lines[3:6]}
     assert list(rows) == [0, 1, 2]  # sorted by rank
     assert rows[1].split()[1:4] == ["lost", "120", "95s"]
@@ -79,22 +76,6 @@ def test_status_filters_by_run_and_reports_none() -> None:
     assert "llama-7b" not in render_status(SNAPSHOT, run="other", now=NOW)
     assert render_status(SNAPSHOT, run="nope", now=NOW) == "no run named 'nope'"
     assert render_status({"runs": []}, now=NOW) == "no runs yet"
-
-
-def test_console_sink_prints_one_line_per_transition() -> None:
-    alert = Alert(
-        key="divergence|r|2|loss", rule="divergence", severity="warning", state="firing", run="r",
-        rank=2, metric="loss", since_step=21, since_time=NOW, time=NOW, value=float("nan"),
-        message="rank 2 loss 3.1x the median of 4 ranks (z=8.2) since step 21",
-    )  # fmt: skip
-    out = io.StringIO()
-    sink = ConsoleSink(out)
-    sink(alert)
-    line = out.getvalue()
-    assert line.count("\n") == 1
-    assert "FIRING [warning] run r, rank 2, loss: rank 2 loss 3.1x" in line
-    assert "(since step 21)" not in line  # the message already says since when
-    assert format_alert(alert).split(" rankwatch ")[1] == line.strip().split(" rankwatch ")[1]
 
 
 def test_a_big_run_lists_only_the_ranks_with_something_to_say() -> None:

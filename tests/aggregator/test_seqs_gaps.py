@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from rankwatch.aggregator.merge import SeqTracker
+from rankwatch.aggregator.seqs import SeqTracker
 
 CASES = [
     [],  # nothing seen

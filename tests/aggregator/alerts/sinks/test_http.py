@@ -16,7 +16,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from rankwatch.aggregator.alerts.webhooks import WebhookConfig, Webhooks, WebhookSink, build_payload
+from rankwatch.aggregator.alerts.sinks.http import (
+    WebhookConfig,
+    Webhooks,
+    WebhookSink,
+    build_payload,
+)
 
 SECRET = "SECdeadbeef"
 TOKEN = "tok3n-in-the-path"

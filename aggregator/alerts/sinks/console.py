@@ -1,0 +1,49 @@
+"""The console sink: one line per alert transition, local time first (stderr by default)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+from rankwatch.aggregator.alerts.sinks.base import CLOSE_TIMEOUT_S
+from rankwatch.aggregator.alerts.sinks.words import alert_dict, alert_line
+
+
+def format_alert(alert: Any) -> str:
+    a = alert_dict(alert)
+    when = a.get("time")
+    stamp = time.strftime(
+        "%Y-%m-%d %H:%M:%S", time.localtime(when if isinstance(when, (int, float)) else None)
+    )
+    return f"{stamp} rankwatch {alert_line(a)}"
+
+
+class ConsoleSink:
+    name = "console"
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+        self.printed = 0
+        self.failed = 0
+
+    def submit(self, alert: Any) -> None:
+        line = format_alert(alert)
+        stream = self._stream or sys.stderr
+        with self._lock:
+            try:
+                stream.write(line + "\n")
+                stream.flush()
+                self.printed += 1
+            except (OSError, ValueError):  # closed or broken terminal: alerts still go elsewhere
+                self.failed += 1
+
+    __call__ = submit
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"printed": self.printed, "failed": self.failed}
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        pass  # nothing queued: every line is written when it is submitted

@@ -1,0 +1,47 @@
+"""The metrics rankwatch knows by name: which way a rank's value is a fault, the unit, and
+where the dashboard and `rankwatch status` show them. The one table; the divergence rules
+(``divergence.config.DEFAULT_RULES``), the chart order (``dashboard.views``) and the status
+table's columns (``alerts.console``) are derived from it. Any other metric is scored both ways
+with the defaults and shown after these, by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KnownMetric:
+    name: str
+    direction: str  # both | high | low | off: which way from the other ranks is a fault
+    unit: str  # "" for a pure number
+    order: int | None  # place on the dashboard and in `rankwatch status`; None: with the rest
+    # Divergence settings of this metric beyond the defaults (None: DivergenceConfig's).
+    high_ratio: float | None = None
+    low_ratio: float | None = None
+    rel_floor: float | None = None
+    pair_ratio: float | None = None
+    abs_floor: float | None = None  # in the metric's own unit
+
+
+KNOWN_METRICS: tuple[KnownMetric, ...] = (
+    KnownMetric("loss", "both", "", 0),
+    # Every rank follows the same schedule, so any difference is a bug: exact match, 0.01 %.
+    KnownMetric("lr", "both", "", 1, 1.0001, 0.9999, 1e-6, 1.0001),
+    KnownMetric("throughput", "low", "samples/s", 2),  # a fast rank is not a problem, a slow one is
+    KnownMetric("step_time", "high", "s", 3),
+    KnownMetric("grad_norm", "both", "", 4),
+    KnownMetric("loss_scale", "off", "", 5),  # dynamic; its changes are not a rank fault
+    # Host time outside the step (data loading): a slow loader shows here and nowhere else in
+    # synchronous data parallelism, where every rank waits for the slowest in the all-reduce.
+    # Millisecond jitter is normal, so the scale never drops below 10 ms.
+    KnownMetric("data_time", "high", "s", None, high_ratio=2.0, rel_floor=0.25, abs_floor=0.01),
+)
+
+BY_NAME: dict[str, KnownMetric] = {m.name: m for m in KNOWN_METRICS}
+
+
+def display_order() -> tuple[str, ...]:
+    """The known metrics that have a place, in it."""
+    placed = [m for m in KNOWN_METRICS if m.order is not None]
+    return tuple(m.name for m in sorted(placed, key=lambda m: m.order or 0))

@@ -1,0 +1,37 @@
+"""The console sink: one line per alert transition."""
+
+from __future__ import annotations
+
+import io
+
+from rankwatch.aggregator.alerts.rules import Alert
+from rankwatch.aggregator.alerts.sinks.base import Sink
+from rankwatch.aggregator.alerts.sinks.console import ConsoleSink, format_alert
+
+NOW = 1_700_000_100.0
+
+
+def test_console_sink_prints_one_line_per_transition() -> None:
+    alert = Alert(
+        key="divergence|r|2|loss", rule="divergence", severity="warning", state="firing", run="r",
+        rank=2, metric="loss", since_step=21, since_time=NOW, time=NOW, value=float("nan"),
+        message="rank 2 loss 3.1x the median of 4 ranks (z=8.2) since step 21",
+    )  # fmt: skip
+    out = io.StringIO()
+    sink = ConsoleSink(out)
+    sink(alert)
+    line = out.getvalue()
+    assert line.count("\n") == 1
+    assert "FIRING [warning] run r, rank 2, loss: rank 2 loss 3.1x" in line
+    assert "(since step 21)" not in line  # the message already says since when
+    assert format_alert(alert).split(" rankwatch ")[1] == line.strip().split(" rankwatch ")[1]
+    assert isinstance(sink, Sink) and sink.snapshot() == {"printed": 1, "failed": 0}
+
+
+def test_a_closed_stream_is_counted_not_raised() -> None:
+    out = io.StringIO()
+    sink = ConsoleSink(out)
+    out.close()
+    sink.submit({"rule": "lost", "severity": "critical", "run": "r", "rank": 1})
+    assert sink.snapshot() == {"printed": 0, "failed": 1}
+    sink.close()
