@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
     import uvicorn
+    from rankwatch.aggregator.provider import AggregatorProvider
     from rankwatch.aggregator.service import Aggregator, tune_gc
     from rankwatch.dashboard.app import create_app
 
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
         tune_gc()
 
-        app = create_app(aggregator, config.token)
+        app = create_app(AggregatorProvider(aggregator), config.token)
         uv_config = uvicorn.Config(
             app,
             host=config.host,

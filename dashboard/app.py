@@ -1,16 +1,16 @@
-"""``create_app(aggregator, token=None)``: the FastAPI app ``rankwatch serve`` runs with uvicorn.
+"""``create_app(provider, token=None)``: the FastAPI app ``rankwatch serve`` runs with uvicorn.
 
 The app serves the page and its static files from this package only (``StaticFiles`` on a fixed
 folder, never a path built from a request), the API in ``routes.py`` (``POST /api/ingest`` in
-``ingest.py``) and the live stream in ``live.py``. The aggregator is started and stopped by the
-caller; the app's lifespan only owns the live stream, so shutdown ends every open EventSource
-instead of waiting on it.
+``ingest.py``) and the live stream in ``live.py``, all over one ``DataProvider``
+(``aggregator/provider.py``). The aggregator is started and stopped by the caller; the app's
+lifespan only owns the live stream, so shutdown ends every open EventSource instead of waiting
+on it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse
+from rankwatch.aggregator.provider import DataProvider
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
@@ -56,12 +57,12 @@ class _StaticFiles(StaticFiles):
         return response
 
 
-def create_app(aggregator: Any, token: str | None = None) -> FastAPI:
-    """The dashboard app over ``aggregator`` (an ``aggregator.service.Aggregator``).
+def create_app(provider: DataProvider, token: str | None = None) -> FastAPI:
+    """The dashboard app over ``provider`` (``AggregatorProvider(aggregator)`` in a server).
 
     ``token``: when set, every route but ``/healthz`` requires it (see ``auth.py``).
     """
-    live = LiveHub(aggregator.feed)
+    live = LiveHub(provider)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -80,9 +81,8 @@ def create_app(aggregator: Any, token: str | None = None) -> FastAPI:
         docs_url=None,  # served below from the vendored Swagger UI, not from a CDN
         redoc_url=None,
     )
-    app.state.aggregator = aggregator
+    app.state.provider = provider
     app.state.live = live
-    app.state.store_queries = threading.Lock()  # see routes._queries
     app.state.ingest_counts = IngestCounts()
     app.include_router(api)
     app.include_router(run_query_routes(api))

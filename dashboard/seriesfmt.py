@@ -28,7 +28,7 @@ import struct
 from typing import Any
 
 import numpy as np
-from rankwatch.aggregator.store.columns import BAND_KEYS, SeriesColumns
+from rankwatch.aggregator.provider import BAND_KEYS, SeriesColumns
 
 from .jsonenc import NONFINITE
 

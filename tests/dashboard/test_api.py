@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from rankwatch.agent.wire.records import to_wire
+from rankwatch.aggregator.provider import AggregatorProvider
 from rankwatch.dashboard.app import create_app
 
 from .conftest import Records, feed_shifted_run, settle
@@ -17,7 +18,7 @@ from .conftest import Records, feed_shifted_run, settle
 
 @pytest.fixture
 def client(aggregator: Any) -> Iterator[TestClient]:
-    with TestClient(create_app(aggregator)) as c:
+    with TestClient(create_app(AggregatorProvider(aggregator))) as c:
         yield c
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from rankwatch.aggregator.provider import AggregatorProvider
 from rankwatch.aggregator.store.columns import SeriesColumns, empty_band
 from rankwatch.dashboard import seriesfmt
 from rankwatch.dashboard.app import create_app
@@ -21,7 +22,7 @@ from .conftest import Records, feed_shifted_run, settle
 
 @pytest.fixture
 def client(aggregator: Any) -> Iterator[TestClient]:
-    with TestClient(create_app(aggregator)) as c:
+    with TestClient(create_app(AggregatorProvider(aggregator))) as c:
         yield c
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from rankwatch.aggregator.provider import AggregatorProvider
 from rankwatch.dashboard.app import create_app
 
 from .conftest import Records, settle
@@ -33,7 +34,7 @@ PROTECTED = [
 def client(aggregator: Any, recs: Records) -> Iterator[TestClient]:
     aggregator.add([recs.step("r", 0, 1, 1, loss=1.0)])
     settle(aggregator)
-    with TestClient(create_app(aggregator, token=TOKEN)) as c:
+    with TestClient(create_app(AggregatorProvider(aggregator), token=TOKEN)) as c:
         yield c
 
 
