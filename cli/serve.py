@@ -126,9 +126,9 @@ def run(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         )
         try:
-            sock = uv_config.bind_socket()
-        except SystemExit:  # uvicorn exits when it cannot bind; say which address
-            return _fail(f"cannot listen on {config.host}:{config.port} (address in use?)")
+            sock = listen_socket(config.host, config.port)
+        except OSError as exc:
+            return _fail(f"cannot listen on {config.host}:{config.port}: {exc}")
         _banner(config, aggregator.ingest_port, sock.getsockname()[1])
         uvicorn.Server(uv_config).run(sockets=[sock])
     except OSError as exc:
@@ -136,6 +136,25 @@ def run(args: argparse.Namespace) -> int:
     finally:
         aggregator.stop()  # last tick, store flush, webhooks drained (bounded)
     return 0
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The dashboard's listening socket, bound here so its address is known for the banner.
+
+    Its protocol is IPPROTO_TCP, not the 0 that ``uvicorn.Config.bind_socket`` leaves: asyncio
+    sets TCP_NODELAY on each accepted connection only when the socket says it is TCP
+    (``asyncio.base_events._set_nodelay``), and without it a small response waits for the
+    client's delayed ACK on every request after the first on a keep-alive connection."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 def _sigterm(signum: int, frame: object) -> None:
