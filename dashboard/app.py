@@ -24,6 +24,7 @@ from starlette.types import Scope
 
 import rankwatch
 
+from .access import Access, AccessCounts, AccessGuard
 from .auth import TokenGuard
 from .ingest import IngestCounts, ingest_api
 from .jsonenc import StrictJSONResponse
@@ -57,10 +58,14 @@ class _StaticFiles(StaticFiles):
         return response
 
 
-def create_app(provider: DataProvider, token: str | None = None) -> FastAPI:
+def create_app(
+    provider: DataProvider, token: str | None = None, access: Access | None = None
+) -> FastAPI:
     """The dashboard app over ``provider`` (``AggregatorProvider(aggregator)`` in a server).
 
     ``token``: when set, every route but ``/healthz`` requires it (see ``auth.py``).
+    ``access``: the Host, Origin and content-type rules (``access.py``); by default the app
+    answers to IP addresses and localhost only.
     """
     live = LiveHub(provider)
 
@@ -84,6 +89,7 @@ def create_app(provider: DataProvider, token: str | None = None) -> FastAPI:
     app.state.provider = provider
     app.state.live = live
     app.state.ingest_counts = IngestCounts()
+    app.state.access_counts = AccessCounts()
     app.include_router(api)
     app.include_router(run_query_routes(api))
     app.include_router(ingest_api)
@@ -106,4 +112,6 @@ def create_app(provider: DataProvider, token: str | None = None) -> FastAPI:
 
     if token is not None:
         app.add_middleware(TokenGuard, token=token)
+    # outermost: a foreign Host or page is refused before anything else looks at the request
+    app.add_middleware(AccessGuard, access=access or Access(), counts=app.state.access_counts)
     return app

@@ -307,7 +307,11 @@ async def healthz() -> StrictJSONResponse:
 @ops.get("/metrics", summary="Prometheus text exposition", response_class=PlainTextResponse)
 def metrics(request: Request) -> PlainTextResponse:
     provider = _provider(request)
-    counters = {**provider.counters(), **ingest_counts(request).counters()}
+    counters = {
+        **provider.counters(),
+        **ingest_counts(request).counters(),
+        **request.app.state.access_counts.counters(),
+    }
     body = prom.render(provider.snapshot(), counters, len(provider.alerts_firing()))
     return PlainTextResponse(body, media_type=prom.CONTENT_TYPE)
 

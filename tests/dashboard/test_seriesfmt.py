@@ -17,12 +17,12 @@ from rankwatch.dashboard import seriesfmt
 from rankwatch.dashboard.app import create_app
 from rankwatch.dashboard.jsonenc import parse_finite
 
-from .conftest import Records, feed_shifted_run, settle
+from .conftest import BASE_URL, Records, feed_shifted_run, settle
 
 
 @pytest.fixture
 def client(aggregator: Any) -> Iterator[TestClient]:
-    with TestClient(create_app(AggregatorProvider(aggregator))) as c:
+    with TestClient(create_app(AggregatorProvider(aggregator)), base_url=BASE_URL) as c:
         yield c
 
 
