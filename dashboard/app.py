@@ -26,6 +26,7 @@ import rankwatch
 
 from .access import Access, AccessCounts, AccessGuard
 from .auth import TokenGuard
+from .bodies import Bodies, BodyBudget
 from .ingest import IngestCounts, ingest_api
 from .jsonenc import StrictJSONResponse
 from .live import LiveHub
@@ -90,6 +91,7 @@ def create_app(
     app.state.live = live
     app.state.ingest_counts = IngestCounts()
     app.state.access_counts = AccessCounts()
+    app.state.bodies = Bodies()
     app.include_router(api)
     app.include_router(run_query_routes(api))
     app.include_router(ingest_api)
@@ -110,6 +112,8 @@ def create_app(
             swagger_favicon_url="/static/favicon.svg",
         )
 
+    # innermost: only requests that passed the checks below reserve body bytes
+    app.add_middleware(BodyBudget, bodies=app.state.bodies)
     if token is not None:
         app.add_middleware(TokenGuard, token=token)
     # outermost: a foreign Host or page is refused before anything else looks at the request

@@ -311,6 +311,7 @@ def metrics(request: Request) -> PlainTextResponse:
         **provider.counters(),
         **ingest_counts(request).counters(),
         **request.app.state.access_counts.counters(),
+        **request.app.state.bodies.counters(),
     }
     body = prom.render(provider.snapshot(), counters, len(provider.alerts_firing()))
     return PlainTextResponse(body, media_type=prom.CONTENT_TYPE)
