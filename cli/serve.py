@@ -137,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         except CurveError as exc:
             return _fail(str(exc))
         from rankwatch.dashboard.live import SHUTDOWN_GRACE_S
+        from rankwatch.dashboard.protocol import server_options
 
         tune_gc()
 
@@ -150,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
             # Live streams never end by themselves: without a grace limit uvicorn waits for
             # them forever on SIGTERM / Ctrl-C.
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+            **server_options(),  # 414/431 for an oversized request head, not a reset
         )
         try:
             sock = listen_socket(config.host, config.port)

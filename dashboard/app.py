@@ -10,7 +10,10 @@ on it.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ import rankwatch
 from .access import Access, AccessCounts, AccessGuard
 from .auth import TokenGuard
 from .bodies import Bodies, BodyBudget
+from .headers import SecurityHeaders
 from .ingest import IngestCounts, ingest_api
 from .jsonenc import StrictJSONResponse
 from .live import LiveHub
@@ -44,6 +48,7 @@ PAGE_CSP = (
 PAGE_HEADERS = {
     "Content-Security-Policy": PAGE_CSP,
     "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",  # frame-ancestors' twin, for browsers that predate it
     "Referrer-Policy": "no-referrer",  # the first URL may carry ?token=
     "Cache-Control": "no-cache",
 }
@@ -102,20 +107,34 @@ def create_app(
     async def page() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)
 
+    docs_page = get_swagger_ui_html(
+        openapi_url="/openapi.json",
+        title="rankwatch API",
+        swagger_js_url="/static/vendor/swagger-ui-bundle.js",
+        swagger_css_url="/static/vendor/swagger-ui.css",
+        swagger_favicon_url="/static/favicon.svg",
+    )
+    docs_headers = {**PAGE_HEADERS, "Content-Security-Policy": docs_csp(bytes(docs_page.body))}
+
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url="/openapi.json",
-            title="rankwatch API",
-            swagger_js_url="/static/vendor/swagger-ui-bundle.js",
-            swagger_css_url="/static/vendor/swagger-ui.css",
-            swagger_favicon_url="/static/favicon.svg",
-        )
+        return HTMLResponse(docs_page.body, headers=docs_headers)
 
     # innermost: only requests that passed the checks below reserve body bytes
     app.add_middleware(BodyBudget, bodies=app.state.bodies)
     if token is not None:
         app.add_middleware(TokenGuard, token=token)
-    # outermost: a foreign Host or page is refused before anything else looks at the request
+    # a foreign Host or page is refused before the token or the body budget look at it
     app.add_middleware(AccessGuard, access=access or Access(), counts=app.state.access_counts)
+    app.add_middleware(SecurityHeaders, html_csp=PAGE_CSP)
     return app
+
+
+def docs_csp(page: bytes) -> str:
+    """The page's policy for the Swagger UI page, whose one inline script (the UI's setup,
+    written by FastAPI) is allowed by its hash and nothing else inline is."""
+    scripts = re.findall(rb"<script>(.*?)</script>", page, re.S)
+    hashes = " ".join(
+        "'sha256-" + base64.b64encode(hashlib.sha256(s).digest()).decode() + "'" for s in scripts
+    )
+    return PAGE_CSP.replace("script-src 'self'", f"script-src 'self' {hashes}")
