@@ -1,6 +1,6 @@
 """Pure helpers behind the routes: parsing query values and shaping the aggregator's views.
 
-No I/O here: the routes pass in what they read from ``Aggregator.snapshot()`` and the store.
+No I/O here: the routes pass in what they read from the ``DataProvider`` (snapshot, store).
 """
 
 from __future__ import annotations
