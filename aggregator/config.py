@@ -6,7 +6,8 @@
     port = 8670
     ingest_host = "*"       # agents
     ingest_port = 8671
-    token_env = "RANKWATCH_TOKEN"   # or token = "..."
+    token_env = "RANKWATCH_TOKEN"   # or token_file = "/etc/rankwatch/token", or token = "..."
+    allow_hosts = ["head.example.org"]  # names the dashboard answers to ("*": any)
     lost_after_s = 10.0     # health: silence before a rank is lost
     min_stall_s = 30.0      # health: no new step for this long makes a rank stalled
 
@@ -50,6 +51,8 @@ SERVE_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     "ingest_port": ("ingest_port", (int,)),
     "token": ("token", (str,)),
     "token_env": ("token", (str,)),
+    "token_file": ("token", (str,)),
+    "allow_hosts": ("allow_hosts", (list,)),
     "flush_interval_s": ("flush_interval_s", (int, float)),
     "lost_after_s": ("lost_after_s", (int, float)),
     "min_stall_s": ("min_stall_s", (int, float)),
@@ -84,7 +87,13 @@ def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
 
 
 def _type_names(types: tuple[type, ...]) -> str:
-    names = {bool: "true/false", int: "an integer", float: "a number", str: "a string"}
+    names = {
+        bool: "true/false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+    }
     return " or ".join(names[t] for t in types if not (t is int and float in types))
 
 
@@ -93,6 +102,21 @@ def _env(where: str, name: str) -> str:
     if not value:
         raise ConfigError(f"{where}: environment variable {name} is not set or empty")
     return value
+
+
+def read_token_file(path: str | Path, where: str) -> str:
+    """The token in ``path`` (its first line, without surrounding whitespace)."""
+    path = Path(path).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read the token file {path}: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: the token file {path} is not UTF-8 text") from None
+    lines = text.strip().splitlines()
+    if not lines or not lines[0].strip():
+        raise ConfigError(f"{where}: the token file {path} is empty")
+    return lines[0].strip()
 
 
 def load_config(path: Path | str | None = None, base: ServeConfig | None = None) -> ServeConfig:
@@ -133,6 +157,12 @@ def parse_config(raw: Mapping[str, Any], where: str, base: ServeConfig) -> Serve
             raise ConfigError(f"{where}: 'serve.{key}' must be {_type_names(types)}, got {value!r}")
         if key == "token_env":
             value = _env(f"{where}: 'serve.token_env'", value)
+        elif key == "token_file":
+            value = read_token_file(value, f"{where}: 'serve.token_file'")
+        elif key == "allow_hosts":
+            if not all(isinstance(h, str) and h.strip() for h in value):
+                raise ConfigError(f"{where}: 'serve.allow_hosts' must be a list of host names")
+            value = tuple(value)
         elif field == "data_dir":
             value = Path(value).expanduser()
         changes[field] = value
@@ -206,6 +236,7 @@ def with_overrides(
     ingest_host: str | None = None,
     ingest_port: int | None = None,
     token: str | None = None,
+    allow_hosts: Sequence[str] = (),
     webhooks: Sequence[str] = (),
     min_stall_s: float | None = None,
 ) -> ServeConfig:
@@ -224,6 +255,8 @@ def with_overrides(
     }
     if data is not None:
         changes["data_dir"] = Path(data).expanduser()
+    if allow_hosts:
+        changes["allow_hosts"] = (*config.allow_hosts, *allow_hosts)
     if webhooks:
         changes["webhooks"] = [*config.webhooks, *(parse_webhook_flag(w) for w in webhooks)]
     config = dataclasses.replace(config, **changes)

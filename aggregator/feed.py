@@ -341,3 +341,30 @@ def rank_entry(
         "dropped": h.dropped,
         "gaps": [list(g) for g in gaps],
     }
+
+
+OVER_STATES = frozenset({"finished", "crashed", "lost"})
+
+
+def ranks_delta(
+    prev: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]
+) -> tuple[list[Mapping[str, Any]], list[int]]:
+    """What changed from one ``ranks`` table of a run to the next: the entries that differ
+    (whole), and the ranks no longer there. Nothing changed: two empty lists.
+
+    A rank that is over and stays so is unchanged whatever its ``message`` says: a lost rank's
+    "no record for 40 s" restates the clock (the entry has ``last_seen``), and re-sending it
+    would push a dead run's whole table to every page every refresh."""
+    before = {entry.get("rank"): entry for entry in prev}
+    changed: list[Mapping[str, Any]] = []
+    for entry in new:
+        old = before.pop(entry.get("rank"), None)
+        if old is None or (old != entry and not _same_over(old, entry)):
+            changed.append(entry)
+    return changed, sorted(rank for rank in before if isinstance(rank, int))
+
+
+def _same_over(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    if old.get("state") != new.get("state") or new.get("state") not in OVER_STATES:
+        return False
+    return all(old.get(k) == v for k, v in new.items() if k != "message") and len(old) == len(new)

@@ -100,6 +100,7 @@ class ServeConfig:
     console_alerts: bool = True
     resend_gaps: bool = True  # ask agents to re-send missing seqs from their JSONL
     curve_dir: Path | None = None  # CurveZMQ key files (`rankwatch keys`): encrypted ingest
+    allow_hosts: tuple[str, ...] = ()  # names the dashboard answers to besides IPs, localhost
 
     def __repr__(self) -> str:  # never print the token
         token = "set" if self.token else None

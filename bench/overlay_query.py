@@ -39,6 +39,7 @@ import duckdb
 import httpx
 import numpy as np
 import uvicorn
+from rankwatch.aggregator.provider import AggregatorProvider
 from rankwatch.aggregator.service import Aggregator, ServeConfig
 from rankwatch.aggregator.store.db import Store
 from rankwatch.dashboard.app import create_app
@@ -150,7 +151,7 @@ def http_server(store: Store, tmp: Path) -> Iterator[str]:
     )
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(create_app(agg), log_level="warning", lifespan="on")
+    config = uvicorn.Config(create_app(AggregatorProvider(agg)), log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

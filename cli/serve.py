@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rankwatch.aggregator.service import ServeConfig
+    from rankwatch.dashboard.access import Access
 
 NAME = "serve"
 HELP = "run the aggregator and the dashboard (agents connect to it)"
@@ -36,7 +37,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--ingest-port", type=int, help="ZeroMQ ingest port (default 8671)")
     parser.add_argument("--config", metavar="FILE", help="TOML config (see docs/alerts.md)")
     parser.add_argument(
-        "--token", help=f"require this token for the dashboard and API (or set {TOKEN_ENV})"
+        "--token",
+        help="require this token for the dashboard and API (it shows in `ps`: prefer "
+        f"--token-file or {TOKEN_ENV}); the ZeroMQ ingest port does not check it (--curve does)",
+    )
+    parser.add_argument(
+        "--token-file", metavar="FILE", help="read the token from the first line of FILE"
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name the dashboard answers to, besides IP addresses, localhost and this "
+        "machine's name (repeatable; '*': any, behind a proxy that checks names itself)",
     )
     parser.add_argument(
         "--webhook",
@@ -57,7 +71,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--curve",
         metavar="DIR",
         help="encrypt and authenticate ingest with CurveZMQ, keys from `rankwatch keys --dir "
-        f"DIR`; agents then need {CURVE_ENV}",
+        f"DIR`; agents then need {CURVE_ENV}. HTTP ingest (POST /api/ingest) is then off "
+        "unless a token is set",
     )
     parser.set_defaults(func=run)
     return parser
@@ -70,11 +85,21 @@ def _fail(message: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from rankwatch.agent.wire.curve import CurveError, client_keys, server_keys
-    from rankwatch.aggregator.config import ConfigError, load_config, with_overrides
+    from rankwatch.aggregator.config import (
+        ConfigError,
+        load_config,
+        read_token_file,
+        with_overrides,
+    )
     from rankwatch.aggregator.store.db import StoreError
 
     try:
+        if args.token and args.token_file:
+            raise ConfigError("give --token or --token-file, not both")
         config = load_config(args.config)
+        token = args.token
+        if args.token_file:
+            token = read_token_file(args.token_file, "--token-file")
         config = with_overrides(
             config,
             data=args.data,
@@ -82,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             ingest_host=args.ingest_host,
             ingest_port=args.ingest_port,
-            token=args.token or (os.environ.get(TOKEN_ENV) if config.token is None else None),
+            token=token or (os.environ.get(TOKEN_ENV) if config.token is None else None),
+            allow_hosts=args.allow_host,
             webhooks=args.webhook,
             min_stall_s=args.min_stall_s,
         )
@@ -96,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
     import uvicorn
+    from rankwatch.aggregator.provider import AggregatorProvider
     from rankwatch.aggregator.service import Aggregator, tune_gc
     from rankwatch.dashboard.app import create_app
 
@@ -110,10 +137,11 @@ def run(args: argparse.Namespace) -> int:
         except CurveError as exc:
             return _fail(str(exc))
         from rankwatch.dashboard.live import SHUTDOWN_GRACE_S
+        from rankwatch.dashboard.protocol import server_options
 
         tune_gc()
 
-        app = create_app(aggregator, config.token)
+        app = create_app(AggregatorProvider(aggregator), config.token, _access(config))
         uv_config = uvicorn.Config(
             app,
             host=config.host,
@@ -123,11 +151,12 @@ def run(args: argparse.Namespace) -> int:
             # Live streams never end by themselves: without a grace limit uvicorn waits for
             # them forever on SIGTERM / Ctrl-C.
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+            **server_options(),  # 414/431 for an oversized request head, not a reset
         )
         try:
-            sock = uv_config.bind_socket()
-        except SystemExit:  # uvicorn exits when it cannot bind; say which address
-            return _fail(f"cannot listen on {config.host}:{config.port} (address in use?)")
+            sock = listen_socket(config.host, config.port)
+        except OSError as exc:
+            return _fail(f"cannot listen on {config.host}:{config.port}: {exc}")
         _banner(config, aggregator.ingest_port, sock.getsockname()[1])
         uvicorn.Server(uv_config).run(sockets=[sock])
     except OSError as exc:
@@ -135,6 +164,42 @@ def run(args: argparse.Namespace) -> int:
     finally:
         aggregator.stop()  # last tick, store flush, webhooks drained (bounded)
     return 0
+
+
+def _access(config: ServeConfig) -> Access:
+    from rankwatch.dashboard.access import Access
+
+    # With --curve the ZeroMQ port checks every agent's key; HTTP ingest without a token would
+    # be a way around it, so it takes records only when a token guards it.
+    ingest_off = None
+    if config.curve_dir is not None and not config.token:
+        ingest_off = (
+            "HTTP ingest is off: this server takes records only over its CurveZMQ port "
+            "(serve --curve), where each agent's key is checked; for `rankwatch import --url` "
+            f"start it with a token too (--token-file or {TOKEN_ENV})"
+        )
+    return Access.for_server(
+        config.host, (socket.gethostname(),), config.allow_hosts, ingest_off=ingest_off
+    )
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The dashboard's listening socket, bound here so its address is known for the banner.
+
+    Its protocol is IPPROTO_TCP, not the 0 that ``uvicorn.Config.bind_socket`` leaves: asyncio
+    sets TCP_NODELAY on each accepted connection only when the socket says it is TCP
+    (``asyncio.base_events._set_nodelay``), and without it a small response waits for the
+    client's delayed ACK on every request after the first on a keep-alive connection."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 def _sigterm(signum: int, frame: object) -> None:
@@ -164,6 +229,13 @@ def _banner(config: ServeConfig, ingest_port: int, port: int) -> None:
         lines.append(
             f"rankwatch: ingest is encrypted (CurveZMQ): give every node server.key and "
             f"client.key_secret from {config.curve_dir} and set {CURVE_ENV} to their directory"
+        )
+        if not config.token:
+            lines.append("rankwatch: HTTP ingest (POST /api/ingest) is off: no token is set")
+    elif config.token:
+        lines.append(
+            "rankwatch: the token guards the dashboard and HTTP ingest, not the ZeroMQ ingest "
+            "port: use --curve for that"
         )
     if host not in ("127.0.0.1", "localhost", "::1") and not config.token:
         lines.append(

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from rankwatch.agent.wire import records
+from rankwatch.aggregator.provider import DataProvider
 
 from .jsonenc import StrictJSONResponse
 
@@ -109,10 +110,12 @@ async def ingest(request: Request) -> StrictJSONResponse:
         body.extend(chunk)
         if len(body) > MAX_INGEST_BYTES:
             raise _refuse(counts, "size", 413, too_big)
-    return await run_in_threadpool(_parse_and_add, request.app.state.aggregator, counts, body)
+    return await run_in_threadpool(_parse_and_add, request.app.state.provider, counts, body)
 
 
-def _parse_and_add(agg: Any, counts: IngestCounts, body: bytearray) -> StrictJSONResponse:
+def _parse_and_add(
+    provider: DataProvider, counts: IngestCounts, body: bytearray
+) -> StrictJSONResponse:
     try:
         payload = json.loads(body)
     except RecursionError:
@@ -135,10 +138,12 @@ def _parse_and_add(agg: Any, counts: IngestCounts, body: bytearray) -> StrictJSO
         raise _refuse(
             counts, "count", 413, f"{len(raw)} records in one request, max {MAX_INGEST_RECORDS}"
         )
-    return _decode_and_add(agg, counts, raw)
+    return _decode_and_add(provider, counts, raw)
 
 
-def _decode_and_add(agg: Any, counts: IngestCounts, raw: list[Any]) -> StrictJSONResponse:
+def _decode_and_add(
+    provider: DataProvider, counts: IngestCounts, raw: list[Any]
+) -> StrictJSONResponse:
     """Decode each record on its own so one bad record costs only itself, then add the rest."""
     good: list[records.Record] = []
     errors: list[dict[str, Any]] = []
@@ -150,7 +155,7 @@ def _decode_and_add(agg: Any, counts: IngestCounts, raw: list[Any]) -> StrictJSO
             by_reason[exc.reason] = by_reason.get(exc.reason, 0) + 1
             if len(errors) < MAX_REPORTED_ERRORS:
                 errors.append({"index": index, "reason": exc.reason, "error": str(exc)})
-    result = agg.add(good) if good else None
+    result = provider.ingest(good) if good else None
     counts.took(len(good), by_reason)
     return StrictJSONResponse(
         {

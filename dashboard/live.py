@@ -1,12 +1,19 @@
 """Server-Sent Events: the aggregator's live feed pushed to the page.
 
-Each ``GET /api/stream`` subscribes to ``Aggregator.feed`` and forwards what arrives as
+Each ``GET /api/stream`` subscribes to the provider's live feed and forwards what arrives as
 ``event: feed`` frames, a JSON array of feed messages per frame: increments arrive in bursts
 (one ``points`` message per metric per step), and one frame per burst keeps the browser's work
 per redraw small. A comment line goes out when nothing happened for a while so proxies keep the
 connection open and the page can tell a quiet run from a dead connection. When the subscription
 dropped messages because the browser lagged, a ``resync`` event tells the page to re-read the
 REST views instead of drawing a series with holes in it.
+
+Rank tables go out as what changed: the aggregator re-sends a live run's whole table every
+couple of seconds, and a page that already has it needs only the ranks that differ. Each stream
+sends a run's first table whole, then ``{"type": "ranks", "delta": true, "ranks": [changed
+entries], "removed": [ranks]}`` and nothing at all while nothing changed, so a run that is over
+costs its page nothing after its last change (``feed.ranks_delta``). Streams that saw the same
+tables share one delta and its JSON.
 
 Every stream gets the same message objects from the feed, so a message is encoded once, by the
 first stream that sends it, and the others reuse its JSON (``LiveHub._json``): at thousands of
@@ -17,10 +24,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
 
-from rankwatch.aggregator.feed import Feed, FeedClosed, Subscription
+from rankwatch.aggregator.provider import FeedClosed, Subscription, ranks_delta
 
 from .jsonenc import dumps
 
@@ -35,6 +42,13 @@ SHUTDOWN_GRACE_S = 2.0
 # streams send a message within ~COALESCE_S of each other unless one lags, and a lagging one
 # encodes its own. 2 M: ~6 steps of 4,096 ranks x 5 metrics, ~10 MB with the messages held.
 SHARED_JSON_CHARS = 2_000_000
+SHARED_DELTAS = 256  # (previous table, new table) pairs whose delta message is kept
+
+
+class FeedSource(Protocol):
+    """Where the live feed comes from: a ``DataProvider``, or a bare ``Feed`` in tests."""
+
+    def subscribe(self) -> Subscription: ...
 
 
 def sse(event: str, data: str) -> bytes:
@@ -45,7 +59,7 @@ def sse(event: str, data: str) -> bytes:
 class LiveHub:
     """Owns the stream subscriptions so the app's lifespan can end them all on shutdown."""
 
-    def __init__(self, feed: Feed, heartbeat_s: float = HEARTBEAT_INTERVAL_S) -> None:
+    def __init__(self, feed: FeedSource, heartbeat_s: float = HEARTBEAT_INTERVAL_S) -> None:
         self.feed = feed
         self.heartbeat_s = heartbeat_s
         self._subs: set[Subscription] = set()
@@ -55,6 +69,11 @@ class LiveHub:
         # id(message) -> (message, its JSON); holding the message keeps its id from being reused
         self._json_of: OrderedDict[int, tuple[dict[str, Any], str]] = OrderedDict()
         self._json_chars = 0
+        # (id(previous table message), id(new one)) -> (both messages, the delta or None)
+        self._deltas: OrderedDict[tuple[int, int], tuple[Any, Any, dict[str, Any] | None]] = (
+            OrderedDict()
+        )
+        self.ranks_unchanged = 0  # rank tables not sent because nothing in them changed
 
     def start(self) -> None:
         self._running = True
@@ -87,6 +106,7 @@ class LiveHub:
 
     async def _frames(self, sub: Subscription, run: str | None) -> AsyncIterator[bytes]:
         dropped_seen = 0
+        tables: dict[Any, dict[str, Any]] = {}  # run -> the last ranks message sent in full
         while True:
             # The same waiting task survives heartbeats, so a timeout can never lose a message.
             waiting = asyncio.ensure_future(sub.get_many(MAX_BATCH))
@@ -105,11 +125,41 @@ class LiveHub:
                 batch.extend(sub.drain(MAX_BATCH - len(batch)))
             if sub.dropped != dropped_seen:
                 dropped_seen = sub.dropped
+                tables.clear()  # a table may have been lost: the next one goes whole
                 yield sse("resync", dumps({"dropped": dropped_seen}))
-            wanted = [m for m in batch if _for_run(m, run)]
+            wanted = [
+                out
+                for m in batch
+                if _for_run(m, run) and (out := self._ranks_as_sent(m, tables)) is not None
+            ]
             if wanted:
                 self.frames_sent += 1
                 yield sse("feed", "[" + ",".join(map(self._json, wanted)) + "]")
+
+    def _ranks_as_sent(
+        self, message: dict[str, Any], tables: dict[Any, dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """``message`` as this stream sends it: a rank table becomes its delta against the
+        table the stream sent before (None: nothing changed); other messages pass."""
+        if message.get("type") != "ranks" or not isinstance(message.get("ranks"), list):
+            return message
+        key = message.get("run")
+        prev = tables.get(key)
+        tables[key] = message
+        if prev is None:
+            return message
+        pair = (id(prev), id(message))
+        hit = self._deltas.get(pair)
+        if hit is not None and hit[0] is prev and hit[1] is message:
+            delta = hit[2]
+        else:
+            delta = _delta_message(prev, message)
+            self._deltas[pair] = (prev, message, delta)
+            while len(self._deltas) > SHARED_DELTAS:
+                self._deltas.popitem(last=False)
+        if delta is None:
+            self.ranks_unchanged += 1
+        return delta
 
     def _json(self, message: dict[str, Any]) -> str:
         """``dumps(message)``, shared by every stream (they all run on the event loop)."""
@@ -128,3 +178,14 @@ class LiveHub:
 def _for_run(message: dict[str, Any], run: str | None) -> bool:
     # Messages without a run (global counters, say) go to every page.
     return run is None or message.get("run", run) == run
+
+
+def _delta_message(prev: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
+    changed, removed = ranks_delta(prev["ranks"], new["ranks"])
+    if not changed and not removed:
+        return None
+    out: dict[str, Any] = {"type": "ranks", "run": new.get("run"), "delta": True}
+    out["ranks"] = changed
+    if removed:
+        out["removed"] = removed
+    return out

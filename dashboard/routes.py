@@ -1,13 +1,12 @@
-"""The dashboard's HTTP API. Reads only ``Aggregator.snapshot()``, ``.store``, ``.alerts`` and
-``.feed`` (``POST /api/ingest``, the one route that writes, is in ``ingest.py``).
+"""The dashboard's HTTP API, over the ``DataProvider`` only (``aggregator/provider.py``;
+``POST /api/ingest``, the one route that writes, is in ``ingest.py``).
 
-Store queries block (DuckDB), so the routes that touch the store are plain ``def``: FastAPI
+Store reads block (DuckDB), so the routes that touch the store are plain ``def``: FastAPI
 runs them in its thread pool and the event loop keeps serving the live stream meanwhile.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Annotated, Any, Literal
 
@@ -15,7 +14,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from rankwatch.agent.wire import records
-from rankwatch.aggregator.store.columns import SeriesColumns
+from rankwatch.aggregator.provider import Alert, DataProvider, SeriesColumns
 from starlette.convertors import Convertor, register_url_convertor
 
 from . import prom, seriesfmt, views
@@ -52,16 +51,8 @@ Ranks = Annotated[str | None, Query(description="Selected ranks, e.g. '0,3,8-11'
 Step = Annotated[int | None, Query(description="First/last step of the window (inclusive)")]
 
 
-def _agg(request: Request) -> Any:
-    return request.app.state.aggregator
-
-
-def _queries(request: Request) -> threading.Lock:
-    """Held around every store query. DuckDB's Python client (2.0.1) imports modules lazily on
-    a process's first ``fetchnumpy``, and two threads doing that first fetch at once deadlock
-    (seen here, reproducible in a few lines); the page loads its charts in parallel. Queries
-    take milliseconds, so one at a time costs little."""
-    return request.app.state.store_queries
+def _provider(request: Request) -> DataProvider:
+    return request.app.state.provider  # type: ignore[no-any-return]
 
 
 def _json(content: Any) -> StrictJSONResponse:
@@ -75,26 +66,28 @@ def _bad(message: str) -> HTTPException:
 
 
 def _require_run(
-    agg: Any, run: str, ranks: bool = False
+    provider: DataProvider, run: str, ranks: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The snapshot of ``run`` and its entry; 404 when neither the store nor the live state
     knows the run. ``ranks``: with the per-rank entries (costly for thousands of ranks, and
     built under the lock ingest needs), else ``ranks_seen`` and ``metrics`` only."""
-    snapshot = agg.snapshot(run=run, ranks=ranks)
+    snapshot = provider.snapshot(run=run, ranks=ranks)
     entry = views.find_run(snapshot, run)
-    if entry is None and all(r.get("run") != run for r in agg.store.runs()):
+    if entry is None and all(r.get("run") != run for r in provider.list_runs()):
         raise HTTPException(status_code=404, detail=f"unknown run {run!r}")
     return snapshot, entry
 
 
-def _require_metric(agg: Any, run: str, entry: dict[str, Any] | None, metric: str) -> None:
-    if metric not in _metrics(agg, run, entry):
+def _require_metric(
+    provider: DataProvider, run: str, entry: dict[str, Any] | None, metric: str
+) -> None:
+    if metric not in _metrics(provider, run, entry):
         raise HTTPException(status_code=404, detail=f"run {run!r} has no metric {metric!r}")
 
 
-def _metrics(agg: Any, run: str, entry: dict[str, Any] | None) -> set[str]:
+def _metrics(provider: DataProvider, run: str, entry: dict[str, Any] | None) -> set[str]:
     """Stored metrics plus those only live so far (seen, not flushed to the store yet)."""
-    names = set(agg.store.metrics(run))
+    names = set(provider.list_metrics(run))
     names.update((entry or {}).get("metrics") or ())
     for rank in (entry or {}).get("ranks") or []:
         names.update(rank.get("values") or {})
@@ -113,31 +106,31 @@ def _check_window(start: int | None, end: int | None) -> None:
         raise _bad(f"end ({end}) is before start ({start})")
 
 
-def _alerted(agg: Any, run: str) -> list[tuple[int | None, str | None]]:
-    seen = [*agg.alerts.firing(), *agg.alerts.history(ALERT_HISTORY_LIMIT)]
+def _alerted(provider: DataProvider, run: str) -> list[tuple[int | None, str | None]]:
+    seen: list[Alert] = [*provider.alerts_firing(), *provider.alerts_history(ALERT_HISTORY_LIMIT)]
     out: list[tuple[int | None, str | None]] = []
     for alert in seen:
         if alert.run == run:
             # a grouped alert (rank None) lists its ranks; the first few are worth a line
-            group = getattr(alert, "ranks", ())[: views.MAX_OUTLIER_RANKS]
+            group = alert.ranks[: views.MAX_OUTLIER_RANKS]
             out.extend((rank, alert.metric) for rank in (group or (alert.rank,)))
     return out
 
 
 @api.get("/runs", summary="Every run: live state, world size, ranks, start, last record")
 def list_runs(request: Request) -> StrictJSONResponse:
-    agg = _agg(request)
+    provider = _provider(request)
     now = time.time()
-    snapshot = agg.snapshot(now=now, ranks=False)
-    runs = views.merge_runs(agg.store.runs(), snapshot)
+    snapshot = provider.snapshot(now=now, ranks=False)
+    runs = views.merge_runs(provider.list_runs(), snapshot)
     return _json({"now": snapshot.get("now", now), "runs": runs})
 
 
 @api.get("/runs/{run:run}/metrics", summary="Metric names a run has logged, in chart order")
 def run_metrics(request: Request, run: str) -> StrictJSONResponse:
-    agg = _agg(request)
-    _, entry = _require_run(agg, run)
-    return _json({"run": run, "metrics": views.order_metrics(_metrics(agg, run, entry))})
+    provider = _provider(request)
+    _, entry = _require_run(provider, run)
+    return _json({"run": run, "metrics": views.order_metrics(_metrics(provider, run, entry))})
 
 
 @api.get("/runs/{run:run}/series", summary="One metric of a run, every rank or band + outliers")
@@ -166,24 +159,23 @@ def run_series(
         Query(description="each point's bucket min and max; false: step and value only"),
     ] = True,
 ) -> Response:
-    agg = _agg(request)
+    provider = _provider(request)
     _check_window(start, end)
     selected = _parse_ranks(ranks)
-    _, entry = _require_run(agg, run)
-    _require_metric(agg, run, entry, metric)
+    _, entry = _require_run(provider, run)
+    _require_metric(provider, run, entry, metric)
     total = views.rank_count(entry)
     band_mode = view == "band" or (view == "auto" and total > views.BAND_THRESHOLD_RANKS)
-    outliers = views.outlier_ranks(entry, metric, _alerted(agg, run))
+    outliers = views.outlier_ranks(entry, metric, _alerted(provider, run))
     wanted = sorted({*outliers, *selected}) if band_mode else None
     # Numpy columns from the store to the response: a million points as Python lists would
     # cost more than the query (seriesfmt.py).
     series = SeriesColumns.empty()
-    with _queries(request):
-        if wanted or not band_mode:
-            series = agg.store.series_columns(
-                run, metric, ranks=wanted, start=start, end=end, max_points=max_points
-            )
-        band = agg.store.band_columns(run, metric, start=start, end=end, max_points=max_points)
+    if wanted or not band_mode:
+        series = provider.read_series(
+            run, metric, ranks=wanted, start=start, end=end, max_points=max_points
+        )
+    band = provider.read_band(run, metric, start=start, end=end, max_points=max_points)
     head = {
         "run": run,
         "metric": metric,
@@ -211,12 +203,11 @@ def run_heatmap(
     end: Step = None,
     buckets: Annotated[int, Query(ge=2, le=MAX_HEATMAP_BUCKETS)] = DEFAULT_HEATMAP_BUCKETS,
 ) -> StrictJSONResponse:
-    agg = _agg(request)
+    provider = _provider(request)
     _check_window(start, end)
-    _, entry = _require_run(agg, run)
-    _require_metric(agg, run, entry, metric)
-    with _queries(request):
-        series = agg.store.series(run, metric, start=start, end=end, max_points=buckets)
+    _, entry = _require_run(provider, run)
+    _require_metric(provider, run, entry, metric)
+    series = provider.read_series_lists(run, metric, start=start, end=end, max_points=buckets)
     steps, width, grid = views.bucket_series(series, buckets)
     z = views.robust_z_columns(grid, len(steps), metric)
     ranks = sorted(z)
@@ -234,8 +225,8 @@ def run_heatmap(
 
 @api.get("/runs/{run:run}/divergence", summary="Active divergences and latest z per rank")
 def run_divergence(request: Request, run: str) -> StrictJSONResponse:
-    agg = _agg(request)
-    _, entry = _require_run(agg, run, ranks=True)
+    provider = _provider(request)
+    _, entry = _require_run(provider, run, ranks=True)
     entry = entry or {}
     return _json(
         {
@@ -255,8 +246,8 @@ def run_divergence(request: Request, run: str) -> StrictJSONResponse:
 
 @api.get("/runs/{run:run}/ranks", summary="The rank table: health, last values, z-scores")
 def run_ranks(request: Request, run: str) -> StrictJSONResponse:
-    agg = _agg(request)
-    snapshot, entry = _require_run(agg, run, ranks=True)
+    provider = _provider(request)
+    snapshot, entry = _require_run(provider, run, ranks=True)
     entry = entry or {}
     return _json(
         {
@@ -271,10 +262,9 @@ def run_ranks(request: Request, run: str) -> StrictJSONResponse:
 
 @api.get("/runs/{run:run}/events", summary="Start, end, crash, pause ... events of a run")
 def run_events(request: Request, run: str) -> StrictJSONResponse:
-    agg = _agg(request)
-    _require_run(agg, run)
-    with _queries(request):
-        events = agg.store.events(run)
+    provider = _provider(request)
+    _require_run(provider, run)
+    events = provider.read_events(run)
     return _json({"run": run, "events": events})
 
 
@@ -284,15 +274,15 @@ def list_alerts(
     run: Annotated[str | None, Query(max_length=records.MAX_NAME_CHARS)] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = ALERT_HISTORY_LIMIT,
 ) -> StrictJSONResponse:
-    engine = _agg(request).alerts
-    firing = [a for a in engine.firing() if run is None or a.run == run]
-    history = [a for a in engine.history(limit) if run is None or a.run == run]
+    provider = _provider(request)
+    firing = [a for a in provider.alerts_firing() if run is None or a.run == run]
+    history = [a for a in provider.alerts_history(limit) if run is None or a.run == run]
     return _json({"firing": firing, "history": history})
 
 
-@api.get("/status", summary="Aggregator.snapshot(): what `rankwatch status` prints")
+@api.get("/status", summary="The live snapshot: what `rankwatch status` prints")
 def status(request: Request) -> StrictJSONResponse:
-    return _json(_agg(request).snapshot())
+    return _json(_provider(request).snapshot())
 
 
 @api.get("/stream", summary="Server-Sent Events: live increments (points, ranks, alerts ...)")
@@ -316,9 +306,14 @@ async def healthz() -> StrictJSONResponse:
 
 @ops.get("/metrics", summary="Prometheus text exposition", response_class=PlainTextResponse)
 def metrics(request: Request) -> PlainTextResponse:
-    agg = _agg(request)
-    counters = {**agg.counters(), **ingest_counts(request).counters()}
-    body = prom.render(agg.snapshot(), counters, len(agg.alerts.firing()))
+    provider = _provider(request)
+    counters = {
+        **provider.counters(),
+        **ingest_counts(request).counters(),
+        **request.app.state.access_counts.counters(),
+        **request.app.state.bodies.counters(),
+    }
+    body = prom.render(provider.snapshot(), counters, len(provider.alerts_firing()))
     return PlainTextResponse(body, media_type=prom.CONTENT_TYPE)
 
 

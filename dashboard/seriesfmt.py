@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 from rankwatch.agent.wire.jsonsafe import json_value
-from rankwatch.aggregator.store.columns import BAND_KEYS, SeriesColumns
+from rankwatch.aggregator.provider import BAND_KEYS, SeriesColumns
 
 MAGIC = b"RWS1"
 MEDIA_TYPE = "application/octet-stream"

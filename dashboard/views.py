@@ -1,6 +1,6 @@
 """Pure helpers behind the routes: parsing query values and shaping the aggregator's views.
 
-No I/O here: the routes pass in what they read from ``Aggregator.snapshot()`` and the store.
+No I/O here: the routes pass in what they read from the ``DataProvider`` (snapshot, store).
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rankwatch.aggregator.divergence.zgrid import z_columns
-from rankwatch.aggregator.metrics import display_order
+from rankwatch.aggregator.provider import display_order, z_columns
 
 BAND_THRESHOLD_RANKS = 32  # above this many ranks a chart shows a band, not every line
 MAX_OUTLIER_RANKS = 24  # individual lines drawn in band mode besides the selected ranks

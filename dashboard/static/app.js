@@ -7,7 +7,7 @@ import { bindControls, syncControls } from './controls.js';
 import { Heatmap } from './heatmap.js';
 import * as panels from './panels.js';
 import { readUrl, writeUrl } from './urlstate.js';
-import { api, debounce, formatRanks, runPath, throttle } from './util.js';
+import { api, debounce, formatRanks, mergeRanks, runPath, throttle } from './util.js';
 
 const REDRAW_INTERVAL_MS = 250; // at most 4 redraws a second, however fast points arrive
 const RUNS_POLL_MS = 3000;
@@ -352,8 +352,9 @@ function handle(msg) {
       break;
     }
     case 'ranks':
-      if (Array.isArray(msg.ranks)) applyRanks(msg.ranks); // the whole table, fresh
-      else refreshRanksSoon();
+      if (!Array.isArray(msg.ranks)) refreshRanksSoon();
+      else if (msg.delta) applyRanks(mergeRanks(state.ranks, msg.ranks, msg.removed || []));
+      else applyRanks(msg.ranks); // the whole table, fresh
       break;
     case 'divergence':
       refreshRanksSoon();
@@ -472,7 +473,7 @@ async function main() {
   heatmap = new Heatmap($('heatmap'), app);
   setInterval(tick, 1000);
   setInterval(() => loadRuns().catch(showError), RUNS_POLL_MS);
-  // The stream pushes the rank table every few seconds; poll only while it is down.
+  // The stream pushes the rank table and then its changes; poll only while it is down.
   setInterval(() => { if (!state.connected) loadRanks().catch(showError); }, RANKS_POLL_MS);
   setInterval(() => loadAlerts().catch(showError), ALERTS_POLL_MS);
   const resp = await api('/api/runs');

@@ -67,6 +67,15 @@ export function formatRanks(set) {
   return parts.join(',');
 }
 
+// A rank table after a stream delta: the changed ranks' entries replace theirs (or join),
+// the removed ranks leave; the table stays in rank order.
+export function mergeRanks(table, changed, removed) {
+  const byRank = new Map(table.map((r) => [r.rank, r]));
+  for (const rank of removed) byRank.delete(rank);
+  for (const r of changed) byRank.set(r.rank, r);
+  return [...byRank.values()].sort((a, b) => a.rank - b.rank);
+}
+
 export function median(sorted) {
   const n = sorted.length;
   if (!n) return NaN;

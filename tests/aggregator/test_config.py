@@ -158,3 +158,25 @@ def test_min_stall_from_the_file_and_the_flag(tmp_path: Path) -> None:
     assert with_overrides(cfg).min_stall_s == 4
     with pytest.raises(ConfigError, match="command line: min_stall_s must be > 0"):
         with_overrides(cfg, min_stall_s=0.0)
+
+
+def test_token_file_and_allow_hosts(tmp_path: Path) -> None:
+    import re
+
+    from rankwatch.aggregator.config import ConfigError, parse_config
+
+    token = tmp_path / "token"
+    token.write_text("  s3cret \nignored\n")
+    raw = {"serve": {"token_file": str(token), "allow_hosts": ["head.example.org"]}}
+    config = parse_config(raw, "f.toml", ServeConfig())
+    assert config.token == "s3cret" and config.allow_hosts == ("head.example.org",)
+    with pytest.raises(
+        ConfigError, match=re.escape("f.toml: 'serve.token_file': cannot read the token")
+    ):
+        parse_config({"serve": {"token_file": str(tmp_path / "no")}}, "f.toml", ServeConfig())
+    with pytest.raises(
+        ConfigError, match=re.escape("'serve.allow_hosts' must be a list of host names")
+    ):
+        parse_config({"serve": {"allow_hosts": ["", 3]}}, "f.toml", ServeConfig())
+    with pytest.raises(ConfigError, match=re.escape("'serve.allow_hosts' must be a list")):
+        parse_config({"serve": {"allow_hosts": "head"}}, "f.toml", ServeConfig())

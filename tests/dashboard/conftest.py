@@ -23,6 +23,8 @@ from rankwatch.agent.wire.records import EventRecord, StepRecord
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SHIFTED = FIXTURES / "msrun4_rank2_labels_shifted_from_step20.csv"
 STEP_S = 0.01  # wall-clock seconds between synthetic steps
+# TestClient's own default host ("testserver") is a name the app does not answer to
+BASE_URL = "http://localhost"
 
 
 class Records:

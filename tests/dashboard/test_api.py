@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from rankwatch.agent.wire.records import to_wire
+from rankwatch.aggregator.provider import AggregatorProvider
 from rankwatch.dashboard.app import create_app
 
-from .conftest import Records, feed_shifted_run, settle
+from .conftest import BASE_URL, Records, feed_shifted_run, settle
 
 
 @pytest.fixture
 def client(aggregator: Any) -> Iterator[TestClient]:
-    with TestClient(create_app(aggregator)) as c:
+    with TestClient(create_app(AggregatorProvider(aggregator)), base_url=BASE_URL) as c:
         yield c
 
 

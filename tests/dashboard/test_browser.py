@@ -434,7 +434,12 @@ def test_binary_series_decodes_like_json(server: Server, watched: Watched) -> No
         for rank in range(3) for step in range(1, 301)
     ]  # fmt: skip
     body = {"records": [to_wire(r) for r in records]}  # NaN as "NaN", as in the JSONL
-    res = httpx.post(f"{server.url}/api/ingest", content=dumps(body), timeout=120)
+    res = httpx.post(
+        f"{server.url}/api/ingest",
+        content=dumps(body),
+        headers={"content-type": "application/json"},
+        timeout=120,
+    )
     assert res.status_code == 200 and res.json()["rejected"] == 0, res.text
     server.wait_for("step 300 stored", lambda: stored_up_to(server, run, 3, 300))
     watched.page.goto(server.url)

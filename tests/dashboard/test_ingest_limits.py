@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from rankwatch.aggregator.provider import AggregatorProvider
 from rankwatch.dashboard.app import create_app
 
 from tests.hardening.procs import parse_prom
+
+from .conftest import BASE_URL
 
 DEEP = 10_000  # lists/maps inside each other: far past CPython's recursion limit
 SHALLOW = 500  # parses, but no record field may hold it
@@ -22,7 +25,9 @@ SHALLOW = 500  # parses, but no record field may hold it
 @pytest.fixture
 def client(aggregator: Any) -> Iterator[TestClient]:
     # A server error must show as the 500 a real client would get, not as a test error.
-    with TestClient(create_app(aggregator), raise_server_exceptions=False) as c:
+    with TestClient(
+        create_app(AggregatorProvider(aggregator)), base_url=BASE_URL, raise_server_exceptions=False
+    ) as c:
         yield c
 
 

@@ -15,6 +15,7 @@ import httpx
 import pytest
 import uvicorn
 from rankwatch.aggregator.feed import Feed
+from rankwatch.aggregator.provider import AggregatorProvider
 from rankwatch.dashboard import live
 from rankwatch.dashboard.app import create_app
 from rankwatch.dashboard.live import LiveHub
@@ -68,7 +69,7 @@ def events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
 def http(aggregator: Any) -> Iterator[httpx.Client]:
     """An HTTP client whose base URL is the dashboard served over a real socket."""
     with (
-        serve(create_app(aggregator)) as base,
+        serve(create_app(AggregatorProvider(aggregator))) as base,
         httpx.Client(base_url=base, timeout=READ_TIMEOUT_S) as client,
     ):
         yield client

@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from rankwatch.aggregator.provider import AggregatorProvider
 from rankwatch.dashboard.app import create_app
 
 from .conftest import Records, settle
@@ -70,7 +71,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         ])  # fmt: skip
     settle(agg)
     try:
-        with serve(create_app(agg)) as url:
+        with serve(create_app(AggregatorProvider(agg))) as url:
             yield url
     finally:
         agg.stop()

@@ -11,17 +11,18 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from rankwatch.aggregator.provider import AggregatorProvider
 from rankwatch.aggregator.store.columns import SeriesColumns, empty_band
 from rankwatch.dashboard import seriesfmt
 from rankwatch.dashboard.app import create_app
 from rankwatch.dashboard.jsonenc import parse_finite
 
-from .conftest import Records, feed_shifted_run, settle
+from .conftest import BASE_URL, Records, feed_shifted_run, settle
 
 
 @pytest.fixture
 def client(aggregator: Any) -> Iterator[TestClient]:
-    with TestClient(create_app(aggregator)) as c:
+    with TestClient(create_app(AggregatorProvider(aggregator)), base_url=BASE_URL) as c:
         yield c
 
 

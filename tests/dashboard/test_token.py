@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from rankwatch.aggregator.provider import AggregatorProvider
 from rankwatch.dashboard.app import create_app
 
-from .conftest import Records, settle
+from .conftest import BASE_URL, Records, settle
 
 TOKEN = "tok-3f9a"
 PROTECTED = [
@@ -33,7 +34,9 @@ PROTECTED = [
 def client(aggregator: Any, recs: Records) -> Iterator[TestClient]:
     aggregator.add([recs.step("r", 0, 1, 1, loss=1.0)])
     settle(aggregator)
-    with TestClient(create_app(aggregator, token=TOKEN)) as c:
+    with TestClient(
+        create_app(AggregatorProvider(aggregator), token=TOKEN), base_url=BASE_URL
+    ) as c:
         yield c
 
 

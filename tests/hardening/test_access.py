@@ -28,6 +28,7 @@ from .procs import SERVE, parse_prom, wait_until
 pytestmark = pytest.mark.timeout(90)
 
 TOKEN = "tok-9f2c1d7e5b3a4c6d8e0f1a2b3c4d5e6f"
+PREFIX = "rankwatch_aggregator_"
 
 
 def _listening(port: int) -> set[str]:
@@ -277,3 +278,72 @@ def test_tokens_and_webhook_secrets_never_reach_a_log(
         "failing with HTTP 500", result="neither the token nor the secrets appear in the log",
         log_lines=len(log.splitlines()),
     )  # fmt: skip
+
+
+def test_the_token_from_a_file_stays_out_of_ps(spawn: Spawner, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    serve = spawn.serve(extra=["--token-file", str(token_file)])
+    serve.token = TOKEN
+    assert serve.proc is not None
+    cmdline = Path(f"/proc/{serve.proc.pid}/cmdline").read_bytes()
+    assert TOKEN.encode() not in cmdline
+    assert httpx.get(serve.url + "/api/status", timeout=10).status_code == 401
+    assert httpx.get(serve.url + "/api/status", headers=serve.headers()).status_code == 200
+    assert "not the ZeroMQ ingest port: use --curve" in serve.output()
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    done = subprocess.run(
+        [*SERVE, "serve", "--data", str(tmp_path / "d2"), "--token-file", str(empty)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"--token-file: the token file {empty} is empty" in done.stderr
+
+
+def test_the_served_app_checks_host_origin_and_content_type(spawn: Spawner) -> None:
+    serve = spawn.serve(extra=["--allow-host", "rw.example.org"])
+    url = serve.url + "/api/runs"
+    assert httpx.get(url, headers={"Host": "rw.example.org"}, timeout=10).status_code == 200
+    rebound = httpx.get(url, headers={"Host": "rebind.attacker.example"}, timeout=10)
+    assert rebound.status_code == 403
+    assert "--allow-host rebind.attacker.example" in rebound.json()["detail"]
+    cross = httpx.post(
+        serve.url + "/api/ingest",
+        content='{"records": []}',
+        headers={"Content-Type": "text/plain", "Origin": "https://evil.example"},
+        timeout=10,
+    )
+    assert cross.status_code == 403 and "cross-site request refused" in cross.json()["detail"]
+    plain = httpx.post(
+        serve.url + "/api/ingest",
+        content='{"records": []}',
+        headers={"Content-Type": "text/plain"},
+        timeout=10,
+    )
+    assert plain.status_code == 415
+    prom = parse_prom(httpx.get(serve.url + "/metrics", timeout=10).text)
+    refused = {dict(labels)["kind"]: n for labels, n in prom[PREFIX + "http_refused"].items()}
+    assert refused == {"host": 1, "origin": 1, "content_type": 1, "ingest_off": 0}
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="libzmq built without CURVE")
+def test_with_curve_http_ingest_needs_a_token(spawn: Spawner, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    made = subprocess.run([*SERVE, "keys", "--dir", str(keys)], capture_output=True, timeout=60)
+    assert made.returncode == 0
+    serve = spawn.serve(extra=["--curve", str(keys)])
+    res = httpx.post(serve.url + "/api/ingest", json={"records": []}, timeout=10)
+    assert res.status_code == 403
+    assert res.json()["detail"].startswith(
+        "HTTP ingest is off: this server takes records only over its CurveZMQ port"
+    )
+    assert "HTTP ingest (POST /api/ingest) is off: no token is set" in serve.output()
+    guarded = spawn.serve(
+        tmp_path / "data2", extra=["--curve", str(keys)], env={"RANKWATCH_TOKEN": TOKEN}
+    )
+    guarded.token = TOKEN
+    res = httpx.post(
+        guarded.url + "/api/ingest", json={"records": []}, headers=guarded.headers(), timeout=10
+    )
+    assert res.status_code == 200

@@ -1,0 +1,248 @@
+"""The dashboard's read interface: everything a page or ``rankwatch status`` may ask of the
+aggregator, typed, in one place (TensorBoard's ``DataProvider`` is the model: plugins see
+``list_runs``/``read_scalars``, never the storage).
+
+``DataProvider`` is the protocol the dashboard is written against; ``AggregatorProvider`` is
+the one implementation, over a running ``Aggregator``. The dashboard imports nothing else from
+``rankwatch.aggregator``: the value types its methods return are re-exported here, so the
+store's engine, the alert engine and the feed's internals can change without touching a route.
+The pure functions a view needs (the detector's z for the heatmap, the known metrics' display
+order) are re-exported too, so a cell's colour means what the detector means.
+
+Store reads block (DuckDB) and are safe from any thread; the routes call them from FastAPI's
+thread pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+
+import numpy as np
+from rankwatch.agent.wire.records import Record, StepBlock
+from rankwatch.aggregator.alerts.rules import Alert
+from rankwatch.aggregator.divergence.zgrid import z_columns
+from rankwatch.aggregator.feed import FeedClosed, Subscription, ranks_delta
+from rankwatch.aggregator.metrics import display_order
+from rankwatch.aggregator.store.columns import BAND_KEYS, SeriesColumns
+
+if TYPE_CHECKING:
+    from rankwatch.aggregator.service import Aggregator
+
+__all__ = [
+    "BAND_KEYS",
+    "AggregatorProvider",
+    "Alert",
+    "Band",
+    "Counters",
+    "DataProvider",
+    "FeedClosed",
+    "LiveRun",
+    "SeriesColumns",
+    "SeriesLists",
+    "Snapshot",
+    "StoredEvent",
+    "StoredRun",
+    "Subscription",
+    "display_order",
+    "ranks_delta",
+    "z_columns",
+]
+
+Band = dict[str, np.ndarray]  # BAND_KEYS -> column: "step" int64, the statistics float64
+SeriesLists = dict[int, dict[str, list[Any]]]  # rank -> {"step", "value", "min", "max"}
+Counters = dict[str, Any]  # name -> number, or {label: number} (one level, for Prometheus)
+
+
+class StoredRun(TypedDict):
+    """A run as the store knows it (history, whether or not it is live now)."""
+
+    run: str
+    world_size: int | None
+    ranks: int
+    first_time: float
+    last_time: float
+    records: int
+    last_step: int | None
+
+
+class StoredEvent(TypedDict):
+    run: str
+    rank: int
+    seq: int
+    time: float
+    world_size: int | None
+    host: str | None
+    pid: int | None
+    event: str
+    step: int | None
+    info: dict[str, Any]
+
+
+class _LiveRunBase(TypedDict):
+    run: str
+    state: str
+    world_size: int
+    last_time: float | None
+    last_step: int | None
+    divergences: list[dict[str, Any]]
+
+
+class LiveRun(_LiveRunBase, total=False):
+    """A run in the live state. With ``ranks=True``: ``ranks`` (the rank entries of
+    ``feed.rank_entry``); without: ``ranks_seen`` and the live ``metrics`` names."""
+
+    ranks: list[dict[str, Any]]
+    ranks_seen: int
+    metrics: list[str]
+
+
+class Snapshot(TypedDict):
+    now: float
+    runs: list[LiveRun]
+
+
+class DataProvider(Protocol):
+    """What the dashboard reads and the one thing it writes (HTTP ingest)."""
+
+    def list_runs(self) -> list[StoredRun]: ...
+
+    def list_metrics(self, run: str) -> list[str]:
+        """Stored metric names of ``run`` (the live ones are in the snapshot)."""
+        ...
+
+    def read_series(
+        self,
+        run: str,
+        metric: str,
+        *,
+        ranks: Sequence[int] | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        max_points: int,
+    ) -> SeriesColumns:
+        """Each rank's points (every rank when ``ranks`` is None), at most ``max_points`` per
+        rank, min/max downsampled."""
+        ...
+
+    def read_series_lists(
+        self,
+        run: str,
+        metric: str,
+        *,
+        start: int | None = None,
+        end: int | None = None,
+        max_points: int,
+    ) -> SeriesLists:
+        """``read_series`` of every rank as Python lists."""
+        ...
+
+    def read_band(
+        self,
+        run: str,
+        metric: str,
+        *,
+        start: int | None = None,
+        end: int | None = None,
+        max_points: int,
+    ) -> Band:
+        """The cross-rank band (median, p5, p95, min, max per step)."""
+        ...
+
+    def read_events(self, run: str) -> list[StoredEvent]: ...
+
+    def snapshot(
+        self, now: float | None = None, *, run: str | None = None, ranks: bool = True
+    ) -> Snapshot:
+        """The live state of every run (or of ``run``); ``ranks=False`` is cheap."""
+        ...
+
+    def alerts_firing(self) -> list[Alert]: ...
+
+    def alerts_history(self, limit: int) -> list[Alert]:
+        """The latest ``limit`` alert transitions."""
+        ...
+
+    def subscribe(self) -> Subscription:
+        """A live feed subscription (``feed.py`` documents the messages)."""
+        ...
+
+    def ingest(self, records: Sequence[Record | StepBlock]) -> int:
+        """Records from ``POST /api/ingest``; returns how many were new."""
+        ...
+
+    def counters(self) -> Counters: ...
+
+
+class AggregatorProvider:
+    """``DataProvider`` over a running ``Aggregator`` (its store, alert engine and feed)."""
+
+    def __init__(self, aggregator: Aggregator) -> None:
+        self._agg = aggregator
+
+    def list_runs(self) -> list[StoredRun]:
+        return self._agg.store.runs()  # type: ignore[return-value]
+
+    def list_metrics(self, run: str) -> list[str]:
+        return self._agg.store.metrics(run)
+
+    def read_series(
+        self,
+        run: str,
+        metric: str,
+        *,
+        ranks: Sequence[int] | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        max_points: int,
+    ) -> SeriesColumns:
+        return self._agg.store.series_columns(
+            run, metric, ranks=ranks, start=start, end=end, max_points=max_points
+        )
+
+    def read_series_lists(
+        self,
+        run: str,
+        metric: str,
+        *,
+        start: int | None = None,
+        end: int | None = None,
+        max_points: int,
+    ) -> SeriesLists:
+        return self._agg.store.series(run, metric, start=start, end=end, max_points=max_points)
+
+    def read_band(
+        self,
+        run: str,
+        metric: str,
+        *,
+        start: int | None = None,
+        end: int | None = None,
+        max_points: int,
+    ) -> Band:
+        return self._agg.store.band_columns(
+            run, metric, start=start, end=end, max_points=max_points
+        )
+
+    def read_events(self, run: str) -> list[StoredEvent]:
+        return self._agg.store.events(run)  # type: ignore[return-value]
+
+    def snapshot(
+        self, now: float | None = None, *, run: str | None = None, ranks: bool = True
+    ) -> Snapshot:
+        return self._agg.snapshot(now, run=run, ranks=ranks)  # type: ignore[return-value]
+
+    def alerts_firing(self) -> list[Alert]:
+        return self._agg.alerts.firing()
+
+    def alerts_history(self, limit: int) -> list[Alert]:
+        return self._agg.alerts.history(limit)
+
+    def subscribe(self) -> Subscription:
+        return self._agg.feed.subscribe()
+
+    def ingest(self, records: Sequence[Record | StepBlock]) -> int:
+        return self._agg.add(records)
+
+    def counters(self) -> Counters:
+        return self._agg.counters()
