@@ -159,10 +159,12 @@ def test_serve_status_and_import_over_http(servers: Callable[..., Server], tmp_p
     jsonl.write_text("".join(lines) + "not json\n")
     first = cli("import", str(jsonl.parent), "--url", server.url)
     assert first.returncode == 1  # one bad line is reported
-    assert "20 records, 20 new, 0 duplicates, 1 bad lines" in first.stdout
-    assert f"{jsonl}:21: not a JSON line" in first.stdout
+    assert (
+        f"{jsonl}: 21 lines read, 20 records stored, 0 already stored, 1 rejected "
+        "(first at line 21: not a JSON line"
+    ) in first.stdout
     second = cli("import", str(jsonl), "--url", server.url)
-    assert "20 records, 0 new, 20 duplicates" in second.stdout
+    assert "21 lines read, 0 records stored, 20 already stored, 1 rejected" in second.stdout
     imported = server.status("--run", "imported")["runs"]
     assert imported[0]["last_step"] == 20
     assert server.stop() == 0
