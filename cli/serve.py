@@ -94,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
             config = dataclasses.replace(config, curve_dir=curve)
     except (ConfigError, CurveError) as exc:
         return _fail(str(exc))
+    if busy := _busy_ports(config):  # before the store exists, and before uvicorn's own error
+        return _fail("; ".join(busy))
 
     import uvicorn
     from rankwatch.aggregator.service import Aggregator, tune_gc
@@ -127,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             sock = uv_config.bind_socket()
         except SystemExit:  # uvicorn exits when it cannot bind; say which address
-            return _fail(f"cannot listen on {config.host}:{config.port} (address in use?)")
+            return _fail(f"cannot listen on {config.host}:{config.port}: pick another --port")
         _banner(config, aggregator.ingest_port, sock.getsockname()[1])
         uvicorn.Server(uv_config).run(sockets=[sock])
     except OSError as exc:
@@ -135,6 +137,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         aggregator.stop()  # last tick, store flush, webhooks drained (bounded)
     return 0
+
+
+def _busy_ports(config: ServeConfig) -> list[str]:
+    from rankwatch.cli.ports import busy_message, in_use
+
+    busy = []
+    if in_use(config.host, config.port):
+        busy.append("dashboard " + busy_message("http", config.host, config.port, "--port"))
+    if in_use(config.ingest_host, config.ingest_port):
+        where = busy_message("tcp", config.ingest_host, config.ingest_port, "--ingest-port")
+        busy.append("agents' address " + where)
+    return busy
 
 
 def _sigterm(signum: int, frame: object) -> None:
