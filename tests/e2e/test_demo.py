@@ -92,6 +92,7 @@ def test_simulated_demo_runs_unattended(tmp_path: Path) -> None:
     )  # fmt: skip
     assert code == 0, out[-4000:]
     assert "dashboard:  http://127.0.0.1:" in out and "look for:" in out
+    assert "summary-json" not in out and "summary of run demo-" in out
     summary = summary_of(out)
     assert summary["ranks"] == {str(r): "finished" for r in range(4)}
     assert_flagged_only_the_bad_rank(summary)
