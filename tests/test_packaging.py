@@ -16,6 +16,7 @@ import sysconfig
 import time
 import urllib.request
 import zipfile
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,10 @@ def _source_files() -> list[str]:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel built from a copy of the source tree (the checkout is left untouched)."""
+    setuptools = version("setuptools")
+    assert int(setuptools.split(".")[0]) >= 77, (
+        f"setuptools {setuptools} cannot read the SPDX license: run bash deploy/dev-setup.sh"
+    )
     base = tmp_path_factory.mktemp("wheel")
     src = base / "src"
     for name in _source_files():
