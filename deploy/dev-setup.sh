@@ -34,7 +34,10 @@ PY=${PYTHON:-python3}
 # MindSpore 2.10 needs numpy<2; torch 2.13.0 is the CPU build.
 extras=server,mindspore
 [ "$want_system" = 1 ] && extras=dev,mindspore,torch
-.venv/bin/python -m pip install -q -e ".[$extras]" 2>&1 | grep -v '^WARNING: Location' || true
+# setuptools' notice that an editable install maps folders through a meta path finder is how
+# the folder-per-subpackage layout installs editable, not a problem: only that one is muted.
+PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
+  .venv/bin/python -m pip install -q -e ".[$extras]" 2>&1 | grep -v '^WARNING: Location' || true
 .venv/bin/python -c "import rankwatch.agent, rankwatch.aggregator, rankwatch.dashboard, zmq, duckdb, fastapi, msgspec" \
   || { echo "setup failed: rankwatch did not import" >&2; exit 1; }
 echo "setup done: $(.venv/bin/python --version), rankwatch in .venv"
