@@ -17,9 +17,7 @@ from rankwatch.aggregator.alerts.console import readable
 from rankwatch.cli import completion
 from rankwatch.cli.main import build_parser, subcommands
 
-from tests.cli.test_cli import RANKWATCH, Server, cli, servers, wait_until
-
-__all__ = ["servers"]  # the fixture, shared with test_cli
+from tests.cli.running import RANKWATCH, Server, cli, wait_until
 
 
 def python_m(*args: str) -> subprocess.CompletedProcess[str]:
