@@ -32,6 +32,7 @@ from typing import Any
 import msgpack
 import zmq
 
+from . import reach
 from .fallback import read_records
 from .wire.curve import CurveKeys
 from .wire.records import MAX_FRAME_BYTES, SCHEMA_VERSION, Record, encode_frame, to_wire
@@ -70,8 +71,11 @@ class Sender:
         jsonl: Path | None = None,
         flush_interval_s: float = FLUSH_INTERVAL_S,
         curve: CurveKeys | None = None,
+        unreachable_after_s: float | None = None,
     ) -> None:
         self.addr = addr
+        after_s = reach.UNREACHABLE_AFTER_S if unreachable_after_s is None else unreachable_after_s
+        self._reach = reach.Reachability(addr, jsonl, after_s, time.monotonic())
         self._curve = curve
         self.queue = queue
         self.sent_frames = 0
@@ -118,13 +122,17 @@ class Sender:
     def _run(self) -> None:
         ctx = zmq.Context(1)
         sock = ctx.socket(zmq.DEALER)
+        watch: reach.HandshakeWatch | None = None
         try:
             self._configure(sock)
+            watch = reach.HandshakeWatch(sock)
             sock.connect(self.addr)
-            self._loop(sock)
+            self._loop(sock, watch)
         except Exception as exc:  # the thread must never take training down with it
             log.exception("rankwatch: sender thread stopped: %s", exc)
         finally:
+            if watch is not None:
+                watch.close()
             linger = int(max(0.0, min(LINGER_MS / 1000, self._deadline - time.monotonic())) * 1e3)
             sock.close(linger=linger if self._deadline else 0)
             ctx.term()
@@ -144,11 +152,12 @@ class Sender:
             sock.curve_secretkey = self._curve.secret
             sock.curve_serverkey = self._curve.server
 
-    def _loop(self, sock: zmq.Socket[bytes]) -> None:
+    def _loop(self, sock: zmq.Socket[bytes], watch: reach.HandshakeWatch) -> None:
         next_beat = time.monotonic() + self._heartbeat_s
         while True:
             stopping = self._stop.is_set()
             now = time.monotonic()
+            self._watch_reach(watch, now)
             if now >= next_beat or self._beat_now.is_set():
                 self._beat_now.clear()
                 beat = self._heartbeat()
@@ -160,6 +169,16 @@ class Sender:
                 return
             if sock.poll(int(self._flush_s * 1000)):
                 self._receive(sock)
+
+    def _watch_reach(self, watch: reach.HandshakeWatch, now: float) -> None:
+        for event in watch.events():
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                if message := self._reach.handshake(now):
+                    log.warning(message)
+            else:
+                self._reach.disconnected(now)
+        if message := self._reach.tick(now):
+            log.warning(message)
 
     def _send_all(self, sock: zmq.Socket[bytes]) -> None:
         if not self._send_pending(sock):

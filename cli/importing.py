@@ -2,7 +2,8 @@
 
 With ``--url`` the records go to a running `rankwatch serve` (``POST /api/ingest``), so they
 dedupe against live traffic and show on the dashboard at once; with ``--data`` (the default)
-they go straight into a store that no server is using.
+they go straight into a store that no server is using. Each file gets one line: lines read,
+records stored, duplicates, lines rejected (the first with its line number and reason).
 """
 
 from __future__ import annotations
@@ -13,10 +14,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankwatch.cli.status import DEFAULT_URL, TOKEN_ENV, ApiError, request_json, token_of
+from rankwatch.cli.status import (
+    DEFAULT_URL,
+    TOKEN_ENV,
+    ApiError,
+    request_json,
+    server_url,
+    token_of,
+)
 
 if TYPE_CHECKING:
     from rankwatch.agent.wire.records import Record
+    from rankwatch.aggregator.ingest.importer import FileSummary
 
 NAME = "import"
 HELP = "import JSONL files or directories (agent logs, legacy callback logs)"
@@ -81,9 +90,8 @@ def run(args: argparse.Namespace) -> int:
     progress = not args.quiet and sys.stderr.isatty()
     try:
         if args.url:
-            summaries = import_paths(
-                args.paths, HttpSink(args.url, token_of(args)), progress, run=args.run
-            )
+            sink = HttpSink(server_url(args.url), token_of(args))
+            summaries = import_paths(args.paths, sink, progress, run=args.run)
         else:
             data = Path(args.data or "rankwatch_data")
             summaries = import_into_store(args.paths, data, progress, run=args.run)
@@ -91,20 +99,43 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     except ApiError as exc:
         return _fail(str(exc))
-    except StoreError as exc:
-        return _fail(f"{exc}\n(a running `rankwatch serve` holds it: import with --url instead)")
+    except StoreError as exc:  # its message already says to import through the server
+        return _fail(str(exc))
     problems = 0
     for summary in summaries:
-        print(summary)
-        for bad in summary.bad_lines:
-            print(f"  {bad}")
+        print(describe(summary))
+        for bad in summary.bad_lines[1:]:
+            print(f"  line {bad.line}: {bad.reason}")
         if summary.bad > len(summary.bad_lines):
-            print(f"  ... and {summary.bad - len(summary.bad_lines)} more bad lines")
+            print(f"  ... and {summary.bad - len(summary.bad_lines)} more rejected lines")
         problems += summary.bad + (1 if summary.error else 0)
     total = sum(s.accepted for s in summaries)
     dupes = sum(s.duplicates for s in summaries)
     print(f"imported {total} new records from {len(summaries)} file(s), {dupes} duplicates")
     return 1 if problems else 0
+
+
+def describe(summary: FileSummary) -> str:
+    """One file's line: what was read, stored and rejected, and the first reason why."""
+    if summary.error:
+        return f"{summary.path}: {summary.error}"
+    lines = summary.read + summary.bad
+    if not lines:
+        return f"{summary.path}: empty file, nothing to import"
+    kind = f" ({summary.format} format)" if summary.format in ("legacy", "mixed") else ""
+    text = (
+        f"{summary.path}{kind}: {_count(lines, 'line')} read, "
+        f"{_count(summary.accepted, 'record')} stored, {summary.duplicates:,} already stored, "
+        f"{summary.bad:,} rejected"
+    )
+    if summary.bad_lines:
+        first = summary.bad_lines[0]
+        text += f" (first at line {first.line}: {first.reason})"
+    return text
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _fail(message: str) -> int:

@@ -120,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
             config = dataclasses.replace(config, curve_dir=curve)
     except (ConfigError, CurveError) as exc:
         return _fail(str(exc))
+    if busy := _busy_ports(config):  # before the store exists, and before uvicorn's own error
+        return _fail("; ".join(busy))
 
     import uvicorn
     from rankwatch.aggregator.provider import AggregatorProvider
@@ -156,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             sock = listen_socket(config.host, config.port)
         except OSError as exc:
-            return _fail(f"cannot listen on {config.host}:{config.port}: {exc}")
+            where = f"{config.host}:{config.port}"
+            return _fail(f"cannot listen on {where}: {exc}; pick another --port")
         _banner(config, aggregator.ingest_port, sock.getsockname()[1])
         uvicorn.Server(uv_config).run(sockets=[sock])
     except OSError as exc:
@@ -200,6 +203,18 @@ def listen_socket(host: str, port: int) -> socket.socket:
         raise
     sock.set_inheritable(True)
     return sock
+
+
+def _busy_ports(config: ServeConfig) -> list[str]:
+    from rankwatch.cli.ports import busy_message, in_use
+
+    busy = []
+    if in_use(config.host, config.port):
+        busy.append("dashboard " + busy_message("http", config.host, config.port, "--port"))
+    if in_use(config.ingest_host, config.ingest_port):
+        where = busy_message("tcp", config.ingest_host, config.ingest_port, "--ingest-port")
+        busy.append("agents' address " + where)
+    return busy
 
 
 def _sigterm(signum: int, frame: object) -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -15,6 +16,7 @@ HELP = "print the live state of every run and rank (from a running `rankwatch se
 DEFAULT_URL = "http://127.0.0.1:8670"
 TOKEN_ENV = "RANKWATCH_TOKEN"
 TIMEOUT_S = 10.0
+KNOWN_RUNS_SHOWN = 5  # runs named when --run matches none
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -38,6 +40,16 @@ class ApiError(Exception):
     """The server could not be reached or refused; the message says what to do."""
 
 
+def server_url(text: str) -> str:
+    """``text`` as the base URL of a server, without a trailing slash; ApiError if it is not
+    an http(s) URL with a host."""
+    parts = urllib.parse.urlsplit(text.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        like = f"http://{text.strip()}" if "://" not in text and text.strip() else DEFAULT_URL
+        raise ApiError(f"--url {text!r} is not an http:// or https:// URL (like {like})")
+    return text.strip().rstrip("/")
+
+
 def request_json(
     url: str,
     token: str | None,
@@ -50,8 +62,8 @@ def request_json(
         headers["Authorization"] = f"Bearer {token}"
     if body is not None:
         headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(url, data=body, headers=headers)
     try:
+        request = urllib.request.Request(url, data=body, headers=headers)
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.load(response)
     except urllib.error.HTTPError as exc:
@@ -87,8 +99,8 @@ def token_of(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from rankwatch.aggregator.alerts.console import render_status
 
-    url = args.url.rstrip("/") + "/api/status"
     try:
+        url = server_url(args.url) + "/api/status"
         snapshot = request_json(url, token_of(args), args.timeout)
     except ApiError as exc:
         print(f"rankwatch status: {exc}", file=sys.stderr)
@@ -97,10 +109,31 @@ def run(args: argparse.Namespace) -> int:
         print(f"rankwatch status: {url} did not answer a snapshot", file=sys.stderr)
         return 2
     if args.run is not None:
-        snapshot = {**snapshot, "runs": [r for r in snapshot["runs"] if r.get("run") == args.run]}
+        known = snapshot["runs"]
+        snapshot = {**snapshot, "runs": [r for r in known if r.get("run") == args.run]}
+        if not snapshot["runs"]:
+            print(f"rankwatch status: {no_such_run(args.run, known)}", file=sys.stderr)
+            return 1
     if args.json:
         json.dump(snapshot, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         print(render_status(snapshot, args.run, snapshot.get("now"), args.all))
-    return 1 if args.run is not None and not snapshot["runs"] else 0
+    return 0
+
+
+def no_such_run(name: str, runs: list[Any]) -> str:
+    """What to say when ``--run name`` is none of ``runs``: the newest few it could have been."""
+    entries = [r for r in runs if isinstance(r, dict) and isinstance(r.get("run"), str)]
+    if not entries:
+        return f"no run named {name!r}: the server has no runs yet"
+
+    def newest(r: dict[str, Any]) -> float:
+        t = r.get("last_time")
+        return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
+
+    entries.sort(key=newest, reverse=True)
+    names = ", ".join(r["run"] for r in entries[:KNOWN_RUNS_SHOWN])
+    more = len(entries) - KNOWN_RUNS_SHOWN
+    tail = f" (and {more} more)" if more > 0 else ""
+    return f"no run named {name!r}; the server knows (newest first): {names}{tail}"

@@ -32,6 +32,8 @@ POLL_S = 1.0  # how often the demo looks at the job and the aggregator
 SETTLE_S = 20.0  # after the job ends, time for the last records and for lost ranks to show
 DEFAULT_NODE_TIMEOUT_S = 10  # MS_NODE_TIMEOUT: how soon msrun gives up on a dead rank
 HOST = "127.0.0.1"
+SUMMARY_FILE = "summary.json"  # machine-readable summary, beside the job logs
+SUMMARY_SAID = "the same as JSON:"  # the line that names it
 INSTALL_HINT = "pip install 'rankwatch[mindspore]'"
 
 WHAT_TO_LOOK_FOR = {
@@ -286,9 +288,10 @@ class Demo:
         for line in self.reporter.summary_lines(cfg.fault, cfg.fault_rank, cfg.fault_step):
             self.say(line)
         data = self.reporter.summary(cfg.fault, cfg.fault_rank, cfg.fault_step)
-        path = self.data / "jobs" / self.run / "summary.json"
+        path = self.data / "jobs" / self.run / SUMMARY_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        self.say(f"  {SUMMARY_SAID} {path}")
 
     # --- run and stop --------------------------------------------------------------------
 

@@ -139,7 +139,7 @@ class Reporter:
         return min(known) if known else None
 
     def summary(self, fault: str, fault_rank: int, fault_step: int) -> dict[str, Any]:
-        """Machine-readable summary (printed as JSON and written next to the job logs)."""
+        """Machine-readable summary (written as JSON next to the job logs)."""
         flagged = self.flagged_ranks()
         return {
             "run": self.run,
@@ -186,7 +186,6 @@ class Reporter:
             lines.append(
                 f"  injected {fault} on rank {fault_rank} at step {fault_step}: {verdict}{tail}"
             )
-        lines.append("summary-json: " + json.dumps(data, sort_keys=True))
         return lines
 
 

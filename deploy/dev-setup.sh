@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine for the demo and the tests: a virtual environment in .venv with
-# rankwatch (editable) and its extras, plus Debian's chromium and iproute2 for the browser and
-# multi-host tests. Idempotent: a second run only checks.
-#   bash deploy/dev-setup.sh            # venv + MindSpore + PyTorch (the demo)
-#   bash deploy/dev-setup.sh --tests    # also chromium and iproute2 (the test suite)
+# Sets up a fresh machine for the demo or the tests: a virtual environment in .venv with
+# rankwatch (editable) and what the chosen use needs. Idempotent: a second run only checks.
+#   bash deploy/dev-setup.sh            # the demo: the server and MindSpore, nothing else
+#   bash deploy/dev-setup.sh --tests    # the test suite: also PyTorch, pytest, Playwright, ruff,
+#                                       # and Debian's chromium and iproute2 (browser, netns tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,9 +27,17 @@ fi
 
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+# setuptools 77 reads the SPDX license string; the packaging test builds the wheel with the
+# venv's own setuptools (no download at test time).
+.venv/bin/python -m pip install -q --upgrade pip 'setuptools>=77' wheel 2>&1 \
+  | grep -v '^WARNING: Location' || true
 # MindSpore 2.10 needs numpy<2; torch 2.13.0 is the CPU build.
-.venv/bin/python -m pip install -q -e '.[dev,mindspore,torch]' 2>&1 | grep -v '^WARNING: Location' || true
+extras=server,mindspore
+[ "$want_system" = 1 ] && extras=dev,mindspore,torch
+# setuptools' notice that an editable install maps folders through a meta path finder is how
+# the folder-per-subpackage layout installs editable, not a problem: only that one is muted.
+PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
+  .venv/bin/python -m pip install -q -e ".[$extras]" 2>&1 | grep -v '^WARNING: Location' || true
 .venv/bin/python -c "import rankwatch.agent, rankwatch.aggregator, rankwatch.dashboard, zmq, duckdb, fastapi, msgspec" \
   || { echo "setup failed: rankwatch did not import" >&2; exit 1; }
 echo "setup done: $(.venv/bin/python --version), rankwatch in .venv"

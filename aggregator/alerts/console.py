@@ -9,11 +9,12 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rankwatch.aggregator.metrics import display_order
+from rankwatch.aggregator.metrics import KNOWN_METRICS, display_order
 
 MAX_METRIC_COLUMNS = 4  # metric columns in the status table, beyond the fixed ones
 PREFERRED_METRICS = display_order()  # the known metrics first, as on the dashboard
 NAME_WIDTH = 14  # metric column width; longer names are clipped
+UNITS = {m.name: m.unit for m in KNOWN_METRICS if m.unit}
 # Bigger runs list only the ranks with something to say (not alive, divergent, records missing
 # or dropped): 4,096 rows of healthy ranks would scroll the one stalled rank out of sight.
 FOLD_RANKS = 64
@@ -26,8 +27,21 @@ def _fmt_value(value: Any) -> str:
     if isinstance(value, str):
         return value  # "NaN", "Infinity" as JSON carries them
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return readable(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
     return str(value)
+
+
+def readable(value: float) -> str:
+    """13,750 rather than 1.375e+04; four significant digits below 1,000, and exponents only
+    for the very large or very small (a learning rate of 1e-05)."""
+    size = abs(value)
+    if size >= 1e15 or 0 < size < 1e-3:
+        return f"{value:.3g}"
+    if size >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
 
 
 def _fmt_age(last_seen: Any, now: float) -> str:
@@ -90,7 +104,8 @@ def render_run(run: Mapping[str, Any], now: float, all_ranks: bool = False) -> l
         ranks = [r for r in ranks if _has_news(r)]
     metrics = _pick_metrics(ranks)
     header = ["rank", "state", "step", "seen", "host", "pid"]
-    header += [m[:NAME_WIDTH] for m in metrics] + ["dropped", "gaps", "divergent"]
+    header += [m[:NAME_WIDTH] + (f" ({UNITS[m]})" if m in UNITS else "") for m in metrics]
+    header += ["dropped", "gaps", "divergent"]
     rows = []
     for r in sorted(ranks, key=lambda r: r.get("rank", 0)):
         values = r.get("values") or {}
@@ -106,7 +121,7 @@ def render_run(run: Mapping[str, Any], now: float, all_ranks: bool = False) -> l
                 _fmt_value(r.get("last_step")),
                 _fmt_age(r.get("last_seen"), now),
                 str(r.get("host") or "-"),
-                _fmt_value(r.get("pid")),
+                str(r.get("pid") if r.get("pid") is not None else "-"),
                 *(_fmt_value(values.get(m)) for m in metrics),
                 _fmt_value(r.get("dropped") or 0),
                 str(len(gaps)) if isinstance(gaps, list) else _fmt_value(gaps),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rankwatch.demo.status import Reporter
@@ -76,7 +75,7 @@ def test_states_settle_and_summary_names_the_crash() -> None:
     assert rep.rank_state(2) == "crashed"
     assert any("rank 2: crashed" in line and "injected fault" in line for line in said)
     lines = rep.summary_lines("crash", 2, 15)
-    data = json.loads(lines[-1].removeprefix("summary-json: "))
+    data = rep.summary("crash", 2, 15)
     assert data["ranks"] == {"0": "lost", "1": "lost", "2": "crashed", "3": "lost"}
     assert "injected fault" in data["messages"]["2"]
     assert any("rank 2 was not flagged, and it is crashed" in line for line in lines)
@@ -112,7 +111,7 @@ def test_verdict_names_who_went_first_and_what_became_of_the_others() -> None:
     nan = [dict(divergence(2, "loss", 20, 20), kind="nonfinite")]
     nan += [dict(divergence(r, "loss", 21, 21), kind="nonfinite") for r in (0, 1, 3)]
     rep.ingest(snapshot([rank_row(r, "finished") for r in range(4)], nan), None)
-    verdict = rep.summary_lines("nan", 2, 20)[-2]
+    verdict = rep.summary_lines("nan", 2, 20)[-1]
     assert (
         "rank 2 flagged at step 20; it went first, ranks [0, 1, 3] followed from step 21" in verdict
     )
@@ -126,5 +125,5 @@ def test_verdict_names_who_went_first_and_what_became_of_the_others() -> None:
         ]
     }
     rep.ingest(snapshot(rows, []), alerts)
-    verdict = rep.summary_lines("crash", 2, 20)[-2]
+    verdict = rep.summary_lines("crash", 2, 20)[-1]
     assert "and it is crashed; the other ranks: rank 0 lost, rank 1 lost, rank 3 lost" in verdict

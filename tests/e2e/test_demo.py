@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rankwatch.demo.launcher import rankwatch_command
+from rankwatch.demo.launcher import SUMMARY_SAID, rankwatch_command
 
 from .conftest import free_port, get_json, launch_env, require_msrun
 
@@ -47,9 +47,10 @@ def run_demo(data: Path, *args: str, timeout_s: float) -> tuple[int, str]:
 
 
 def summary_of(out: str) -> dict[str, Any]:
-    lines = [line for line in out.splitlines() if line.startswith("summary-json: ")]
+    said = f"  {SUMMARY_SAID} "
+    lines = [line for line in out.splitlines() if line.startswith(said)]
     assert lines, f"no summary printed:\n{out[-4000:]}"
-    return json.loads(lines[-1].removeprefix("summary-json: "))
+    return json.loads(Path(lines[-1].removeprefix(said)).read_text())
 
 
 def leftovers(marker: str) -> list[str]:
@@ -91,6 +92,7 @@ def test_simulated_demo_runs_unattended(tmp_path: Path) -> None:
     )  # fmt: skip
     assert code == 0, out[-4000:]
     assert "dashboard:  http://127.0.0.1:" in out and "look for:" in out
+    assert "summary-json" not in out and "summary of run demo-" in out
     summary = summary_of(out)
     assert summary["ranks"] == {str(r): "finished" for r in range(4)}
     assert_flagged_only_the_bad_rank(summary)

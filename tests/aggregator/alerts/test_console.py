@@ -62,7 +62,8 @@ def test_status_table_has_a_row_per_rank_and_says_what_is_wrong() -> None:
     assert lines[1] == "  ranks: 2 alive, 1 lost; 1 divergent"
     header = lines[2].split()
     assert header[:6] == ["rank", "state", "step", "seen", "host", "pid"]
-    assert header[6:10] == ["loss", "lr", "throughput", "grad_norm"]  # known first, 4 max
+    # known first, 4 max, with the table's units
+    assert header[6:11] == ["loss", "lr", "throughput", "(samples/s)", "grad_norm"]
     rows = {int(line.split()[0]): line for line in lines[3:6]}
     assert list(rows) == [0, 1, 2]  # sorted by rank
     assert rows[1].split()[1:4] == ["lost", "120", "95s"]
