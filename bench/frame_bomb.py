@@ -31,9 +31,10 @@ import msgpack
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for bench.*
-from bench.serve_proc import ServeProc
 from rankwatch.agent import Monitor
 from rankwatch.agent.wire.records import MAX_FRAME_BYTES, SCHEMA_VERSION
+
+from bench.serve_proc import ServeProc
 
 RUN = "frame-bomb"
 METRIC = "loss"
@@ -55,7 +56,9 @@ def maps_frame() -> bytes:
     return msgpack.packb({"v": SCHEMA_VERSION, "records": [item] * n})
 
 
-def arrivals(url: str, out: dict[int, float], stop: threading.Event, ready: threading.Event) -> None:
+def arrivals(
+    url: str, out: dict[int, float], stop: threading.Event, ready: threading.Event
+) -> None:
     """First arrival (wall time) of each step of METRIC on the live stream."""
     with (
         httpx.Client(timeout=None) as client,
@@ -76,7 +79,9 @@ def arrivals(url: str, out: dict[int, float], stop: threading.Event, ready: thre
                             out.setdefault(step, now)
 
 
-def attack(addr: str, frames: list[bytes], count: int, done: threading.Event, sent: list[int]) -> None:
+def attack(
+    addr: str, frames: list[bytes], count: int, done: threading.Event, sent: list[int]
+) -> None:
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
@@ -91,6 +96,7 @@ def attack(addr: str, frames: list[bytes], count: int, done: threading.Event, se
             except zmq.Again:
                 continue  # the server's queue for this peer is full: that is the point
             sent[0] += 1
+        done.wait()  # closing now would discard what ZeroMQ has not yet written
     finally:
         sock.close(0)
 

@@ -40,14 +40,14 @@ import msgpack
 import zmq
 from rankwatch.agent.wire.addresses import DEFAULT_INGEST_PORT, parse_addr, resolve_addr
 from rankwatch.agent.wire.curve import (
-    HANDSHAKE_FAILED,
+    MONITOR_EVENTS,
     CurveGate,
     ServerContext,
     client_keys_of,
     configure_client,
+    read_monitor,
 )
 from rankwatch.agent.wire.records import MAX_FRAME_BYTES, DecodeError, check_version
-from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger("rankwatch.relay")
 
@@ -180,10 +180,7 @@ class Relay:
             configure_client(up, client)
         up.connect(upstream)
         self._down, self._up = down, up
-        events = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
-        for event in HANDSHAKE_FAILED:
-            events |= event
-        self._monitor = down.get_monitor_socket(events)
+        self._monitor = down.get_monitor_socket(MONITOR_EVENTS)
         self._batch: list[Any] = []
         self._batch_bytes = 0
         self._batch_version = 0
@@ -196,7 +193,7 @@ class Relay:
                 "frames_in", "records_in", "frames_out", "records_out", "bad_frames",
                 "connections", "disconnects", "control_in", "control_routed",
                 "control_unroutable", "control_failed", "pushback", "internal_errors",
-                "refused", "routes_evicted",
+                "refused", "handshake_incomplete", "routes_evicted",
             ),
             0,
         )  # fmt: skip
@@ -228,10 +225,10 @@ class Relay:
     def counters(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.n)
         with self._reasons_lock:  # the relay thread may add a reason meanwhile
-            reasons = dict(self.reasons)
+            reasons, refused_by = dict(self.reasons), dict(self.refused_by)
         out.update(
             pending_frames=len(self._pending), pending_bytes=self.pending_bytes, reasons=reasons,
-            refused_by=dict(self.refused_by), routes=len(self._routes),
+            refused_by=refused_by, routes=len(self._routes),
         )  # fmt: skip
         if self.curve is not None:
             out["curve_denied_keys"] = self.curve.denied
@@ -261,7 +258,8 @@ class Relay:
                     if self._up in events:
                         self._control()
                     if self._monitor in events:
-                        self._read_monitor()
+                        with self._reasons_lock:  # counters() copies refused_by meanwhile
+                            read_monitor(self._monitor, self.n, self.refused_by)
                     if self._batch and (
                         time.monotonic() >= self._deadline or self._batch_bytes >= FLUSH_BYTES
                     ):
@@ -383,23 +381,6 @@ class Relay:
         if key not in self._logged and len(self._logged) < MAX_LOGGED:
             self._logged.add(key)
             log.warning("rankwatch relay: %s (from %s; further ones only counted)", message, who)
-
-    def _read_monitor(self) -> None:
-        while True:
-            try:
-                msg = self._monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            event = parse_monitor_message(msg)["event"]
-            if event == zmq.EVENT_ACCEPTED:
-                self.n["connections"] += 1
-            elif event == zmq.EVENT_DISCONNECTED:
-                self.n["disconnects"] += 1
-            elif event in HANDSHAKE_FAILED:  # an agent without an allowed key (curve)
-                kind = HANDSHAKE_FAILED[event]
-                self.n["refused"] += 1
-                with self._reasons_lock:
-                    self.refused_by[kind] = self.refused_by.get(kind, 0) + 1
 
     # --- relay -> head -------------------------------------------------------------------
 
