@@ -130,3 +130,23 @@ def test_every_refused_body_is_counted_by_kind(
     assert res.status_code == status and says in res.json()["detail"]
     counted = bad_bodies(client)
     assert counted[kind] == 1 and sum(counted.values()) == 1
+
+
+HUGE = "1" + "0" * 400  # a JSON integer no float can hold
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(lambda: step(2, metrics='{"loss": ' + HUGE + "}"), id="metric"),
+        pytest.param(lambda: step(2, time=HUGE), id="time"),
+    ],
+)
+def test_an_integer_too_large_for_a_float_costs_only_its_record(client: TestClient, bad) -> None:  # type: ignore[no-untyped-def]
+    res = post(client, post_body(step(1), bad(), step(3)))
+    assert res.status_code == 200, res.text
+    out = res.json()
+    assert (out["accepted"], out["rejected"]) == (2, 1)
+    assert out["errors"][0]["index"] == 1 and out["errors"][0]["reason"] == "field"
+    assert "too large for a float" in out["errors"][0]["error"]
+    assert client.get("/api/status").status_code == 200
