@@ -150,3 +150,13 @@ def test_an_integer_too_large_for_a_float_costs_only_its_record(client: TestClie
     assert out["errors"][0]["index"] == 1 and out["errors"][0]["reason"] == "field"
     assert "too large for a float" in out["errors"][0]["error"]
     assert client.get("/api/status").status_code == 200
+
+
+def test_accepted_counts_new_records_and_duplicates_apart(client: TestClient) -> None:
+    body = post_body(step(1), step(2))
+    first, again = post(client, body).json(), post(client, body).json()
+    assert (first["accepted"], first["duplicates"]) == (2, 0)
+    assert (again["accepted"], again["duplicates"], again["rejected"]) == (0, 2, 0)
+    prom = parse_prom(client.get("/metrics").text)
+    assert prom["rankwatch_aggregator_http_ingest_accepted"][()] == 2
+    assert prom["rankwatch_aggregator_http_ingest_duplicates"][()] == 2
