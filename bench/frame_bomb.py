@@ -82,7 +82,7 @@ def arrivals(
 def attack(
     addr: str, frames: list[bytes], count: int, done: threading.Event, sent: list[int]
 ) -> None:
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
     sock.setsockopt(zmq.LINGER, 0)

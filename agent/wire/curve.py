@@ -43,7 +43,7 @@ CLIENT_PUBLIC_GLOB = "client*.key"
 RESCAN_MIN_S = 5.0  # an unknown key re-reads the allowed keys at most this often
 MAX_LOGGED_KEYS = 100  # refused keys logged by name; beyond this only counted
 # Socket monitor events of a refused peer (the receiver and the relay count them by kind).
-HANDSHAKE_FAILED = {
+HANDSHAKE_FAILED: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",  # unknown CurveZMQ client key
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",  # no curve, or not ZeroMQ at all
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other",  # e.g. a keyless agent hanging up on curve

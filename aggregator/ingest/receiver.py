@@ -7,10 +7,8 @@ logged once per sender and reason; it is never fatal and valid traffic keeps flo
 schema version is its own log line, once per sender and version, whatever that sender got wrong
 before: it is the one problem an operator fixes on the head node (upgrade the aggregator).
 
-Everything kept per peer is bounded, so a peer inventing run names or reconnecting at will
-costs counts, not memory: ``MAX_SENDERS`` identities, ``MAX_ROUTES`` (run, rank) routes in
-all and ``MAX_RANKS_PER_PEER`` per connection (a relay's oldest rank route gives way to its
-newest), ``MAX_RETIRED`` labels of evicted identities, ``MAX_LOGGED`` log-once keys.
+Everything kept per peer is bounded (``peers.py``; ``MAX_LOGGED`` log-once keys here), so a
+peer inventing run names or reconnecting at will costs counts, not memory.
 
 The socket belongs to the thread that calls ``recv()``: ``send_control()`` may be called from
 any thread, it only queues, and the queue is flushed by the next ``recv()``.
@@ -33,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +43,7 @@ from rankwatch.agent.wire.curve import MONITOR_EVENTS, CurveGate, ServerContext,
 from rankwatch.agent.wire.records import DecodeError, Record, StepBlock
 from rankwatch.aggregator.ingest import frames
 from rankwatch.aggregator.ingest.backlog import Backlog
+from rankwatch.aggregator.ingest.peers import Peers, SenderStats
 
 log = logging.getLogger("rankwatch.receiver")
 
@@ -65,26 +64,8 @@ BACKLOG_QUANTUM_BYTES = 256 * 1024
 # set from a byte budget.
 PEER_BUFFER_BYTES = 64 * 1024 * 1024
 RCVHWM_MESSAGES = PEER_BUFFER_BYTES // records.MAX_FRAME_BYTES
-MAX_SENDERS = 4096  # per-identity counters kept; DEALERs get a new identity on each reconnect
-MAX_RETIRED = 4096  # labels of evicted identities kept apart; the rest share OTHER_SENDERS
-OTHER_SENDERS = "(others)"
-MAX_ROUTES = 65_536  # (run, rank) -> identity routes for resend requests, in all ...
-MAX_RANKS_PER_PEER = 1024  # ... and per connection (a relay carries a node's ranks, every run)
 MAX_LOGGED = 10_000  # (sender, reason) pairs already logged, to log each once
 LINGER_MS = 0  # control messages are best effort: never hang on close
-
-
-@dataclass(slots=True)
-class SenderStats:
-    label: str  # "run/rank" once a valid record came from this identity, else identity hex
-    run: str | None = None
-    rank: int | None = None
-    messages: int = 0
-    records: int = 0
-    bad: dict[str, int] = field(default_factory=dict)
-    relayed: bool = False  # one connection carrying several ranks (a `rankwatch relay`)
-    # (run, rank) routed through this identity, oldest first (dict as an ordered set)
-    ranks: dict[tuple[str, int], None] = field(default_factory=dict)
 
 
 class Receiver:
@@ -133,10 +114,7 @@ class Receiver:
         self._rests: dict[bytes, _Rest] = {}  # frames decoded in parts: the next part
         self._control: deque[tuple[bytes, bytes]] = deque()
         self._control_lock = threading.Lock()
-        self._senders: dict[bytes, SenderStats] = {}
-        self._routes: dict[tuple[str, int], bytes] = {}  # (run, rank) -> latest identity
         self._logged: set[tuple[str, str, str]] = set()  # (sender, reason, detail)
-        self._retired: dict[str, SenderStats] = {}  # stats of evicted identities, by label
         self.totals: dict[str, int] = {
             "messages": 0,
             "records": 0,
@@ -155,6 +133,7 @@ class Receiver:
             "routes_evicted": 0,  # MAX_ROUTES reached: the oldest route was dropped
             "peer_ranks_capped": 0,  # MAX_RANKS_PER_PEER reached on one connection
         }
+        self.peers = Peers(self.totals)
         self.reasons: dict[str, int] = {}
         self.refused: dict[str, int] = {}  # refused handshakes by kind (curve.HANDSHAKE_FAILED)
         self._closed = False
@@ -211,7 +190,7 @@ class Receiver:
             size = sum(map(len, parts))
             totals["bytes"] += size
             if len(parts) != 2 or not put(parts[0], parts[1], len(parts[1])):
-                stats = self._sender(parts[0])
+                stats = self.peers.get(parts[0])
                 stats.messages += 1
                 totals["messages"] += 1
                 if len(parts) != 2:
@@ -229,15 +208,11 @@ class Receiver:
             if pulled >= MAX_PULL_BYTES:
                 return
 
-    def _sender(self, identity: bytes) -> SenderStats:
-        stats = self._senders.get(identity)
-        return stats if stats is not None else self._new_sender(identity)
-
     def _take(self, identity: bytes, item: bytes | _Rest, out: list[Record | StepBlock]) -> int:
         """Decode one frame of ``identity`` (or the next part of one) into ``out``; the number
         of valid records."""
-        stats = self._sender(identity)
-        if type(item) is _Rest:
+        stats = self.peers.get(identity)
+        if isinstance(item, _Rest):
             batch: list[Record] | list[Record | StepBlock] = self._salvage(stats, identity, item)
         else:
             stats.messages += 1
@@ -245,16 +220,7 @@ class Receiver:
             batch = self._decode(stats, identity, item)
         if not batch:
             return 0
-        if stats.run is None:
-            self._learn(identity, stats, batch[0])
-        if stats.relayed or batch[-1].rank != stats.rank:
-            # A relay: every rank behind it is reached through this one identity.
-            stats.relayed = True
-            routes = self._routes
-            for rec in batch:
-                key = (rec.run, rec.rank)
-                if routes.get(key) != identity:
-                    self._route(key, identity, stats)
+        self.peers.saw(identity, stats, batch)
         size = len(batch[0]) if type(batch[0]) is StepBlock else len(batch)
         stats.records += size
         out.extend(batch)
@@ -319,58 +285,6 @@ class Receiver:
             level=logging.ERROR,
         )
 
-    def _new_sender(self, identity: bytes) -> SenderStats:
-        if len(self._senders) >= MAX_SENDERS:
-            # Reconnecting DEALERs get fresh identities; fold the oldest into per-label totals.
-            oldest = next(iter(self._senders))
-            self._retire(self._senders.pop(oldest))
-        stats = SenderStats(label=identity.hex())
-        self._senders[identity] = stats
-        return stats
-
-    def _retire(self, stats: SenderStats) -> None:
-        # Its routes stay (they are bounded by MAX_ROUTES and the identity may speak again).
-        label = stats.label
-        if label not in self._retired and len(self._retired) >= MAX_RETIRED:
-            label = OTHER_SENDERS  # a peer making up names must not grow this without end
-        blank = SenderStats(label, stats.run, stats.rank)
-        kept = self._retired.setdefault(label, blank)
-        kept.messages += stats.messages
-        kept.records += stats.records
-        for reason, count in stats.bad.items():
-            kept.bad[reason] = kept.bad.get(reason, 0) + count
-
-    def _learn(self, identity: bytes, stats: SenderStats, rec: Record | StepBlock) -> None:
-        stats.run, stats.rank = rec.run, rec.rank
-        stats.label = f"{rec.run}/{rec.rank}"
-        if self._routes.get((rec.run, rec.rank)) != identity:
-            self._route((rec.run, rec.rank), identity, stats)
-
-    def _route(self, key: tuple[str, int], identity: bytes, stats: SenderStats) -> None:
-        """Route resends for ``key`` to ``identity`` (newest last), within both bounds."""
-        routes = self._routes
-        owner = routes.pop(key, None)
-        if owner is not None:  # the rank moved (reconnect, or now behind a relay)
-            moved = self._senders.get(owner)
-            if moved is not None:
-                moved.ranks.pop(key, None)
-        elif len(routes) >= MAX_ROUTES:
-            gone, gone_owner = next(iter(routes.items()))
-            del routes[gone]
-            self.totals["routes_evicted"] += 1
-            held = self._senders.get(gone_owner)
-            if held is not None:
-                held.ranks.pop(gone, None)
-        if len(stats.ranks) >= MAX_RANKS_PER_PEER:
-            # One connection naming more ranks than a node has: its own oldest route goes,
-            # not another peer's, and a long-lived relay still reaches its newest runs.
-            gone = next(iter(stats.ranks))
-            del stats.ranks[gone]
-            routes.pop(gone, None)
-            self.totals["peer_ranks_capped"] += 1
-        routes[key] = identity
-        stats.ranks[key] = None
-
     def _bad(
         self,
         stats: SenderStats,
@@ -425,11 +339,11 @@ class Receiver:
 
     def identity_of(self, run: str, rank: int) -> bytes | None:
         """The identity the latest records of ``(run, rank)`` came from, if any."""
-        return self._routes.get((run, rank))
+        return self.peers.identity_of(run, rank)
 
     def request_resend(self, run: str, rank: int, from_seq: int) -> bool:
         """Ask the agent of ``(run, rank)`` to re-send its records from ``from_seq``."""
-        identity = self._routes.get((run, rank))
+        identity = self.peers.identity_of(run, rank)
         if identity is None:
             return False
         # run and rank let a relay pass the request on to the right agent; agents ignore them.
@@ -456,14 +370,7 @@ class Receiver:
         """JSON-ready totals, problems by reason, and per-sender counts (by run/rank label)."""
         # Called from other threads while the receiving thread updates these dicts: each is
         # copied in one C-level call (atomic under the GIL) before it is iterated.
-        by_label: dict[str, dict[str, Any]] = {}
-        for stats in [*self._retired.values(), *self._senders.values()]:
-            entry = by_label.setdefault(stats.label, {"messages": 0, "records": 0, "bad": {}})
-            entry["messages"] += stats.messages
-            entry["records"] += stats.records
-            for reason, count in dict(stats.bad).items():
-                entry["bad"][reason] = entry["bad"].get(reason, 0) + count
-        out = {**self.totals, "reasons": dict(self.reasons), "senders": by_label}
+        out = {**self.totals, "reasons": dict(self.reasons), "senders": self.peers.by_label()}
         out["refused_by"] = dict(self.refused)
         out["backlog_bytes"] = self._backlog.bytes
         out["peer_buffer_bytes"] = PEER_BUFFER_BYTES
@@ -493,7 +400,7 @@ class _Rest:
 
 
 def _size(item: bytes | _Rest) -> int:
-    return item.size if type(item) is _Rest else len(item)  # type: ignore[union-attr,arg-type]
+    return item.size if isinstance(item, _Rest) else len(item)
 
 
 def _whose(raw: dict[str, Any]) -> str:
