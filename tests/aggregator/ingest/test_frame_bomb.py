@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import msgpack
 import zmq
 from rankwatch.agent.wire import records
 from rankwatch.aggregator.ingest import receiver as receiver_mod
 from rankwatch.aggregator.ingest.receiver import Receiver
+from rankwatch.aggregator.service import Aggregator, ServeConfig
+
+from tests.polling import wait_until
 
 from .test_receiver import collect, flat, step
 from .test_receiver_limits import drain
@@ -93,3 +97,24 @@ def test_a_frame_with_bad_records_is_decoded_in_parts_and_its_peer_keeps_its_ord
 def test_the_per_peer_buffer_is_set_in_bytes() -> None:
     assert receiver_mod.RCVHWM_MESSAGES * records.MAX_FRAME_BYTES <= receiver_mod.PEER_BUFFER_BYTES
     assert receiver_mod.RCVHWM_MESSAGES >= 1
+
+
+def test_the_service_counts_a_refused_frame_where_its_counters_go(tmp_path: Path) -> None:
+    config = ServeConfig(
+        data_dir=tmp_path / "data", ingest_host="127.0.0.1", ingest_port=0,
+        flush_interval_s=0.05, console_alerts=False,
+    )  # fmt: skip
+    ctx = zmq.Context()
+    try:
+        with Aggregator(config) as agg:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(f"tcp://127.0.0.1:{agg.ingest_port}")
+            sock.send(msgpack.packb({"v": records.SCHEMA_VERSION, "records": [0] * 100_000}))
+            c = wait_until(lambda: (c := agg.counters())["ingest_frames_rejected"] and c)
+            sock.close(0)
+        assert c["ingest_errors"] == {"records": 1} and c["ingest_bad_records"] == 0
+        assert c["ingest_peer_buffer_bytes"] == receiver_mod.PEER_BUFFER_BYTES
+        assert c["ingest_backlog_dropped"] == 0 and c["ingest_handshake_incomplete"] == 0
+    finally:
+        ctx.destroy(linger=0)
