@@ -6,8 +6,9 @@ With thousands of ranks the head node otherwise holds one TCP connection per ran
 small frame per rank per step. A relay on every node turns that into one connection per node and
 one frame per node every ``batch_ms``. It decodes frames only as far as it must: msgpack-unpack
 the envelope, check the schema version, and concatenate the ``records`` lists; records themselves
-are validated by the head, as always. Frames that are not msgpack, not an envelope, or of a newer
-schema are dropped and counted, never fatal.
+are validated by the head, as always. Frames that are not msgpack, not an envelope, of a newer
+schema, or whose records cannot be real (more than the frame's bytes hold, or not maps: the
+head's own envelope checks, ``records.frame_envelope``) are dropped and counted, never fatal.
 
 Bounded: at most ``max_pending_bytes`` of packed frames wait for the head. When that is reached
 (the head is away) the relay stops reading from its agents, so the back-pressure reaches them:
@@ -47,7 +48,7 @@ from rankwatch.agent.wire.curve import (
     configure_client,
     read_monitor,
 )
-from rankwatch.agent.wire.records import MAX_FRAME_BYTES, DecodeError, check_version
+from rankwatch.agent.wire.records import MAX_FRAME_BYTES, DecodeError, frame_envelope
 
 log = logging.getLogger("rankwatch.relay")
 
@@ -320,23 +321,10 @@ class Relay:
                 return
 
     def _take(self, identity: bytes, frame: bytes) -> None:
-        try:
-            envelope = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=0)
-        except Exception as exc:  # msgpack raises several unrelated types
-            self._bad(identity, "msgpack", f"not a msgpack frame: {exc}")
-            return
-        if not isinstance(envelope, dict):
-            self._bad(identity, "envelope", f"frame is a {type(envelope).__name__}, not a map")
-            return
-        version = envelope.get("v")
-        try:
-            check_version(version)
+        try:  # the head's own envelope checks: a frame it would refuse whole goes no further
+            version, recs = frame_envelope(frame)
         except DecodeError as exc:
             self._bad(identity, exc.reason, str(exc))
-            return
-        recs = envelope.get("records")
-        if not isinstance(recs, list):
-            self._bad(identity, "envelope", "frame has no 'records' list")
             return
         if not recs:
             return

@@ -211,6 +211,11 @@ def unblock(items: Sequence[Record | StepBlock]) -> list[Record]:
 def frame_maps(frame: bytes) -> list[Any]:
     """The envelope of a frame checked (size, msgpack, map, version, the records' count and
     shape): its record maps, each to be decoded on its own."""
+    return frame_envelope(frame)[1]
+
+
+def frame_envelope(frame: bytes) -> tuple[int, list[Any]]:
+    """``frame_maps``, with the frame's schema version."""
     if len(frame) > MAX_FRAME_BYTES:
         raise DecodeError("size", f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
     _check_count(frame)
@@ -220,7 +225,8 @@ def frame_maps(frame: bytes) -> list[Any]:
         raise DecodeError("msgpack", f"not a msgpack frame: {exc}") from None
     if not isinstance(envelope, dict):
         raise DecodeError("envelope", f"frame is a {type(envelope).__name__}, expected a map")
-    check_version(envelope.get("v"))
+    version = envelope.get("v")
+    check_version(version)
     raws = envelope.get("records")
     if not isinstance(raws, list):
         raise DecodeError("envelope", "frame has no 'records' list")
@@ -228,7 +234,7 @@ def frame_maps(frame: bytes) -> list[Any]:
         # No agent or relay sends one; a frame of them is refused at once, not item by item.
         bad = sum(1 for raw in raws if type(raw) is not dict)
         raise DecodeError("records", f"{bad} of the frame's {len(raws)} records are not maps")
-    return raws
+    return version, raws
 
 
 def _check_count(frame: bytes) -> None:
