@@ -122,6 +122,7 @@ class Monitor:
         self.heartbeat_s = float(heartbeat_s)
         self._queue_max = queue_max
         self._dropped = 0
+        self._metrics_dropped = 0  # user metrics past MAX_METRICS, summed over log() calls
         self._last_step: int | None = None
         self._prev: tuple[int, float] | None = None  # (step, time) of the last timed log
         self._paused: tuple[str, float] | None = None  # (reason, monotonic end)
@@ -277,9 +278,22 @@ class Monitor:
 
         When every name is usable, a template for this set of names is cached for next time.
         """
-        if len(metrics) > MAX_METRICS:
-            self._warn_once("many", "rankwatch: more than %d metrics in one log()", MAX_METRICS)
-            metrics = dict(itertools.islice(metrics.items(), MAX_METRICS - 2))
+        # Room is kept for the automatic step_time and throughput, so the record stays within
+        # the aggregator's limit whatever batch_size is now or later.
+        limit = MAX_METRICS - ("step_time" not in metrics) - ("throughput" not in metrics)
+        if len(metrics) > limit:
+            dropped = len(metrics) - limit
+            self._metrics_dropped += dropped
+            self._warn_once(
+                ("many", hash(tuple(metrics))),
+                "rankwatch: %d metrics in one log(); a record holds at most %d, step_time and "
+                "throughput included: the last %d of these names are dropped (counted in "
+                "Monitor.metrics_dropped)",
+                len(metrics),
+                MAX_METRICS,
+                dropped,
+            )
+            metrics = dict(itertools.islice(metrics.items(), limit))
         keys = self._keys
         out: dict[str, float] = {}
         parts: list[str] = []
@@ -481,6 +495,11 @@ class Monitor:
     def dropped(self) -> int:
         """Records that could not be queued for sending (they are still in the JSONL file)."""
         return self._dropped
+
+    @property
+    def metrics_dropped(self) -> int:
+        """Metric values dropped because a log() named more than a record holds."""
+        return self._metrics_dropped
 
     @property
     def write_errors(self) -> int:

@@ -76,8 +76,9 @@ SINK_CLOSE_S = 2.0  # all alert sinks together, at stop: a hung webhook is aband
 GC_THRESHOLDS = (20_000, 20, 20)  # young collections every 20,000 allocations (default 700)
 RECORD_COUNTERS = ("received", "accepted", "duplicates", "imported")
 INGEST_COUNTERS = ("messages", "records", "bad_messages", "bad_records", "connections",
-                   "disconnects", "refused", "routes_evicted",
-                   "peer_ranks_capped")  # fmt: skip
+                   "disconnects", "refused", "handshake_incomplete", "routes_evicted",
+                   "peer_ranks_capped", "bytes", "frames_rejected", "backlog_dropped",
+                   "backlog_full", "backlog_bytes", "peer_buffer_bytes")  # fmt: skip
 
 
 @dataclasses.dataclass

@@ -49,12 +49,13 @@ import zmq
 from rankwatch.agent.wire import records
 from rankwatch.aggregator.divergence.detector import DivergenceDetector
 from rankwatch.aggregator.ingest import frames as aggregator_frames
-from rankwatch.aggregator.ingest.receiver import MAX_BATCH_RECORDS, RCVHWM_MESSAGES
+from rankwatch.aggregator.ingest.receiver import RCVHWM_MESSAGES
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues
 from rankwatch.aggregator.seqs import SeqTracker
 from rankwatch.aggregator.service import Aggregator, ServeConfig, tune_gc
 from rankwatch.aggregator.store.db import Store
 
+STAGE_CHUNK_RECORDS = 5000  # records handed to Aggregator.add() at once in --stages
 METRICS = ("loss", "lr", "grad_norm", "step_time", "throughput", "loss_scale", "acc", "tokens")
 POLL_S = 0.005  # how often the aggregator's counters are read while waiting
 SWITCH_INTERVAL = sys.getswitchinterval()  # restored after a run with --switch-interval
@@ -233,7 +234,7 @@ def stages(args: dict[str, Any]) -> None:
     for item in items:
         chunk.append(item)
         size += len(item) if type(item) is records.StepBlock else 1
-        if size >= MAX_BATCH_RECORDS:
+        if size >= STAGE_CHUNK_RECORDS:
             chunks.append(chunk)
             chunk, size = [], 0
     chunks += [chunk] if chunk else []

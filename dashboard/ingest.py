@@ -55,7 +55,9 @@ class IngestCounts:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.requests = 0
-        self.records = 0  # records decoded and handed to the aggregator
+        self.records = 0  # records decoded and handed to the aggregator ...
+        self.accepted = 0  # ... of them new
+        self.duplicates = 0  # ... of them already held (a resend, an import run twice)
         self.bad_bodies: dict[str, int] = dict.fromkeys(BODY_REASONS, 0)
         self.bad_records: dict[str, int] = {}
 
@@ -67,9 +69,11 @@ class IngestCounts:
         with self._lock:
             self.bad_bodies[reason] = self.bad_bodies.get(reason, 0) + 1
 
-    def took(self, accepted: int, by_reason: dict[str, int]) -> None:
+    def took(self, decoded: int, new: int, by_reason: dict[str, int]) -> None:
         with self._lock:
-            self.records += accepted
+            self.records += decoded
+            self.accepted += new
+            self.duplicates += decoded - new
             for reason, count in by_reason.items():
                 self.bad_records[reason] = self.bad_records.get(reason, 0) + count
 
@@ -79,6 +83,8 @@ class IngestCounts:
             return {
                 "http_ingest_requests": self.requests,
                 "http_ingest_records": self.records,
+                "http_ingest_accepted": self.accepted,
+                "http_ingest_duplicates": self.duplicates,
                 "http_ingest_bad_bodies": dict(self.bad_bodies),
                 "http_ingest_bad_records": dict(self.bad_records),
             }
@@ -155,15 +161,16 @@ def _decode_and_add(
             by_reason[exc.reason] = by_reason.get(exc.reason, 0) + 1
             if len(errors) < MAX_REPORTED_ERRORS:
                 errors.append({"index": index, "reason": exc.reason, "error": str(exc)})
-    result = provider.ingest(good) if good else None
-    counts.took(len(good), by_reason)
+    new = provider.ingest(good) if good else 0
+    counts.took(len(good), new, by_reason)
     return StrictJSONResponse(
         {
             "received": len(raw),
-            "accepted": len(good),
+            "accepted": new,
+            "duplicates": len(good) - new,
             "rejected": len(raw) - len(good),
             "errors": errors,
             "errors_by_reason": by_reason,
-            "result": result,
+            "result": new,
         }
     )

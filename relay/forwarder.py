@@ -6,8 +6,9 @@ With thousands of ranks the head node otherwise holds one TCP connection per ran
 small frame per rank per step. A relay on every node turns that into one connection per node and
 one frame per node every ``batch_ms``. It decodes frames only as far as it must: msgpack-unpack
 the envelope, check the schema version, and concatenate the ``records`` lists; records themselves
-are validated by the head, as always. Frames that are not msgpack, not an envelope, or of a newer
-schema are dropped and counted, never fatal.
+are validated by the head, as always. Frames that are not msgpack, not an envelope, of a newer
+schema, or whose records cannot be real (more than the frame's bytes hold, or not maps: the
+head's own envelope checks, ``records.frame_envelope``) are dropped and counted, never fatal.
 
 Bounded: at most ``max_pending_bytes`` of packed frames wait for the head. When that is reached
 (the head is away) the relay stops reading from its agents, so the back-pressure reaches them:
@@ -40,14 +41,14 @@ import msgpack
 import zmq
 from rankwatch.agent.wire.addresses import DEFAULT_INGEST_PORT, parse_addr, resolve_addr
 from rankwatch.agent.wire.curve import (
-    HANDSHAKE_FAILED,
+    MONITOR_EVENTS,
     CurveGate,
     ServerContext,
     client_keys_of,
     configure_client,
+    read_monitor,
 )
-from rankwatch.agent.wire.records import MAX_FRAME_BYTES, DecodeError, check_version
-from zmq.utils.monitor import parse_monitor_message
+from rankwatch.agent.wire.records import MAX_FRAME_BYTES, DecodeError, frame_envelope
 
 log = logging.getLogger("rankwatch.relay")
 
@@ -180,10 +181,7 @@ class Relay:
             configure_client(up, client)
         up.connect(upstream)
         self._down, self._up = down, up
-        events = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
-        for event in HANDSHAKE_FAILED:
-            events |= event
-        self._monitor = down.get_monitor_socket(events)
+        self._monitor = down.get_monitor_socket(MONITOR_EVENTS)
         self._batch: list[Any] = []
         self._batch_bytes = 0
         self._batch_version = 0
@@ -196,7 +194,7 @@ class Relay:
                 "frames_in", "records_in", "frames_out", "records_out", "bad_frames",
                 "connections", "disconnects", "control_in", "control_routed",
                 "control_unroutable", "control_failed", "pushback", "internal_errors",
-                "refused", "routes_evicted",
+                "refused", "handshake_incomplete", "routes_evicted",
             ),
             0,
         )  # fmt: skip
@@ -228,10 +226,10 @@ class Relay:
     def counters(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.n)
         with self._reasons_lock:  # the relay thread may add a reason meanwhile
-            reasons = dict(self.reasons)
+            reasons, refused_by = dict(self.reasons), dict(self.refused_by)
         out.update(
             pending_frames=len(self._pending), pending_bytes=self.pending_bytes, reasons=reasons,
-            refused_by=dict(self.refused_by), routes=len(self._routes),
+            refused_by=refused_by, routes=len(self._routes),
         )  # fmt: skip
         if self.curve is not None:
             out["curve_denied_keys"] = self.curve.denied
@@ -261,7 +259,8 @@ class Relay:
                     if self._up in events:
                         self._control()
                     if self._monitor in events:
-                        self._read_monitor()
+                        with self._reasons_lock:  # counters() copies refused_by meanwhile
+                            read_monitor(self._monitor, self.n, self.refused_by)
                     if self._batch and (
                         time.monotonic() >= self._deadline or self._batch_bytes >= FLUSH_BYTES
                     ):
@@ -322,23 +321,10 @@ class Relay:
                 return
 
     def _take(self, identity: bytes, frame: bytes) -> None:
-        try:
-            envelope = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=0)
-        except Exception as exc:  # msgpack raises several unrelated types
-            self._bad(identity, "msgpack", f"not a msgpack frame: {exc}")
-            return
-        if not isinstance(envelope, dict):
-            self._bad(identity, "envelope", f"frame is a {type(envelope).__name__}, not a map")
-            return
-        version = envelope.get("v")
-        try:
-            check_version(version)
+        try:  # the head's own envelope checks: a frame it would refuse whole goes no further
+            version, recs = frame_envelope(frame)
         except DecodeError as exc:
             self._bad(identity, exc.reason, str(exc))
-            return
-        recs = envelope.get("records")
-        if not isinstance(recs, list):
-            self._bad(identity, "envelope", "frame has no 'records' list")
             return
         if not recs:
             return
@@ -383,23 +369,6 @@ class Relay:
         if key not in self._logged and len(self._logged) < MAX_LOGGED:
             self._logged.add(key)
             log.warning("rankwatch relay: %s (from %s; further ones only counted)", message, who)
-
-    def _read_monitor(self) -> None:
-        while True:
-            try:
-                msg = self._monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            event = parse_monitor_message(msg)["event"]
-            if event == zmq.EVENT_ACCEPTED:
-                self.n["connections"] += 1
-            elif event == zmq.EVENT_DISCONNECTED:
-                self.n["disconnects"] += 1
-            elif event in HANDSHAKE_FAILED:  # an agent without an allowed key (curve)
-                kind = HANDSHAKE_FAILED[event]
-                self.n["refused"] += 1
-                with self._reasons_lock:
-                    self.refused_by[kind] = self.refused_by.get(kind, 0) + 1
 
     # --- relay -> head -------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ copy of the head's key directory; the relay node is trusted like the head).
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
@@ -42,11 +43,17 @@ CLIENT_PUBLIC_GLOB = "client*.key"
 RESCAN_MIN_S = 5.0  # an unknown key re-reads the allowed keys at most this often
 MAX_LOGGED_KEYS = 100  # refused keys logged by name; beyond this only counted
 # Socket monitor events of a refused peer (the receiver and the relay count them by kind).
-HANDSHAKE_FAILED = {
+HANDSHAKE_FAILED: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",  # unknown CurveZMQ client key
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",  # no curve, or not ZeroMQ at all
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other",  # e.g. a keyless agent hanging up on curve
 }
+# A connection that timed out or was reset before its handshake was done (a port scan, a
+# half-open TCP connect) is no refusal: "handshake_incomplete", told apart by the errno.
+HANDSHAKE_INCOMPLETE_ERRNOS = frozenset((errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNRESET))
+MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+for _event in HANDSHAKE_FAILED:
+    MONITOR_EVENTS |= _event
 
 
 class CurveKeys(NamedTuple):
@@ -232,3 +239,33 @@ def configure_client(sock: zmq.Socket[Any], keys: CurveKeys) -> None:
     sock.curve_secretkey = keys.secret
     sock.curve_publickey = keys.public
     sock.curve_serverkey = keys.server
+
+
+def read_monitor(
+    monitor: zmq.Socket[Any], counts: dict[str, int], refused_by: dict[str, int]
+) -> None:
+    """Count what a listening socket's monitor (``get_monitor_socket(MONITOR_EVENTS)``) holds:
+    ``connections``, ``disconnects``, ``handshake_incomplete`` and ``refused`` in ``counts``,
+    refusals by kind (``HANDSHAKE_FAILED``) in ``refused_by``. Returns when it is empty."""
+    from zmq.utils.monitor import parse_monitor_message
+
+    while True:
+        try:
+            msg = monitor.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        parsed = parse_monitor_message(msg)
+        event = parsed["event"]
+        if event == zmq.EVENT_ACCEPTED:
+            counts["connections"] += 1
+        elif event == zmq.EVENT_DISCONNECTED:
+            counts["disconnects"] += 1
+        elif (
+            event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            and parsed["value"] in HANDSHAKE_INCOMPLETE_ERRNOS
+        ):
+            counts["handshake_incomplete"] += 1
+        elif event in HANDSHAKE_FAILED:
+            kind = HANDSHAKE_FAILED[event]
+            counts["refused"] += 1
+            refused_by[kind] = refused_by.get(kind, 0) + 1

@@ -53,6 +53,13 @@ MAX_NAME_CHARS = 256  # run and metric names longer than this are rejected
 MAX_METRICS = 1024  # metrics in one step record
 MAX_RANK = 2**31 - 1  # the store keys ranks as 32-bit ints
 MAX_INFO_DEPTH = 32  # nesting of maps/lists in event info (agents send at most 4)
+# The smallest valid record in msgpack (a heartbeat of a one-character run, every number an
+# int of one byte): a frame claiming more records than its bytes can hold is refused unread.
+MIN_RECORD_BYTES = 57
+MAX_FRAME_RECORDS = MAX_FRAME_BYTES // MIN_RECORD_BYTES
+# Below this many records a frame is cheap to decode whatever it holds, and each bad record
+# gets its own error (which field is wrong) rather than the frame's.
+COUNT_CHECK_RECORDS = 64
 _INT64_END = 2**63  # ints are 64-bit signed on the wire and in the store
 _STEP_FIELDS = ("run", "rank", "seq", "time", "world_size", "host", "pid", "step", "epoch",
                 "metrics")  # fmt: skip
@@ -65,7 +72,8 @@ class DecodeError(ValueError):
     """A frame or record that does not follow the schema.
 
     ``reason`` is a short stable key for counters (``msgpack``, ``envelope``, ``version``,
-    ``field``, ``size``); the message says what exactly was wrong.
+    ``field``, ``size``, ``records``: a frame whose records cannot be real, refused as a
+    whole); the message says what exactly was wrong.
     """
 
     def __init__(self, reason: str, message: str) -> None:
@@ -174,14 +182,18 @@ def encode_frame(records: list[Record] | list[dict[str, Any]]) -> bytes:
 def decode_frame(frame: bytes) -> list[Record]:
     """Decode and validate one frame; raises ``DecodeError`` on the first problem."""
     # The maps came out of this frame: the records may keep them (no copy of metrics).
-    return [_step_fast(r, copy=False) or _decode_checked(r) for r in _frame_maps(frame)]
+    return [_step_fast(r, copy=False) or _decode_checked(r) for r in frame_maps(frame)]
 
 
 def decode_frame_blocks(frame: bytes) -> list[Record | StepBlock]:
     """``decode_frame``, with a frame of two or more step records of one rank, one process
     and one metric set returned as a single ``StepBlock`` (the agent's usual batch). Anything
     else decodes as ``decode_frame`` does; the checks and errors are the same."""
-    raws = _frame_maps(frame)
+    return decode_maps_blocks(frame_maps(frame))
+
+
+def decode_maps_blocks(raws: list[Any]) -> list[Record | StepBlock]:
+    """``decode_frame_blocks`` of the record maps ``frame_maps`` gave."""
     if len(raws) >= 2:
         block = _step_block(raws)
         if block is not None:
@@ -194,21 +206,61 @@ def unblock(items: Sequence[Record | StepBlock]) -> list[Record]:
     return [r for item in items for r in (item.records() if type(item) is StepBlock else (item,))]
 
 
-def _frame_maps(frame: bytes) -> list[Any]:
-    """The envelope of a frame checked (size, msgpack, map, version): its record maps."""
+def frame_maps(frame: bytes) -> list[Any]:
+    """The envelope of a frame checked (size, msgpack, map, version, the records' count and
+    shape): its record maps, each to be decoded on its own."""
+    return frame_envelope(frame)[1]
+
+
+def frame_envelope(frame: bytes) -> tuple[int, list[Any]]:
+    """``frame_maps``, with the frame's schema version."""
     if len(frame) > MAX_FRAME_BYTES:
         raise DecodeError("size", f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
+    _check_count(frame)
     try:
         envelope = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=0)
     except Exception as exc:  # msgpack raises several unrelated types
         raise DecodeError("msgpack", f"not a msgpack frame: {exc}") from None
     if not isinstance(envelope, dict):
         raise DecodeError("envelope", f"frame is a {type(envelope).__name__}, expected a map")
-    check_version(envelope.get("v"))
+    version = envelope.get("v")
+    check_version(version)
     raws = envelope.get("records")
     if not isinstance(raws, list):
         raise DecodeError("envelope", "frame has no 'records' list")
-    return raws
+    if raws and set(map(type, raws)) != {dict}:
+        # No agent or relay sends one; a frame of them is refused at once, not item by item.
+        bad = sum(1 for raw in raws if type(raw) is not dict)
+        raise DecodeError("records", f"{bad} of the frame's {len(raws)} records are not maps")
+    return version, raws
+
+
+def _check_count(frame: bytes) -> None:
+    """Refuse a frame whose 'records' array is longer than its bytes could hold, from the
+    array's header, before anything in it is unpacked."""
+    unpacker = msgpack.Unpacker(raw=False, max_bin_len=0)
+    unpacker.feed(frame)
+    try:
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if type(key) is not str:
+                raise DecodeError("envelope", f"a key of the frame's map is a {type(key).__name__}")
+            if key != "records":
+                unpacker.skip()
+                continue
+            count = unpacker.read_array_header()
+            if count > COUNT_CHECK_RECORDS and count * MIN_RECORD_BYTES > len(frame):
+                raise DecodeError(
+                    "records",
+                    f"frame of {len(frame)} bytes claims {count} records: a record takes at "
+                    f"least {MIN_RECORD_BYTES} bytes, so at most "
+                    f"{len(frame) // MIN_RECORD_BYTES} fit",
+                )
+            return
+    except DecodeError:
+        raise
+    except Exception:  # not a map, truncated, not an array: unpackb says which
+        return
 
 
 def _step_block(raws: list[Any]) -> StepBlock | None:
@@ -501,7 +553,10 @@ def _float(raw: dict[str, Any], name: str) -> float:
         return JSON_TO_NONFINITE[value]
     if type(value) not in (float, int):
         raise DecodeError("field", f"field '{name}' must be a number, got {type(value).__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # a JSON integer of hundreds of digits
+        raise DecodeError("field", f"field '{name}' is an integer too large for a float") from None
 
 
 def _metrics(raw: dict[str, Any]) -> dict[str, float]:
@@ -519,7 +574,12 @@ def _metrics(raw: dict[str, Any]) -> dict[str, float]:
         if type(value) is float:
             out[key] = value
         elif type(value) is int:
-            out[key] = float(value)
+            try:
+                out[key] = float(value)
+            except OverflowError:  # a JSON integer of hundreds of digits
+                raise DecodeError(
+                    "field", f"metric '{key[:40]}' is an integer too large for a float"
+                ) from None
         elif isinstance(value, str) and value in JSON_TO_NONFINITE:
             out[key] = JSON_TO_NONFINITE[value]
         else:

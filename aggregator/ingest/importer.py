@@ -220,7 +220,14 @@ def _number(name: str, value: Any) -> float:
         return _NONFINITE[value]
     if type(value) not in (int, float):
         raise DecodeError("field", f"'{name}' must be a number, got {type(value).__name__}")
-    return float(value)
+    return _float(name, value)
+
+
+def _float(name: str, value: float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # a JSON integer of hundreds of digits
+        raise DecodeError("field", f"'{name[:40]}' is an integer too large for a float") from None
 
 
 def _metrics(raw: dict[str, Any]) -> dict[str, float]:
@@ -237,7 +244,7 @@ def _metrics(raw: dict[str, Any]) -> dict[str, float]:
     for key, value in raw.items():
         # other numbers (lr, grad_norm, ...) are metrics; labels and flags are not
         if key not in _LEGACY_FIELDS and type(value) in (int, float):
-            metrics[key] = float(value)
+            metrics[key] = _float(key, value)
         elif key not in _LEGACY_FIELDS and isinstance(value, str) and value in _NONFINITE:
             metrics[key] = _NONFINITE[value]
     return metrics

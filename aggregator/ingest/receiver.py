@@ -7,17 +7,23 @@ logged once per sender and reason; it is never fatal and valid traffic keeps flo
 schema version is its own log line, once per sender and version, whatever that sender got wrong
 before: it is the one problem an operator fixes on the head node (upgrade the aggregator).
 
-Everything kept per peer is bounded, so a peer inventing run names or reconnecting at will
-costs counts, not memory: ``MAX_SENDERS`` identities, ``MAX_ROUTES`` (run, rank) routes in
-all and ``MAX_RANKS_PER_PEER`` per connection (a relay's oldest rank route gives way to its
-newest), ``MAX_RETIRED`` labels of evicted identities, ``MAX_LOGGED`` log-once keys.
+Everything kept per peer is bounded (``peers.py``; ``MAX_LOGGED`` log-once keys here), so a
+peer inventing run names or reconnecting at will costs counts, not memory.
 
 The socket belongs to the thread that calls ``recv()``: ``send_control()`` may be called from
 any thread, it only queues, and the queue is flushed by the next ``recv()``.
 
 With ``curve_dir`` the socket is a CurveZMQ server (see ``curve.py``): traffic is encrypted and
 only agents holding an allowed client key get in; refused handshakes are counted in
-``refused`` (a peer without curve, or with an unknown key).
+``refused`` (a peer without curve, or with an unknown key). A connection that never finishes
+its handshake (a port scan, a half-open connect) is ``handshake_incomplete``, with or without
+curve.
+
+One peer cannot hold ingest up: a frame whose records cannot be real (more than its bytes can
+hold, or not maps) is refused as a whole from its header (``frames_rejected``, reason
+``records``); a frame's bad records cost one count per reason, not one log call each; each
+``recv()`` does a bounded amount of work (messages, records seen, bytes) and the ROUTER takes
+the peers' messages in turn; ZeroMQ holds at most ``PEER_BUFFER_BYTES`` for one peer.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,41 +39,33 @@ import msgpack
 import zmq
 from rankwatch.agent.wire import records
 from rankwatch.agent.wire.addresses import DEFAULT_INGEST_PORT
-from rankwatch.agent.wire.curve import HANDSHAKE_FAILED, CurveGate, ServerContext
+from rankwatch.agent.wire.curve import MONITOR_EVENTS, CurveGate, ServerContext, read_monitor
 from rankwatch.agent.wire.records import DecodeError, Record, StepBlock
 from rankwatch.aggregator.ingest import frames
-from zmq.utils.monitor import parse_monitor_message
+from rankwatch.aggregator.ingest.backlog import Backlog
+from rankwatch.aggregator.ingest.peers import Peers, SenderStats
 
 log = logging.getLogger("rankwatch.receiver")
 
 
-MAX_BATCH_MESSAGES = 2000  # messages drained per recv() before returning to the service
-MAX_BATCH_RECORDS = 5000  # ... or records: bounds how long the service holds its lock
-RCVHWM_MESSAGES = 100_000  # per-peer inbound buffer, so a slow store tick does not push back
-MAX_SENDERS = 4096  # per-identity counters kept; DEALERs get a new identity on each reconnect
-MAX_RETIRED = 4096  # labels of evicted identities kept apart; the rest share OTHER_SENDERS
-OTHER_SENDERS = "(others)"
-MAX_ROUTES = 65_536  # (run, rank) -> identity routes for resend requests, in all ...
-MAX_RANKS_PER_PEER = 1024  # ... and per connection (a relay carries a node's ranks, every run)
+MAX_BATCH_FRAMES = 2000  # frames decoded per recv() before returning to the service ...
+MAX_BATCH_BYTES = 2 * 1024 * 1024  # ... or frame bytes: bounds how long one recv() works
+SALVAGE_RECORDS = 2000  # records of a frame with bad ones decoded one by one per turn
+MAX_PULL_MESSAGES = 4000  # messages read off the socket into the backlog per recv() ...
+MAX_PULL_BYTES = 16 * 1024 * 1024  # ... or bytes
+# Frames read but not decoded yet (backlog.py): per peer (then that peer's new frames are
+# dropped and counted, and the head asks its agents to re-send the gap), in all (then the
+# socket is left unread: ZeroMQ holds the rest, RCVHWM per peer, and the peers queue on their
+# side), and the credit per round of the round robin.
+BACKLOG_PEER_BYTES = 32 * 1024 * 1024
+BACKLOG_TOTAL_BYTES = 256 * 1024 * 1024
+BACKLOG_QUANTUM_BYTES = 256 * 1024
+# What ZeroMQ holds for one peer while the backlog is full: RCVHWM counts messages, so it is
+# set from a byte budget.
+PEER_BUFFER_BYTES = 64 * 1024 * 1024
+RCVHWM_MESSAGES = PEER_BUFFER_BYTES // records.MAX_FRAME_BYTES
 MAX_LOGGED = 10_000  # (sender, reason) pairs already logged, to log each once
 LINGER_MS = 0  # control messages are best effort: never hang on close
-# Monitor events: connections come and go; a failed handshake is a refused peer.
-MONITOR_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED
-for _event in HANDSHAKE_FAILED:
-    MONITOR_EVENTS |= _event
-
-
-@dataclass(slots=True)
-class SenderStats:
-    label: str  # "run/rank" once a valid record came from this identity, else identity hex
-    run: str | None = None
-    rank: int | None = None
-    messages: int = 0
-    records: int = 0
-    bad: dict[str, int] = field(default_factory=dict)
-    relayed: bool = False  # one connection carrying several ranks (a `rankwatch relay`)
-    # (run, rank) routed through this identity, oldest first (dict as an ordered set)
-    ranks: dict[tuple[str, int], None] = field(default_factory=dict)
 
 
 class Receiver:
@@ -110,12 +108,13 @@ class Receiver:
         self._poller = zmq.Poller()
         self._poller.register(sock, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
+        self._backlog: Backlog[bytes | _Rest] = Backlog(
+            BACKLOG_PEER_BYTES, BACKLOG_TOTAL_BYTES, BACKLOG_QUANTUM_BYTES
+        )
+        self._rests: dict[bytes, _Rest] = {}  # frames decoded in parts: the next part
         self._control: deque[tuple[bytes, bytes]] = deque()
         self._control_lock = threading.Lock()
-        self._senders: dict[bytes, SenderStats] = {}
-        self._routes: dict[tuple[str, int], bytes] = {}  # (run, rank) -> latest identity
         self._logged: set[tuple[str, str, str]] = set()  # (sender, reason, detail)
-        self._retired: dict[str, SenderStats] = {}  # stats of evicted identities, by label
         self.totals: dict[str, int] = {
             "messages": 0,
             "records": 0,
@@ -126,85 +125,148 @@ class Receiver:
             "control_sent": 0,
             "control_failed": 0,
             "refused": 0,
+            "handshake_incomplete": 0,  # a connection that never finished its handshake
+            "bytes": 0,  # frame bytes received
+            "frames_rejected": 0,  # frames refused as a whole (impossible count or shape)
+            "backlog_dropped": 0,  # frames of a peer over BACKLOG_PEER_BYTES, dropped unread
+            "backlog_full": 0,  # reads stopped as BACKLOG_TOTAL_BYTES were waiting
             "routes_evicted": 0,  # MAX_ROUTES reached: the oldest route was dropped
             "peer_ranks_capped": 0,  # MAX_RANKS_PER_PEER reached on one connection
         }
+        self.peers = Peers(self.totals)
         self.reasons: dict[str, int] = {}
-        self.refused: dict[str, int] = {}  # refused handshakes by kind (HANDSHAKE_FAILED)
+        self.refused: dict[str, int] = {}  # refused handshakes by kind (curve.HANDSHAKE_FAILED)
         self._closed = False
 
     # --- receiving --------------------------------------------------------------------------
 
     def recv(self, timeout_ms: int) -> list[Record | StepBlock]:
-        """Wait up to ``timeout_ms`` for traffic, then drain what is queued (bounded).
+        """Wait up to ``timeout_ms`` for traffic, then decode a bounded share of what waits.
 
-        Returns the valid records of every message received, in arrival order; a batched
-        frame of one rank's step records comes as one ``StepBlock``.
+        Returns valid records, each peer's in the order it sent them, the peers taken in turn
+        (``backlog.py``); a batched frame of one rank's step records comes as one
+        ``StepBlock``.
         """
         self._flush_control()
-        out: list[Record | StepBlock] = []
-        events = dict(self._poller.poll(timeout_ms))
+        backlog = self._backlog
+        events = dict(self._poller.poll(0 if len(backlog) else timeout_ms))
         if self._monitor in events:
-            self._read_monitor()
-        if self._sock not in events:
-            return out
-        recv = self._sock.recv_multipart
-        decode = frames.decode_frame_blocks
-        senders = self._senders
-        n = count = 0
-        while n < MAX_BATCH_MESSAGES and count < MAX_BATCH_RECORDS:
-            try:
-                parts = recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            n += 1
-            identity = parts[0]
-            stats = senders.get(identity)
-            if stats is None:
-                stats = self._new_sender(identity)
-            stats.messages += 1
-            if len(parts) != 2:
-                self._bad(stats, "frames", f"message has {len(parts) - 1} frames, expected 1")
-                continue
-            try:
-                batch: list[Record] | list[Record | StepBlock] = decode(parts[1])
-            except DecodeError as exc:
-                batch = self._salvage(stats, parts[1], exc)
-                if not batch:
-                    continue
-            if stats.run is None and batch:
-                self._learn(identity, stats, batch[0])
-            if batch and (stats.relayed or batch[-1].rank != stats.rank):
-                # A relay: every rank behind it is reached through this one identity.
-                stats.relayed = True
-                routes = self._routes
-                for rec in batch:
-                    key = (rec.run, rec.rank)
-                    if routes.get(key) != identity:
-                        self._route(key, identity, stats)
-            size = len(batch[0]) if batch and type(batch[0]) is StepBlock else len(batch)
-            stats.records += size
-            count += size
-            out.extend(batch)
-        self.totals["messages"] += n
+            read_monitor(self._monitor, self.totals, self.refused)
+        if self._sock in events:
+            self._pull()
+        out: list[Record | StepBlock] = []
+        taken = backlog.take(MAX_BATCH_BYTES, MAX_BATCH_FRAMES)
+        while not taken and len(backlog):  # credit grows each round: a few rounds at most
+            taken = backlog.take(MAX_BATCH_BYTES, MAX_BATCH_FRAMES)
+        count = 0
+        later: dict[bytes, list[bytes | _Rest]] = {}  # items behind a frame decoded in parts
+        rests = self._rests
+        for identity, item in taken:
+            if identity in rests:
+                later.setdefault(identity, []).append(item)
+            else:
+                count += self._take(identity, item, out)
+        for identity, rest in rests.items():  # the rest first, then what came after it
+            for item in reversed(later.get(identity, ())):
+                backlog.put_front(identity, item, _size(item))
+            backlog.put_front(identity, rest, rest.size)
+        rests.clear()
         self.totals["records"] += count
         return out
 
-    def _salvage(self, stats: SenderStats, frame: bytes, exc: DecodeError) -> list[Record]:
-        """A frame failed to decode: keep its valid records when only some records are bad."""
-        if exc.reason == "version":
-            self._bad_version(stats, frame, exc)
+    def _pull(self) -> None:
+        """Move what the socket holds into the backlog (bounded), counting what cannot go."""
+        recv, put, backlog = self._sock.recv_multipart, self._backlog.put, self._backlog
+        totals = self.totals
+        pulled = 0
+        for _ in range(MAX_PULL_MESSAGES):
+            if backlog.full():
+                totals["backlog_full"] += 1
+                return
+            try:
+                parts = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            size = sum(map(len, parts))
+            totals["bytes"] += size
+            if len(parts) != 2 or not put(parts[0], parts[1], len(parts[1])):
+                stats = self.peers.get(parts[0])
+                stats.messages += 1
+                totals["messages"] += 1
+                if len(parts) != 2:
+                    self._bad(stats, "frames", f"message has {len(parts) - 1} frames, expected 1")
+                else:
+                    totals["backlog_dropped"] += 1
+                    self._bad(
+                        stats,
+                        "backlog",
+                        f"over {BACKLOG_PEER_BYTES} bytes of its frames wait to be decoded, so "
+                        f"a frame of {len(parts[1])} bytes was dropped unread (the head asks "
+                        "for gaps again; the agent's JSONL keeps every record)",
+                    )
+            pulled += size
+            if pulled >= MAX_PULL_BYTES:
+                return
+
+    def _take(self, identity: bytes, item: bytes | _Rest, out: list[Record | StepBlock]) -> int:
+        """Decode one frame of ``identity`` (or the next part of one) into ``out``; the number
+        of valid records."""
+        stats = self.peers.get(identity)
+        if isinstance(item, _Rest):
+            batch: list[Record] | list[Record | StepBlock] = self._salvage(stats, identity, item)
+        else:
+            stats.messages += 1
+            self.totals["messages"] += 1
+            batch = self._decode(stats, identity, item)
+        if not batch:
+            return 0
+        self.peers.saw(identity, stats, batch)
+        size = len(batch[0]) if type(batch[0]) is StepBlock else len(batch)
+        stats.records += size
+        out.extend(batch)
+        return size
+
+    def _decode(
+        self, stats: SenderStats, identity: bytes, frame: bytes
+    ) -> list[Record] | list[Record | StepBlock]:
+        fast = frames.decode_fast(frame)
+        if fast is not None:
+            return fast
+        try:
+            raws = records.frame_maps(frame)
+        except DecodeError as exc:
+            if exc.reason == "version":
+                self._bad_version(stats, frame, exc)
+            else:
+                self.totals["frames_rejected"] += exc.reason == "records"
+                self._bad(stats, exc.reason, str(exc))
             return []
-        if exc.reason != "field":
-            self._bad(stats, exc.reason, str(exc))
-            return []
-        raw = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=0)
+        try:
+            return records.decode_maps_blocks(raws)
+        except DecodeError:  # a bad record ("field"): keep the others
+            return self._salvage(stats, identity, _Rest(raws, 0, len(frame)))
+
+    def _salvage(self, stats: SenderStats, identity: bytes, rest: _Rest) -> list[Record]:
+        """The valid records of the next SALVAGE_RECORDS of a frame with bad records; what is
+        left goes back first in the peer's queue, so one frame's bad records cost the other
+        peers at most one part's time at once."""
+        raws, start = rest.raws, rest.start
+        end = start + SALVAGE_RECORDS
+        if end < len(raws):
+            size = max(1, rest.size * (len(raws) - end) // len(raws))
+            self._rests[identity] = _Rest(raws, end, size)
         good: list[Record] = []
-        for item in raw["records"]:
+        bad: dict[str, tuple[int, str]] = {}  # reason -> (count, first message)
+        for item in raws[start:end]:
             try:
                 good.append(records.decode_record(item))
-            except DecodeError as bad:
-                self._bad(stats, bad.reason, str(bad), record=True)
+            except DecodeError as err:
+                count, first = bad.get(err.reason, (0, ""))
+                if not count:
+                    first = f"{err}{_whose(item)}"
+                bad[err.reason] = (count + 1, first)
+        for reason, (count, first) in bad.items():
+            self._bad(stats, reason, first, record=True, count=count)
         return good
 
     def _bad_version(self, stats: SenderStats, frame: bytes, exc: DecodeError) -> None:
@@ -223,58 +285,6 @@ class Receiver:
             level=logging.ERROR,
         )
 
-    def _new_sender(self, identity: bytes) -> SenderStats:
-        if len(self._senders) >= MAX_SENDERS:
-            # Reconnecting DEALERs get fresh identities; fold the oldest into per-label totals.
-            oldest = next(iter(self._senders))
-            self._retire(self._senders.pop(oldest))
-        stats = SenderStats(label=identity.hex())
-        self._senders[identity] = stats
-        return stats
-
-    def _retire(self, stats: SenderStats) -> None:
-        # Its routes stay (they are bounded by MAX_ROUTES and the identity may speak again).
-        label = stats.label
-        if label not in self._retired and len(self._retired) >= MAX_RETIRED:
-            label = OTHER_SENDERS  # a peer making up names must not grow this without end
-        blank = SenderStats(label, stats.run, stats.rank)
-        kept = self._retired.setdefault(label, blank)
-        kept.messages += stats.messages
-        kept.records += stats.records
-        for reason, count in stats.bad.items():
-            kept.bad[reason] = kept.bad.get(reason, 0) + count
-
-    def _learn(self, identity: bytes, stats: SenderStats, rec: Record | StepBlock) -> None:
-        stats.run, stats.rank = rec.run, rec.rank
-        stats.label = f"{rec.run}/{rec.rank}"
-        if self._routes.get((rec.run, rec.rank)) != identity:
-            self._route((rec.run, rec.rank), identity, stats)
-
-    def _route(self, key: tuple[str, int], identity: bytes, stats: SenderStats) -> None:
-        """Route resends for ``key`` to ``identity`` (newest last), within both bounds."""
-        routes = self._routes
-        owner = routes.pop(key, None)
-        if owner is not None:  # the rank moved (reconnect, or now behind a relay)
-            moved = self._senders.get(owner)
-            if moved is not None:
-                moved.ranks.pop(key, None)
-        elif len(routes) >= MAX_ROUTES:
-            gone, gone_owner = next(iter(routes.items()))
-            del routes[gone]
-            self.totals["routes_evicted"] += 1
-            held = self._senders.get(gone_owner)
-            if held is not None:
-                held.ranks.pop(gone, None)
-        if len(stats.ranks) >= MAX_RANKS_PER_PEER:
-            # One connection naming more ranks than a node has: its own oldest route goes,
-            # not another peer's, and a long-lived relay still reaches its newest runs.
-            gone = next(iter(stats.ranks))
-            del stats.ranks[gone]
-            routes.pop(gone, None)
-            self.totals["peer_ranks_capped"] += 1
-        routes[key] = identity
-        stats.ranks[key] = None
-
     def _bad(
         self,
         stats: SenderStats,
@@ -284,11 +294,12 @@ class Receiver:
         *,
         detail: str = "",
         level: int = logging.WARNING,
+        count: int = 1,
     ) -> None:
-        """Count a problem; log it once per (sender, reason, detail)."""
-        stats.bad[reason] = stats.bad.get(reason, 0) + 1
-        self.reasons[reason] = self.reasons.get(reason, 0) + 1
-        self.totals["bad_records" if record else "bad_messages"] += 1
+        """Count ``count`` of a problem; log it once per (sender, reason, detail)."""
+        stats.bad[reason] = stats.bad.get(reason, 0) + count
+        self.reasons[reason] = self.reasons.get(reason, 0) + count
+        self.totals["bad_records" if record else "bad_messages"] += count
         key = (stats.label, reason, detail)
         logged = self._logged
         if key in logged:
@@ -318,22 +329,6 @@ class Receiver:
             reason,
         )
 
-    def _read_monitor(self) -> None:
-        while True:
-            try:
-                msg = self._monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            event = parse_monitor_message(msg)["event"]
-            if event == zmq.EVENT_DISCONNECTED:
-                self.totals["disconnects"] += 1
-            elif event == zmq.EVENT_ACCEPTED:
-                self.totals["connections"] += 1
-            elif event in HANDSHAKE_FAILED:
-                kind = HANDSHAKE_FAILED[event]
-                self.totals["refused"] += 1
-                self.refused[kind] = self.refused.get(kind, 0) + 1
-
     # --- control back to a rank --------------------------------------------------------------
 
     def send_control(self, identity: bytes, message: dict[str, Any]) -> None:
@@ -344,11 +339,11 @@ class Receiver:
 
     def identity_of(self, run: str, rank: int) -> bytes | None:
         """The identity the latest records of ``(run, rank)`` came from, if any."""
-        return self._routes.get((run, rank))
+        return self.peers.identity_of(run, rank)
 
     def request_resend(self, run: str, rank: int, from_seq: int) -> bool:
         """Ask the agent of ``(run, rank)`` to re-send its records from ``from_seq``."""
-        identity = self._routes.get((run, rank))
+        identity = self.peers.identity_of(run, rank)
         if identity is None:
             return False
         # run and rank let a relay pass the request on to the right agent; agents ignore them.
@@ -375,15 +370,10 @@ class Receiver:
         """JSON-ready totals, problems by reason, and per-sender counts (by run/rank label)."""
         # Called from other threads while the receiving thread updates these dicts: each is
         # copied in one C-level call (atomic under the GIL) before it is iterated.
-        by_label: dict[str, dict[str, Any]] = {}
-        for stats in [*self._retired.values(), *self._senders.values()]:
-            entry = by_label.setdefault(stats.label, {"messages": 0, "records": 0, "bad": {}})
-            entry["messages"] += stats.messages
-            entry["records"] += stats.records
-            for reason, count in dict(stats.bad).items():
-                entry["bad"][reason] = entry["bad"].get(reason, 0) + count
-        out = {**self.totals, "reasons": dict(self.reasons), "senders": by_label}
+        out = {**self.totals, "reasons": dict(self.reasons), "senders": self.peers.by_label()}
         out["refused_by"] = dict(self.refused)
+        out["backlog_bytes"] = self._backlog.bytes
+        out["peer_buffer_bytes"] = PEER_BUFFER_BYTES
         if self.curve is not None:
             out["curve_clients"] = self.curve.clients
             out["curve_denied_keys"] = self.curve.denied
@@ -398,6 +388,27 @@ class Receiver:
         self._monitor.close(0)
         self._sock.close(0)
         self._server.close()
+
+
+@dataclass(slots=True)
+class _Rest:
+    """The records of a frame still to be decoded one by one, from ``start``."""
+
+    raws: list[Any]
+    start: int
+    size: int  # its share of the frame's bytes, for the backlog's budgets
+
+
+def _size(item: bytes | _Rest) -> int:
+    return item.size if isinstance(item, _Rest) else len(item)
+
+
+def _whose(raw: dict[str, Any]) -> str:
+    """Which run and rank a bad record says it is from, for the log line."""
+    run, rank = raw.get("run"), raw.get("rank")
+    if isinstance(run, str) and type(rank) is int:
+        return f" (a record of run {run[:60]!r}, rank {rank})"
+    return ""
 
 
 def _frame_version(frame: bytes) -> int | None:

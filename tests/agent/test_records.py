@@ -194,3 +194,20 @@ def test_number_fields_accept_the_json_spellings(value: Any, expected: float) ->
     assert isinstance(rec, Heartbeat)
     assert rec.next_in == expected or (math.isnan(expected) and math.isnan(rec.next_in))
     assert type(rec.next_in) is float
+
+
+def test_an_integer_too_large_for_a_float_is_a_field_error_naming_it() -> None:
+    base = to_wire(StepRecord("r", 0, 1, 1.0, 1, "h", 1, 1, None, {"loss": 1.0}))
+    for field, value in (("time", 10**400), ("metrics", {"loss": 10**400})):
+        with pytest.raises(DecodeError, match="too large for a float") as info:
+            decode_record({**base, field: value})
+        assert info.value.reason == "field"
+
+
+def test_msgpack_carries_no_integer_past_64_bits_and_the_largest_decodes_as_a_float() -> None:
+    with pytest.raises(OverflowError):
+        msgpack.packb(2**64)  # what an agent could never send
+    top = 2**64 - 1
+    wire = to_wire(StepRecord("r", 0, 1, 1.0, 1, "h", 1, 1, None, {"loss": 1.0}))
+    (rec,) = decode_frame(encode_frame([{**wire, "time": top, "metrics": {"loss": top}}]))
+    assert rec.time == float(top) and rec.metrics == {"loss": float(top)}

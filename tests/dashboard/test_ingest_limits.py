@@ -135,3 +135,33 @@ def test_every_refused_body_is_counted_by_kind(
     assert res.status_code == status and says in res.json()["detail"]
     counted = bad_bodies(client)
     assert counted[kind] == 1 and sum(counted.values()) == 1
+
+
+HUGE = "1" + "0" * 400  # a JSON integer no float can hold
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(lambda: step(2, metrics='{"loss": ' + HUGE + "}"), id="metric"),
+        pytest.param(lambda: step(2, time=HUGE), id="time"),
+    ],
+)
+def test_an_integer_too_large_for_a_float_costs_only_its_record(client: TestClient, bad) -> None:  # type: ignore[no-untyped-def]
+    res = post(client, post_body(step(1), bad(), step(3)))
+    assert res.status_code == 200, res.text
+    out = res.json()
+    assert (out["accepted"], out["rejected"]) == (2, 1)
+    assert out["errors"][0]["index"] == 1 and out["errors"][0]["reason"] == "field"
+    assert "too large for a float" in out["errors"][0]["error"]
+    assert client.get("/api/status").status_code == 200
+
+
+def test_accepted_counts_new_records_and_duplicates_apart(client: TestClient) -> None:
+    body = post_body(step(1), step(2))
+    first, again = post(client, body).json(), post(client, body).json()
+    assert (first["accepted"], first["duplicates"]) == (2, 0)
+    assert (again["accepted"], again["duplicates"], again["rejected"]) == (0, 2, 0)
+    prom = parse_prom(client.get("/metrics").text)
+    assert prom["rankwatch_aggregator_http_ingest_accepted"][()] == 2
+    assert prom["rankwatch_aggregator_http_ingest_duplicates"][()] == 2

@@ -149,6 +149,9 @@ def test_all_records_arrive_batched_and_in_order_per_rank(
         (msgpack.packb({"records": []}), "envelope"),
         (msgpack.packb({"v": records.SCHEMA_VERSION + 1, "records": []}), "version"),
         (msgpack.packb({"v": 0, "records": []}), "version"),
+        # A frame bomb: the head would refuse it whole, so the relay does not forward it.
+        (msgpack.packb({"v": records.SCHEMA_VERSION, "records": [0] * 200_000}), "records"),
+        (msgpack.packb({"v": records.SCHEMA_VERSION, "records": [step(0, 9), 1]}), "records"),
     ],
 )
 def test_malformed_frames_are_counted_and_dropped(

@@ -212,3 +212,30 @@ def test_import_into_a_store_in_use_says_so(tmp_path: Path) -> None:
             import_into_store([path], data)
     finally:
         holder.communicate("")
+
+
+HUGE = "1" + "0" * 400  # a JSON integer no float can hold
+
+
+def test_an_integer_too_large_for_a_float_is_one_bad_line_and_the_rest_import(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "rank0.jsonl"
+    good = agent_file(path, ranks=1, steps=3)
+    lines = path.read_text().splitlines()
+    huge_metric = lines[1].replace('"loss":', f'"loss":{HUGE},"x":', 1)
+    huge_time = json.loads(lines[1])
+    huge_time["seq"] = 99
+    text = json.dumps(huge_time).replace(f'"time": {huge_time["time"]!r}', f'"time": {HUGE}')
+    assert HUGE in huge_metric and HUGE in text
+    path.write_text("\n".join([*lines, huge_metric, text]) + "\n")
+    sink = ListSink()
+    summary = import_paths([path], sink)[0]
+    assert sink.records == good and summary.bad == 2
+    assert all("too large for a float" in b.reason for b in summary.bad_lines)
+    legacy = tmp_path / "legacy_rank0.jsonl"
+    legacy.write_text(f'{{"step": 1, "loss": 1.0}}\n{{"step": 2, "loss": {HUGE}}}\n'
+                      f'{{"step": 3, "loss": 1.0, "lr": {HUGE}}}\n')  # fmt: skip
+    sink = ListSink()
+    summary = import_paths([legacy], sink)[0]
+    assert [r.step for r in sink.records] == [1] and summary.bad == 2  # type: ignore[union-attr]

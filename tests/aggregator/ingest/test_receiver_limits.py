@@ -12,8 +12,10 @@ import msgpack
 import pytest
 import zmq
 from rankwatch.agent.wire import records
+from rankwatch.aggregator.ingest import peers as peers_mod
 from rankwatch.aggregator.ingest import receiver as receiver_mod
-from rankwatch.aggregator.ingest.receiver import MAX_RANKS_PER_PEER, Receiver
+from rankwatch.aggregator.ingest.peers import MAX_RANKS_PER_PEER
+from rankwatch.aggregator.ingest.receiver import Receiver
 
 from .test_receiver import collect, step
 
@@ -82,7 +84,7 @@ def test_one_connection_naming_thousands_of_ranks_keeps_only_its_newest_routes(
     assert len(collect(receiver, ranks)) == ranks  # the records themselves all go in
     c = receiver.counters()
     assert c["peer_ranks_capped"] == ranks - MAX_RANKS_PER_PEER
-    assert len(receiver._routes) == MAX_RANKS_PER_PEER + 1
+    assert len(receiver.peers.routes) == MAX_RANKS_PER_PEER + 1
     assert receiver.identity_of("real", 0) is not None  # the other peer's route is untouched
     assert receiver.identity_of("fuzz", ranks - 1) is not None  # the newest are reachable
     assert receiver.identity_of("fuzz", 0) is None
@@ -91,12 +93,12 @@ def test_one_connection_naming_thousands_of_ranks_keeps_only_its_newest_routes(
 def test_all_routes_together_are_bounded_oldest_first(
     dealer: Callable[[], zmq.Socket], receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(receiver_mod, "MAX_ROUTES", 100)
+    monkeypatch.setattr(peers_mod, "MAX_ROUTES", 100)
     socks = [dealer() for _ in range(5)]
     for k, sock in enumerate(socks):  # five relays of 40 ranks each: 200 routes asked for
         sock.send(records.encode_frame([step(r, 1, run=f"node{k}") for r in range(40)]))
         collect(receiver, 40)
-    assert len(receiver._routes) == 100
+    assert len(receiver.peers.routes) == 100
     assert receiver.counters()["routes_evicted"] == 100
     assert receiver.identity_of("node0", 0) is None and receiver.identity_of("node4", 39)
 
@@ -104,8 +106,8 @@ def test_all_routes_together_are_bounded_oldest_first(
 def test_evicted_identities_fold_into_a_bounded_set_of_labels(
     dealer: Callable[[], zmq.Socket], receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(receiver_mod, "MAX_SENDERS", 4)
-    monkeypatch.setattr(receiver_mod, "MAX_RETIRED", 3)
+    monkeypatch.setattr(peers_mod, "MAX_SENDERS", 4)
+    monkeypatch.setattr(peers_mod, "MAX_RETIRED", 3)
     for k in range(12):  # reconnecting agents, each under a run name of its own
         dealer().send(records.encode_frame([step(0, 1, run=f"made-up-{k}")]))
         collect(receiver, 1)
