@@ -147,21 +147,33 @@ def _insert_batch(
     mirror.merge_metrics(stats)
     # Values for steps whose band is already settled: the band misses them until repaired.
     # (A metric's first step in this flush is its earliest late step, if any is late.)
+    late = []
+    raw_late: dict[str, np.ndarray] = {}
     for run, metric, _, lo, _, _ in stats:
         if run in mirror.band and lo <= mirror.band[run]:
             key = (run, metric)
             mirror.late[key] = min(lo, mirror.late.get(key, lo))
-            where = f"run = {rollup.literal(run)} AND metric = {rollup.literal(metric)}"
-            script += [
-                f"DELETE FROM band_late WHERE {where}",
-                f"INSERT INTO band_late VALUES ({rollup.literal(run)}, "
-                f"{rollup.literal(metric)}, {mirror.late[key]})",
-            ]
+            late.append((run, metric, mirror.late[key]))
+    if late:  # found by name while rollup.fold runs the script below
+        raw_late = {
+            "run": np.array([r for r, _, _ in late], dtype=object),
+            "metric": np.array([m for _, m, _ in late], dtype=object),
+            "step": np.array([q for _, _, q in late], dtype=np.int64),
+        }
+        script += [
+            "CREATE OR REPLACE TEMP TABLE rw_late_new AS SELECT CAST(run AS VARCHAR) AS run, "
+            "CAST(metric AS VARCHAR) AS metric, step FROM raw_late",
+            "DELETE FROM band_late t USING rw_late_new n WHERE t.run = n.run "
+            "AND t.metric = n.metric",
+            "INSERT INTO band_late SELECT * FROM rw_late_new",
+        ]
     source = (
         "SELECT run, metric, CAST(rank AS INTEGER) AS key, step, "
         f"coalesce(value, 'nan'::DOUBLE) AS value FROM buf_steps WHERE metric <> {NULL_CODE}"
     )
-    return rollup.fold(cur, "series", rollup.raw_part(source, _NAMES), script)
+    script = rollup.fold(cur, "series", rollup.raw_part(source, _NAMES), script)
+    del raw_late
+    return script
 
 
 def _values(row: dict[str, Any]) -> tuple:

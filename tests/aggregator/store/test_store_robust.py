@@ -225,3 +225,46 @@ def test_a_store_locked_by_another_process_is_named_as_such(tmp_path: Path) -> N
         holder.communicate("")
     assert info.value.reason == "locked"
     assert "another" in info.value.hint and "damaged" not in info.value.hint
+
+
+def test_late_rows_into_many_settled_series_are_repaired_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backfill below the settled band of 40 metrics over two runs: one repair for all of
+    them (as many statements as for one metric), every band and its rollups right after."""
+    counted = Statements(monkeypatch)
+    costs = []
+    for metrics in (1, 40):
+        names = [f"m{j}" for j in range(metrics)]
+        with Store(tmp_path / f"s{metrics}.duckdb") as s:
+            for run in ("a", "b"):
+                s.append(
+                    [
+                        StepRecord(
+                            run, 0, q + 1, 1e9, 1, "h", 1, q, None, {m: float(q) for m in names}
+                        )
+                        for q in range(0, 60, 2)
+                    ]
+                )
+                s.append([EventRecord(run, 0, 100, 1e9, 1, "h", 1, "end", None, {})])
+            s.flush()
+            assert s._mirror.band == {"a": 58, "b": 58}
+            for run in ("a", "b"):
+                s.append(
+                    [
+                        StepRecord(
+                            run, 0, q + 200, 1e9, 1, "h", 1, q, None, {m: float(q) for m in names}
+                        )
+                        for q in range(1, 60, 2)
+                    ]
+                )
+            costs.append(counted.during(s.flush))
+            assert s._mirror.late == {}
+            for run in ("a", "b"):
+                for m in (names[0], names[-1]):
+                    band = s.band(run, m)
+                    assert band["step"] == list(range(60))
+                    assert band["median"] == [float(q) for q in range(60)]
+                    coarse = s.band(run, m, max_points=2)  # read from the rebuilt rollups
+                    assert min(coarse["min"]) == 0.0 and max(coarse["max"]) == 59.0
+    assert costs[0] == costs[1]
