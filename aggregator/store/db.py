@@ -52,7 +52,8 @@ BAND_REPAIR_QUIET_S = 10.0  # a run with late rows is re-banded after this long 
 BAND_REPAIR_ROWS = 200_000  # ... or at once if re-banding reads fewer raw rows than this
 BAND_RUNS = 100_000  # runs settled per flush at most; halved after a failed settle
 CLOSE_WAIT_S = 5.0  # close() waits this long for a running flush, then interrupts it
-CLOSE_POLL_S = 0.2  # ... again at this period, for as long again
+CLOSE_POLL_S = 0.2  # ... again at this period
+CLOSE_INTERRUPT_S = 10.0  # ... for this long at most, then gives up on the last flush
 # Errors that say the disk or the connection refuses, not the records: those stay buffered
 _KEEP = (duckdb.IOException, duckdb.InterruptException, duckdb.FatalException, OSError)
 _KEEP_MARKS = ("could not write", "no space", "file too large", "read-only", "permission denied",
@@ -278,14 +279,15 @@ class Store(reads.Reads):
         if self._closed:
             return
         if not self._flush_lock.acquire(timeout=wait_s):
-            # interrupted between two statements, the flush starts the next: ask again
-            deadline = time.monotonic() + wait_s
-            while not self._flush_lock.acquire(timeout=CLOSE_POLL_S):
+            deadline = time.monotonic() + CLOSE_INTERRUPT_S
+            while True:  # asked between two statements, the flush goes on with the next
+                self._writer.interrupt()
+                if self._flush_lock.acquire(timeout=CLOSE_POLL_S):
+                    break
                 if time.monotonic() > deadline:
                     raise StoreError(f"cannot close the store at {self.path}: a flush is "
                                      "still running; the records buffered since are not "
                                      "stored (the agents' JSONL has them)")  # fmt: skip
-                self._writer.interrupt()
         self._flush_lock.release()
         try:
             self.flush()

@@ -268,3 +268,32 @@ def test_late_rows_into_many_settled_series_are_repaired_together(
                     coarse = s.band(run, m, max_points=2)  # read from the rebuilt rollups
                     assert min(coarse["min"]) == 0.0 and max(coarse["max"]) == 59.0
     assert costs[0] == costs[1]
+
+
+def test_close_interrupts_a_long_flush_and_stores_its_records(tmp_path: Path) -> None:
+    """close() does not wait out a long flush: it interrupts it, the interrupted flush keeps
+    its records buffered, and close's own flush writes them."""
+    path = tmp_path / "s.duckdb"
+    n = 2_000_000
+    s = Store(path)
+    s.append_steps("r", "loss", np.arange(n) % 8, np.arange(n) // 8, np.ones(n))
+    outcome: list[BaseException | None] = []
+
+    def flusher() -> None:
+        try:
+            s.flush()
+            outcome.append(None)
+        except StoreError as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=flusher)
+    t.start()
+    while not s._flush_lock.locked() and t.is_alive():
+        threading.Event().wait(0.001)
+    s.close(wait_s=0.05)
+    t.join()
+    (result,) = outcome
+    assert result is not None and "interrupt" in str(result).lower()  # it was cut short
+    with Store(path) as again:
+        assert again.runs()[0]["records"] == n
+        assert again.seen_seqs() == [("r", rank, 1, n // 8) for rank in range(8)]
