@@ -165,15 +165,19 @@ def band_columns(
     """The band over ``plan``: settled steps (up to ``done``; None: none settled) from the
     band's tables, later ones computed from the raw rows."""
     level, lo, hi, where, params = plan
-    params = {**params, "lo": lo, "hi": hi, "settled": done is not None, "done": done or 0}
+    params = {**params, "lo": lo, "hi": hi}
+    # plain comparisons (no OR on a flag), so DuckDB can skip row groups by their step range
+    after, upto = "", "false"
+    if done is not None:
+        params["done"] = done
+        after, upto = " AND step > $done", "step <= $done"
     tail = rollup.band_wide_sql(
-        "run = $run AND metric = $metric AND (NOT $settled OR step > $done) "
-        "AND step BETWEEN $lo AND $hi"
+        f"run = $run AND metric = $metric{after} AND step BETWEEN $lo AND $hi"
     )
     if level < 0:
         sql = (
             "SELECT step, median, p5, p95, vmin, vmax FROM band WHERE run = $run AND "
-            "metric = $metric AND $settled AND step <= $done AND step BETWEEN $lo AND $hi "
+            f"metric = $metric AND {upto} AND step BETWEEN $lo AND $hi "
             f"UNION ALL SELECT step, median, p5, p95, vmin, vmax FROM ({tail}) ORDER BY step"
         )
     else:
