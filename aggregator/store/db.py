@@ -88,7 +88,7 @@ class Store(reads.Reads):
         self._run_first: dict[str, float] = {}
         self._due = band.Schedule()  # runs whose band may move (under _buf_lock)
         self._band_runs = BAND_RUNS
-        self.n = {"set_aside_records": 0, "band_errors": 0, "band_runs_skipped": 0}
+        self._n = {"set_aside_records": 0, "band_errors": 0, "band_runs_skipped": 0}
         try:
             create(self._writer, path)
             self._mirror = Mirror.load(self._writer)
@@ -188,7 +188,7 @@ class Store(reads.Reads):
                         continue
                     if set_aside(part, self.path.parent, exc) is None:
                         self._fail([part, *pending], exc)
-                    self.n["set_aside_records"] += part.count()
+                    self._n["set_aside_records"] += part.count()
             self._settle()
 
     def _insert(self, batch: Batch) -> None:
@@ -238,7 +238,7 @@ class Store(reads.Reads):
             self._due.wake(todo.wake)
 
     def _band_failed(self, runs: set[str], exc: duckdb.Error) -> None:
-        self.n["band_errors"] += 1
+        self._n["band_errors"] += 1
         if len(runs) > 1:
             self._band_runs = max(1, len(runs) // 2)
             with self._buf_lock:
@@ -247,7 +247,7 @@ class Store(reads.Reads):
                         "retrying %d at a time", len(runs), exc, self._band_runs)  # fmt: skip
             return
         # One run alone: it waits for new records (its charts band it from raw rows meanwhile)
-        self.n["band_runs_skipped"] += 1
+        self._n["band_runs_skipped"] += 1
         log.warning("rankwatch: the band of run %r could not be settled (%s); its charts "
                     "compute it at each query until new records come", next(iter(runs)),
                     exc)  # fmt: skip
@@ -270,7 +270,7 @@ class Store(reads.Reads):
     def counters(self) -> dict[str, int]:
         """What the store had to set aside: records (in JSONL beside the store), band
         settles that failed, runs whose band was left to the queries."""
-        return {f"store_{k}": v for k, v in self.n.items()}
+        return {f"store_{k}": v for k, v in self._n.items()}
 
     def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Flush and close (idempotent). Raises StoreError if the final flush fails. A flush
