@@ -547,6 +547,7 @@ class Aggregator:
             feed_dropped=self.feed.dropped,
             feed_subscribers=self.feed.subscribers,
             store_failing=int(self._store_error is not None),
+            **self.store.counters(),  # records set aside, band settles that failed
             webhooks=self.webhooks.counters(),
             senders=rx.get("senders", {}),  # per run/rank: nested, so not a Prometheus label
         )

@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         aggregator = Aggregator(config)
     except StoreError as exc:
-        return _fail(f"{exc}\n(is another `rankwatch serve` using --data {config.data_dir}?)")
+        return _fail(f"{exc}\n({exc.hint})" if exc.hint else str(exc))
     try:
         try:
             aggregator.start()

@@ -1,6 +1,6 @@
 """The store's write buffer: accepted records and blocks waiting for the next flush, and
-their conversion to numpy columns per buffered table (``store_rows.LAYOUT``) in bulk. Only
-store.py uses it (``Batch``); the flush registers a ``Part``'s columns with DuckDB."""
+their conversion to numpy columns per buffered table (``rows.LAYOUT``) in bulk. Only
+the store uses it (``Batch``); the flush registers a ``Part``'s columns with DuckDB."""
 
 from __future__ import annotations
 
@@ -369,11 +369,11 @@ def _add_row(c: dict[str, list[list]], rec: Record) -> None:
     span = (rec.seq, 1, rec.time)  # a span of one record
     if isinstance(rec, EventRecord):
         ident = (rec.world_size, rec.host, rec.pid)
-        _push(c["recs"], (*head, "event", *ident, None, rec.event, *span))
+        _push(c["recs"], (*head, "event", *ident, 0, rec.event, *span))
         info = json.dumps(dict(rec.info), default=str)
         _push(c["events"], (*head, *ident, rec.event, rec.step, info))
     elif isinstance(rec, Heartbeat):
-        _push(c["recs"], (*head, "heartbeat", None, None, None, None, None, *span))
+        _push(c["recs"], (*head, "heartbeat", None, None, None, 0, None, *span))
         _push(c["heartbeats"], (*head, rec.last_step, rec.next_in, rec.dropped, rec.paused))
     else:  # a StepRecord subclass
         _push(c["recs"], (*head, "step", rec.world_size, rec.host, rec.pid, rec.step, None,

@@ -1,61 +1,66 @@
 """The history store: every accepted record on disk (DuckDB), behind a narrow interface.
 
 ``append`` only buffers (any thread); ``flush`` writes the buffer in one transaction of bulk
-inserts from Arrow tables and updates the rollups (``rollup.py``) and the cross-rank band in the
-same transaction, so a ``kill -9`` leaves either all of a flush or none of it (DuckDB's WAL).
-Queries use one DuckDB cursor per thread and see committed flushes only. See docs/storage.md.
+inserts from numpy columns with the series rollups (``write.py``), then settles the cross-rank
+band of the runs that can move on in a second one (``band.py``), so a ``kill -9`` leaves
+either all of each or none of it (DuckDB's WAL). Reads are safe from any thread (``reads.py``)
+and see committed flushes only. Opening, tables and upgrades: ``schema.py``. See
+docs/storage.md.
+
+What a flush cannot write never stops the ones after it: a disk that refuses keeps the records
+buffered (up to MAX_BUFFER_ROWS) for the next flush; records DuckDB refuses for any other
+reason are narrowed down by halves and the piece that still fails alone is set aside as JSONL
+(``rankwatch import`` takes it back) and counted; a band that cannot be settled is retried for
+fewer runs at a time, and a run that fails alone waits for its next records.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
+import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import duckdb
 import numpy as np
-from rankwatch.agent.wire.records import Record, StepBlock, StepRecord
-from rankwatch.aggregator.store import columns, rollup
+from rankwatch.agent.wire.records import StepBlock, StepRecord
+from rankwatch.aggregator.store import band, reads, rollup, write
 from rankwatch.aggregator.store.buffer import Batch, Item
-from rankwatch.aggregator.store.buffer import columns as buffer_columns
-from rankwatch.aggregator.store.columns import SeriesColumns
-from rankwatch.aggregator.store.rows import (
-    BUFFERED,
-    META_BATCH,
-    NULL_CODE,
-    RANK_BATCH,
-    RANK_FIELDS,
-    SEQ_MERGE,
-    TABLES,
-    Mirror,
-    read_records,
-    select_sql,
+from rankwatch.aggregator.store.rows import Mirror
+from rankwatch.aggregator.store.schema import (
+    MEMORY_LIMIT,
+    SCHEMA_VERSION,
+    STORE_FILENAME,
+    StoreError,
+    connect,
+    create,
+    open_reason,
 )
+from rankwatch.aggregator.store.setaside import set_aside
 
-STORE_FILENAME = "store.duckdb"  # inside the data dir when Store is given a directory
-SCHEMA_VERSION = 2  # 2: the band's rollups in two rows per bucket
-MEMORY_LIMIT = "512MB"  # DuckDB's buffer pool; keeps the aggregator well under 1 GB RSS
+__all__ = ["SCHEMA_VERSION", "STORE_FILENAME", "Store", "StoreError"]
+
+log = logging.getLogger("rankwatch.store")
+
 MAX_BUFFER_ROWS = 5_000_000  # rows held in memory while the disk refuses them (~400 MB)
 BAND_STALE_S = 30.0  # a rank without a step record this long no longer holds back the band
 BAND_WAIT_UNSEEN_S = 60.0  # ranks of world_size never seen hold it back this long
 BAND_REPAIR_QUIET_S = 10.0  # a run with late rows is re-banded after this long without input
 BAND_REPAIR_ROWS = 200_000  # ... or at once if re-banding reads fewer raw rows than this
-NO_STEP = rollup.NO_STEP
-# a flush's names as an SQL list (temp table buf_names): a code c is _NAMES[c + 1]
-_NAMES = "(SELECT names FROM buf_names)"
+BAND_RUNS = 100_000  # runs settled per flush at most; halved after a failed settle
+CLOSE_WAIT_S = 5.0  # close() waits this long for a running flush, then interrupts it
+CLOSE_POLL_S = 0.2  # ... again at this period
+CLOSE_INTERRUPT_S = 10.0  # ... for this long at most, then gives up on the last flush
+# Errors that say the disk or the connection refuses, not the records: those stay buffered
+_KEEP = (duckdb.IOException, duckdb.InterruptException, duckdb.FatalException, OSError)
+_KEEP_MARKS = ("could not write", "no space", "file too large", "read-only", "permission denied",
+               "failed to commit")  # fmt: skip
 
 
-class StoreError(RuntimeError):
-    """The store cannot be opened or written (not writable, disk full, locked by another
-    process). Unflushed records stay buffered in memory; nothing already stored is harmed."""
-
-
-class Store:
+class Store(reads.Reads):
     """DuckDB-backed history of every accepted record; see the module docstring."""
 
     def __init__(
@@ -70,15 +75,9 @@ class Store:
             path = path / STORE_FILENAME
         self.path = path
         self._clock = clock
-        _warm_up_duckdb()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._con = duckdb.connect(str(path), config=_config(memory_limit))
-        except (OSError, duckdb.Error) as exc:
-            raise StoreError(f"cannot open the store at {path}: {exc}") from exc
+        self._con = connect(path, memory_limit)
         self._writer = self._con.cursor()
-        self._local = threading.local()
-        self._cursors: list[duckdb.DuckDBPyConnection] = [self._writer]
+        self._reads = reads.Cursors(self._con)
         self._buf_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._state_lock = threading.Lock()
@@ -87,48 +86,20 @@ class Store:
         # clock() of the last append per run and rank (this process only): the band frontier
         self._arrival: dict[str, dict[int, float]] = {}
         self._run_first: dict[str, float] = {}
+        self._due = band.Schedule()  # runs whose band may move (under _buf_lock)
+        self._band_runs = BAND_RUNS
+        self._n = {"set_aside_records": 0, "band_errors": 0, "band_runs_skipped": 0}
         try:
-            self._create()
+            create(self._writer, path)
             self._mirror = Mirror.load(self._writer)
             # the flush's numpy columns are found by name in the frame that made them, also
-            # when rollup.run_script executes the statement one frame down: see _insert_batch
+            # when rollup.run_script executes the statement one frame down: see write.py
             self._writer.execute("SET python_scan_all_frames = true")
         except (duckdb.Error, StoreError) as exc:
             self._con.close()
-            raise StoreError(f"cannot read the store at {path}: {exc}") from exc
-
-    def _create(self) -> None:
-        cur = self._writer
-        for spec in TABLES:
-            cur.execute(f"CREATE TABLE IF NOT EXISTS {spec}")
-        rollup.create_tables(cur)
-        row = cur.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None:
-            cur.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-        elif int(row[0]) > SCHEMA_VERSION:
-            raise StoreError(f"{self.path} has schema {row[0]}, newer than {SCHEMA_VERSION}")
-        elif int(row[0]) < SCHEMA_VERSION:
-            self._upgrade(int(row[0]))
-
-    def _upgrade(self, version: int) -> None:
-        """Bring a store an earlier version wrote up to SCHEMA_VERSION, in one transaction."""
-        cur = self._writer
-        script = ["BEGIN TRANSACTION"]
-        if version < 2:
-            # v2: the band's rollups keep two rows per bucket (rollup.band_part_sql), not one
-            # per statistic; they are folded again from the band's rows
-            script += [
-                *(f"DELETE FROM {rollup.table('band', w, o)}" for w in rollup.LEVELS
-                  for o in (False, True)),
-                "CREATE OR REPLACE TEMP TABLE rw_band AS SELECT * FROM band",
-            ]  # fmt: skip
-            part = rollup.band_part_sql("rw_band", rollup.LEVELS[0])
-            script = rollup.fold(cur, "band", part, script)
-        rollup.run_script(cur, [
-            *script,
-            f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema_version'",
-            "COMMIT",
-        ])  # fmt: skip
+            reason = exc.reason if isinstance(exc, StoreError) else open_reason(exc)
+            raise StoreError(f"cannot read the store at {path}: {exc}", reason) from exc
+        self._due.dirty.update(band.needs_look(self._mirror))
 
     # --- writing ---------------------------------------------------------------------------
 
@@ -150,6 +121,7 @@ class Store:
                     self._run_first[run] = now
                 if stepped:
                     runs[rank] = now
+                self._due.dirty.add(run)
 
     def append_steps(
         self,
@@ -181,23 +153,23 @@ class Store:
             runs = self._arrival.setdefault(run, {})
             for r in np.unique(rank).tolist():
                 runs[r] = now
+            self._due.dirty.add(run)
 
     def pending(self) -> int:
         """Records appended and not flushed yet. Counted outside the lock that ``append``
-        (the ingest thread) needs: only the lists are copied under it (300,000 buffered
-        records are copied several times faster than counted)."""
+        (the ingest thread) needs: only the lists are copied under it."""
         held = Batch()
         with self._buf_lock:
             held.records, held.parts = list(self._buf.records), list(self._buf.parts)
         return held.count()
 
     def flush(self) -> None:
-        """Write everything buffered; raises StoreError and keeps the records buffered (up to
-        MAX_BUFFER_ROWS) when the disk refuses them.
+        """Write everything buffered, then settle the band of the runs that can move on.
 
-        One transaction per flush, unless DuckDB runs out of memory (a big backlog after an
-        outage, thousands of series at once): then the batch is written in halves, and halves
-        of those, oldest first, so a backlog that fits nowhere at once still gets stored."""
+        Raises StoreError and keeps the records buffered (up to MAX_BUFFER_ROWS) when the
+        disk refuses them. A batch DuckDB refuses otherwise (out of memory: a big backlog
+        after an outage) is written in halves, oldest first; a piece that fails alone is set
+        aside (see the module docstring), so the records after it are stored."""
         self._check_open()
         with self._flush_lock:
             with self._buf_lock:
@@ -206,15 +178,25 @@ class Store:
             while pending:
                 part = pending.pop(0)
                 try:
-                    self._write(part)
-                except duckdb.OutOfMemoryException as exc:
+                    self._insert(part)
+                except Exception as exc:  # whatever refuses a batch must not stop the next
+                    if _disk_refuses(exc):
+                        self._fail([part, *pending], exc)
                     halves = part.split()
                     if halves is not None:
                         pending[:0] = halves
                         continue
-                    self._fail([part, *pending], exc)
-                except (duckdb.Error, OSError) as exc:
-                    self._fail([part, *pending], exc)
+                    if set_aside(part, self.path.parent, exc) is None:
+                        self._fail([part, *pending], exc)
+                    self._n["set_aside_records"] += part.count()
+            self._settle()
+
+    def _insert(self, batch: Batch) -> None:
+        with self._state_lock:
+            mirror = self._mirror.copy()
+        write.insert(self._writer, mirror, batch)
+        with self._state_lock:
+            self._mirror = mirror
 
     def _fail(self, unwritten: list[Batch], exc: Exception) -> NoReturn:
         """Put what was not written back in front of the buffer, and raise."""
@@ -227,155 +209,92 @@ class Store:
         more = f"; {dropped} oldest buffered rows dropped" if dropped else ""
         raise StoreError(f"cannot write to the store at {self.path}: {exc}{more}") from exc
 
-    def _write(self, batch: Batch) -> None:
-        cur = self._writer
+    def _settle(self) -> None:
+        """Settle the bands of the runs appended to since their last look and of those due
+        (see band.py): one transaction for all of them, at most ``_band_runs`` runs."""
         now = self._clock()
+        with self._buf_lock:
+            runs = self._due.take(now, self._band_runs)
+            arrival = {run: dict(self._arrival.get(run, {})) for run in runs}
+        if not runs:
+            return
         with self._state_lock:
             mirror = self._mirror.copy()
-        with self._buf_lock:
-            arrival = {run: dict(ranks) for run, ranks in self._arrival.items()}
-        part = None if batch.empty else batch.to_numpy()
-        raw = {} if part is None else {n: c for n, c in part.tables.items() if len(c["seq"])}
-        if raw:
-            raw["names"] = _names_columns(part.names)  # type: ignore[union-attr]
-        # Statements go to DuckDB joined, a few calls per flush (rollup.query says why).
-        script = ["BEGIN TRANSACTION"]
-        try:
-            if "recs" in raw:
-                script = self._insert_batch(cur, mirror, script, raw)
-            script = rollup.settle_bands(
-                cur, mirror, arrival, self._run_first, now, stale_s=BAND_STALE_S,
-                wait_unseen_s=BAND_WAIT_UNSEEN_S, repair_quiet_s=BAND_REPAIR_QUIET_S,
-                repair_rows=BAND_REPAIR_ROWS, script=script,
-            )  # fmt: skip
-            rollup.run_script(cur, [*script, "COMMIT"])
-        except BaseException:
-            # the transaction may already be gone; the original error is what matters
-            with contextlib.suppress(duckdb.Error):
-                cur.execute("ROLLBACK")
-            raise
+        limits = band.Limits(BAND_STALE_S, BAND_WAIT_UNSEEN_S, BAND_REPAIR_QUIET_S,
+                             BAND_REPAIR_ROWS)  # fmt: skip
+        todo = band.plan(mirror, runs, arrival, self._run_first, now, limits)
+        if not todo.empty:
+            try:
+                script = band.sql(self._writer, todo, ["BEGIN TRANSACTION"])
+                rollup.run_script(self._writer, [*script, "COMMIT"])
+            except duckdb.Error as exc:
+                write.rollback(self._writer)
+                self._band_failed(runs, exc)
+                return
         with self._state_lock:
             self._mirror = mirror
+        self._band_runs = min(BAND_RUNS, self._band_runs * 2)
+        with self._buf_lock:
+            self._due.wake(todo.wake)
 
-    def _insert_batch(
-        self,
-        cur: duckdb.DuckDBPyConnection,
-        mirror: Mirror,
-        script: list[str],
-        raw: dict[str, dict[str, np.ndarray]],
-    ) -> list[str]:
-        script = [
-            *script,
-            "CREATE OR REPLACE TEMP TABLE buf_recs AS " + select_sql("recs", "raw_recs"),
-            *(f"INSERT INTO {n} " + select_sql(n, f"raw_{n}") for n in ("events", "heartbeats")
-              if n in raw),
-            SEQ_MERGE,
-            "DELETE FROM seqs USING (SELECT DISTINCT run, rank FROM rw_seq) k "
-            "WHERE seqs.run = k.run AND seqs.rank = k.rank",
-            "INSERT INTO seqs SELECT * FROM rw_seq",
-        ]  # fmt: skip
-        # buf_steps keeps run and metric as int codes: the statistics and the finest rollup
-        # group the codes and look the names up per group, not per row.
-        if "steps" in raw:
-            script += [
-                "CREATE OR REPLACE TEMP TABLE buf_names AS "
-                "SELECT list(CAST(name AS VARCHAR) ORDER BY i) AS names FROM raw_names",
-                "CREATE OR REPLACE TEMP TABLE buf_steps AS SELECT * FROM raw_steps",
-                "INSERT INTO steps " + select_sql("steps", "buf_steps"),
-            ]
-        # what the bookkeeping needs back, in one row: lists of structs
-        stats = (
-            f"SELECT {_NAMES}[run + 1], {_NAMES}[metric + 1], n, lo, hi, ranks FROM ("
-            "SELECT run, metric, count(*) AS n, min(step) AS lo, max(step) AS hi, "
-            f"list(DISTINCT rank) AS ranks FROM buf_steps WHERE metric <> {NULL_CODE} "
-            "GROUP BY run, metric)"
-            if "steps" in raw
-            else "SELECT NULL WHERE false"
-        )
-        lists = ", ".join(
-            f"(SELECT list(t{order}) FROM ({q}) t)"
-            for q, order in ((META_BATCH, " ORDER BY t.run, t.rank, t.seq"), (RANK_BATCH, ""),
-                             (stats, ""))
-        )  # fmt: skip
-        # DuckDB finds the numpy columns by their names in this frame (a replacement scan), so
-        # no register()/unregister(): each of those is a GIL hand-over (slow with the
-        # ingest thread busy). Later statements read the buf_ tables.
-        raw_names, raw_recs = raw["names"], raw["recs"]
-        raw_steps, raw_events, raw_heartbeats = (raw.get(n) for n in BUFFERED[:3])
-        sql = ";\n".join([*script, "SELECT " + lists])
-        ((meta_rows, rank_rows, stat_rows),) = cur.execute(sql).fetchall()
-        del raw_names, raw_recs, raw_steps, raw_events, raw_heartbeats
-        meta, prev = [], None
-        for row in map(_values, meta_rows or []):
-            key, ident = row[:2], row[3:]
-            known = prev[3:] if prev is not None and prev[:2] == key else mirror.identity(*key)
-            if ident != known:
-                meta.append(row)
-            prev = row
-        if meta:
-            cur.executemany("INSERT INTO rank_meta VALUES (?, ?, ?, ?, ?, ?)", meta)
-        changed = mirror.merge_ranks([_values(r) for r in rank_rows or []])
-        if changed:
-            # As columns found by name, like raw_recs: an SQL VALUES list of 4,096 ranks took
-            # ~0.3 s to parse, twice per flush.
-            rank_names: dict[str, int] = {}
-            cols = [[getattr(r, f) for r in changed] for f in RANK_FIELDS]
-            raw_ranks = buffer_columns("ranks", cols, rank_names)
-            raw_rank_names = _names_columns(list(rank_names))
-            rollup.run_script(cur, [
-                "CREATE OR REPLACE TEMP TABLE rw_ranks AS "
-                + select_sql("ranks", "raw_ranks", "raw_rank_names"),
-                "DELETE FROM ranks USING rw_ranks k "
-                "WHERE ranks.run = k.run AND ranks.rank = k.rank",
-                "INSERT INTO ranks SELECT * FROM rw_ranks",
-            ])  # fmt: skip
-            del raw_ranks, raw_rank_names
-        script = []
-        if "steps" not in raw:
-            return script
-        stats = [_values(r) for r in stat_rows or []]
-        mirror.merge_metrics(stats)
-        # Values for steps whose band is already settled: the band misses them until repaired.
-        # (A metric's first step in this flush is its earliest late step, if any is late.)
-        for run, metric, _, lo, _, _ in stats:
-            if run in mirror.band and lo <= mirror.band[run]:
-                key = (run, metric)
-                mirror.late[key] = min(lo, mirror.late.get(key, lo))
-                where = f"run = {rollup.literal(run)} AND metric = {rollup.literal(metric)}"
-                script += [
-                    f"DELETE FROM band_late WHERE {where}",
-                    f"INSERT INTO band_late VALUES ({rollup.literal(run)}, "
-                    f"{rollup.literal(metric)}, {mirror.late[key]})",
-                ]
-        source = (
-            "SELECT run, metric, CAST(rank AS INTEGER) AS key, step, "
-            f"coalesce(value, 'nan'::DOUBLE) AS value FROM buf_steps WHERE metric <> {NULL_CODE}"
-        )
-        return rollup.fold(cur, "series", rollup.raw_part(source, _NAMES), script)
+    def _band_failed(self, runs: set[str], exc: duckdb.Error) -> None:
+        self._n["band_errors"] += 1
+        if len(runs) > 1:
+            self._band_runs = max(1, len(runs) // 2)
+            with self._buf_lock:
+                self._due.dirty.update(runs)
+            log.warning("rankwatch: the band of %d runs could not be settled (%s); "
+                        "retrying %d at a time", len(runs), exc, self._band_runs)  # fmt: skip
+            return
+        # One run alone: it waits for new records (its charts band it from raw rows meanwhile)
+        self._n["band_runs_skipped"] += 1
+        log.warning("rankwatch: the band of run %r could not be settled (%s); its charts "
+                    "compute it at each query until new records come", next(iter(runs)),
+                    exc)  # fmt: skip
 
     def rebuild_band(self, run: str) -> None:
         """Recompute the band of ``run`` from its raw rows at the next flush (after an import
         that delivered ranks one after the other)."""
-        with self._state_lock:
-            if self._mirror.band.get(run, NO_STEP) > NO_STEP:
-                for stats in self._mirror.metric_stats(run):
-                    self._mirror.late[(run, stats.metric)] = stats.lo
-        with self._buf_lock:
-            ranks = self._arrival.get(run, {})
-            for rank in ranks:
-                ranks[rank] = -math.inf
+        with self._flush_lock:
+            with self._state_lock:
+                if run in self._mirror.band:
+                    for stats in self._mirror.metric_stats(run):
+                        self._mirror.late[(run, stats.metric)] = stats.lo
+            with self._buf_lock:
+                ranks = self._arrival.get(run, {})
+                for rank in ranks:
+                    ranks[rank] = -math.inf
+                self._due.dirty.add(run)
         self.flush()
 
-    def close(self) -> None:
-        """Flush and close (idempotent). Raises StoreError if the final flush fails."""
+    def counters(self) -> dict[str, int]:
+        """What the store had to set aside: records (in JSONL beside the store), band
+        settles that failed, runs whose band was left to the queries."""
+        return {f"store_{k}": v for k, v in self._n.items()}
+
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Flush and close (idempotent). Raises StoreError if the final flush fails. A flush
+        still running after ``wait_s`` is interrupted: its records stay buffered and this
+        last flush writes them."""
         if self._closed:
             return
+        if not self._flush_lock.acquire(timeout=wait_s):
+            deadline = time.monotonic() + CLOSE_INTERRUPT_S
+            while True:  # asked between two statements, the flush goes on with the next
+                self._writer.interrupt()
+                if self._flush_lock.acquire(timeout=CLOSE_POLL_S):
+                    break
+                if time.monotonic() > deadline:
+                    raise StoreError(f"cannot close the store at {self.path}: a flush is "
+                                     "still running; the records buffered since are not "
+                                     "stored (the agents' JSONL has them)")  # fmt: skip
+        self._flush_lock.release()
         try:
             self.flush()
         finally:
             self._closed = True
-            for cur in self._cursors:
-                cur.close()
+            self._reads.close()
+            self._writer.close()
             self._con.close()
 
     def __enter__(self) -> Store:
@@ -384,267 +303,11 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # --- reading ---------------------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreError(f"the store at {self.path} is closed")
-
-    def _cur(self) -> duckdb.DuckDBPyConnection:
-        self._check_open()
-        cur = getattr(self._local, "cur", None)
-        if cur is None:
-            cur = self._local.cur = self._con.cursor()
-            with self._state_lock:
-                self._cursors.append(cur)
-        return cur
-
-    def runs(self) -> list[dict[str, Any]]:
-        with self._state_lock:
-            return self._mirror.runs()
-
-    def metrics(self, run: str) -> list[str]:
-        with self._state_lock:
-            return sorted(s.metric for s in self._mirror.metric_stats(run))
-
-    def ranks(self, run: str) -> list[dict[str, Any]]:
-        """Per-rank summary (host, pid, world_size, times, records, last_step, ended)."""
-        with self._state_lock:
-            rows = self._mirror.ranks.get(run, {})
-            return [rows[rank].as_dict() for rank in sorted(rows)]
-
-    def events(self, run: str) -> list[dict[str, Any]]:
-        rows = self._cur().execute(
-            "SELECT run, rank, seq, time, world_size, host, pid, event, step, info FROM events "
-            "WHERE run = ? ORDER BY time, rank, seq",
-            [run],
-        )
-        names = [d[0] for d in rows.description]
-        out = [dict(zip(names, row, strict=True)) for row in rows.fetchall()]
-        for ev in out:
-            ev["info"] = json.loads(ev["info"])
-        return out
-
-    def heartbeats(self, run: str) -> list[dict[str, Any]]:
-        """The latest heartbeat of each rank of ``run``."""
-        rows = self._cur().execute(
-            "SELECT run, rank, arg_max(seq, seq) AS seq, arg_max(time, seq) AS time, "
-            "arg_max(last_step, seq) AS last_step, arg_max(next_in, seq) AS next_in, "
-            "arg_max(dropped, seq) AS dropped, arg_max(paused, seq) AS paused, count(*) AS count "
-            "FROM heartbeats WHERE run = ? GROUP BY run, rank ORDER BY rank",
-            [run],
-        )
-        names = [d[0] for d in rows.description]
-        return [dict(zip(names, row, strict=True)) for row in rows.fetchall()]
-
-    def seen_seqs(self) -> list[tuple[str, int, int, int]]:
-        """Every flushed (run, rank, seq) as merged inclusive intervals (run, rank, lo, hi)."""
-        return self._cur().execute("SELECT * FROM seqs ORDER BY run, rank, lo").fetchall()
-
-    def records(self, run: str) -> Iterator[Record]:
-        """Every stored record of ``run`` rebuilt as a dataclass, ordered by (rank, seq)."""
-        self._check_open()
-        return read_records(self._con, run)
-
-    def series(
-        self,
-        run: str,
-        metric: str,
-        ranks: Sequence[int] | None = None,
-        start: int | None = None,
-        end: int | None = None,
-        max_points: int = 2000,
-    ) -> dict[int, dict[str, list]]:
-        """rank -> {"step", "value", "min", "max"}: at most ``max_points`` per rank; downsampled
-        ranges draw each bucket's minimum and maximum at their own steps (spikes survive).
-        ``series_columns`` is the same as numpy arrays, without building Python lists."""
-        return self.series_columns(run, metric, ranks, start, end, max_points).to_lists()
-
-    def series_columns(
-        self,
-        run: str,
-        metric: str,
-        ranks: Sequence[int] | None = None,
-        start: int | None = None,
-        end: int | None = None,
-        max_points: int = 2000,
-    ) -> SeriesColumns:
-        """The points of ``series()``, every rank concatenated in rank order (columns.py)."""
-        plan = self._plan(run, metric, ranks, start, end, max_points, 2)
-        if plan is None:
-            return SeriesColumns.empty()
-        level, lo, hi, where, params = plan
-        cur = self._cur()
-        # cur.sql(): DuckDB's relation path converts to numpy faster than
-        # execute()'s result (figures: docs/benchmarks.md), and the conversion is most
-        # of a big overlay's query time.
-        if level < 0:
-            res = cur.sql(
-                f"SELECT rank AS key, step, value FROM steps WHERE "
-                f"{where.replace('key', 'rank')} AND step BETWEEN $lo AND $hi",
-                params={**params, "lo": lo, "hi": hi},
-            ).fetchnumpy()
-            res = rollup.sort_buckets(res, "step")
-            out = SeriesColumns.from_rows(res["key"], res["step"], res["value"])
-        else:
-            width = rollup.LEVELS[level]
-            # no ``b`` column: a bucket's minimum's step orders buckets just as well
-            res = rollup.sort_buckets(
-                cur.sql(
-                    "SELECT key, mn, mn_step, mx, mx_step FROM ("
-                    + rollup.bucket_sql("series", level, where, lo // width, hi // width)
-                    + ")",
-                    params=params,
-                ).fetchnumpy(),
-                "mn_step",
-            )
-            out = columns.bucket_columns(
-                res["key"], res["mn"], res["mn_step"], res["mx"], res["mx_step"], lo, hi
-            )
-        return columns.minmax_reduce(out, max_points)
-
-    def band(
-        self,
-        run: str,
-        metric: str,
-        start: int | None = None,
-        end: int | None = None,
-        max_points: int = 2000,
-    ) -> dict[str, list]:
-        """Cross-rank {"step", "median", "p5", "p95", "min", "max"} over finite values; a
-        downsampled point is a bucket: mean of medians, lowest p5/min, highest p95/max.
-        ``band_columns`` is the same as numpy arrays."""
-        return columns.band_lists(self.band_columns(run, metric, start, end, max_points))
-
-    def band_columns(
-        self,
-        run: str,
-        metric: str,
-        start: int | None = None,
-        end: int | None = None,
-        max_points: int = 2000,
-    ) -> dict[str, np.ndarray]:
-        """``band()`` as arrays: "step" int64, the statistics float64 (NaN: no finite value)."""
-        plan = self._plan(run, metric, None, start, end, max_points, 1)
-        if plan is None:
-            return columns.empty_band()
-        level, lo, hi, where, params = plan
-        with self._state_lock:
-            done = self._mirror.band.get(run, NO_STEP)
-        params = {**params, "lo": lo, "hi": hi, "done": done}
-        tail = rollup.band_wide_sql(
-            "run = $run AND metric = $metric AND step > $done AND step BETWEEN $lo AND $hi"
-        )
-        if level < 0:
-            sql = (
-                "SELECT step, median, p5, p95, vmin, vmax FROM band WHERE run = $run AND "
-                "metric = $metric AND step <= $done AND step BETWEEN $lo AND $hi UNION ALL "
-                f"SELECT step, median, p5, p95, vmin, vmax FROM ({tail}) ORDER BY step"
-            )
-        else:
-            width = rollup.LEVELS[level]
-            tail_buckets = f"WITH w AS MATERIALIZED ({tail}) " + rollup.band_part_sql("w", width)
-            sql = rollup.band_pivot_sql(
-                rollup.bucket_sql("band", level, where, lo // width, hi // width, tail_buckets)
-            )
-        res = self._cur().sql(sql, params=params).fetchnumpy()
-        out = {"step": np.asarray(res["step"]).astype(np.int64)}
-        for name, col in zip(columns.BAND_KEYS[1:], rollup.BAND_COLUMNS, strict=True):
-            out[name] = np.ma.filled(np.ma.asarray(res[col], dtype=np.float64), math.nan)
-        return columns.band_reduce(out, max_points)
-
-    def _plan(
-        self,
-        run: str,
-        metric: str,
-        ranks: Sequence[int] | None,
-        start: int | None,
-        end: int | None,
-        max_points: int,
-        points_per_bucket: int,
-    ) -> tuple[int, int, int, str, dict[str, Any]] | None:
-        """Level, step range, WHERE clause and parameters for a query, or None if empty."""
-        self._check_open()
-        if max_points < 2:
-            raise ValueError(f"max_points must be >= 2, got {max_points}")
-        with self._state_lock:
-            stats = self._mirror.stats.get((run, metric))
-        if stats is None:
-            return None
-        lo = stats.lo if start is None else max(int(start), stats.lo)
-        hi = stats.hi if end is None else min(int(end), stats.hi)
-        keys = stats.keys if ranks is None else stats.keys & {int(r) for r in ranks}
-        if hi < lo or not keys:
-            return None
-        per_key = stats.rows / len(stats.keys) * (hi - lo + 1) / (stats.hi - stats.lo + 1)
-        # the band reads BAND_KEYS rows per bucket, a series one per rank
-        width = rollup.BAND_KEYS if points_per_bucket == 1 else len(keys)
-        all_keys = len(stats.keys) if ranks is not None and points_per_bucket != 1 else None
-        level = rollup.choose_level(
-            per_key, hi - lo + 1, max_points, points_per_bucket, width, all_keys
-        )
-        where = "run = $run AND metric = $metric"
-        if ranks is not None:
-            where += f" AND key IN ({', '.join(str(k) for k in sorted(keys))})"
-        return level, lo, hi, where, {"run": run, "metric": metric}
-
-    def export_steps(self, run: str, out_path: Path, fmt: str) -> int:
-        """COPY the long step rows of ``run`` to CSV or Parquet (export.py checks the
-        arguments); returns the number of rows written."""
-        options = "FORMAT CSV, HEADER" if fmt == "csv" else "FORMAT PARQUET"
-        target = str(out_path).replace("'", "''")
-        row = (
-            self._cur()
-            .execute(
-                "COPY (SELECT run, rank, step, epoch, time, metric, value FROM steps "
-                "WHERE run = ? AND metric IS NOT NULL ORDER BY rank, step, seq, metric) "
-                f"TO '{target}' ({options})",
-                [run],
-            )
-            .fetchone()
-        )
-        return int(row[0]) if row else 0
-
-
-def _config(memory_limit: str) -> dict[str, Any]:
-    # Insertion order is not kept: every read that needs an order sorts (ORDER BY, or
-    # rollup.sort_buckets), and without it DuckDB writes a flush's rows in parallel
-    # (figures: docs/benchmarks.md, Ingest).
-    return {"memory_limit": memory_limit, "preserve_insertion_order": False}
+def _disk_refuses(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, _KEEP) or any(mark in text for mark in _KEEP_MARKS)
 
 
 def _has_steps(item: Item) -> bool:
     return type(item) is StepRecord or (type(item) is StepBlock and len(item) > 0)
-
-
-def _values(row: dict[str, Any]) -> tuple:
-    """A row fetched as a struct (dict) back as a tuple."""
-    return tuple(row.values())
-
-
-def _names_columns(names: list[str]) -> dict[str, np.ndarray]:
-    """The name table of a part's coded columns (select_sql)."""
-    return {"i": np.arange(len(names), dtype=np.int32), "name": np.array(names, dtype=object)}
-
-
-_warmed = threading.Lock()
-_warm = False
-
-
-def _warm_up_duckdb() -> None:
-    """Run DuckDB's first numpy fetch once, in one thread.
-
-    DuckDB 2.0 can deadlock when two threads make a process's first ``fetchnumpy`` at the same
-    time (seen: 7 hangs in 15 runs with 4 threads; none in 20 after this warm-up). The dashboard
-    queries from several threads as soon as a page opens.
-    """
-    global _warm
-    with _warmed:
-        if not _warm:
-            con = duckdb.connect()
-            try:
-                con.execute("SELECT 1::DOUBLE AS v").fetchnumpy()
-                con.sql("SELECT 1::DOUBLE AS v").fetchnumpy()  # the read path's way
-            finally:
-                con.close()
-            _warm = True

@@ -16,27 +16,21 @@ of ``w`` + the open rows of every level ``<= w`` re-bucketed to ``w`` (which nev
 bucket with a closed row). Everything happens inside the caller's transaction, so rollups can
 never disagree with the raw rows after a crash.
 
-Also here: the per-step cross-rank band (``settle_bands``) and level choice for a query; the
-numpy code turning bucket rows into the points the dashboard draws is ``columns.py``. See
-docs/storage.md.
+Also here: the band's SQL (its rows per step and their buckets; which runs' bands settle and
+when is ``band.py``) and level choice for a query; the numpy code turning bucket rows into the
+points the dashboard draws is ``columns.py``. See docs/storage.md.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
 
-if TYPE_CHECKING:
-    from rankwatch.aggregator.store.rows import Mirror
-
 LEVELS: tuple[int, ...] = (16, 256, 4096)  # bucket widths in steps; each is FANOUT x the last
 FANOUT = 16
 SOURCES = ("series", "band")
-NO_STEP = -(2**63)  # "no step yet" for the band frontier
 FINE_READ_ROWS = 50_000  # rows a query may read beyond its points to use the whole budget
 FINE_SCAN_ROWS = 4_000_000  # rows of all ranks a query for some ranks may scan at one level
 
@@ -180,36 +174,22 @@ def _merge_late(closed_t: str) -> list[str]:
     ]
 
 
-def clear(cur: duckdb.DuckDBPyConnection, src: str, run: str, metric: str, from_step: int) -> int:
-    """Drop every bucket of ``run``/``metric`` at or after the coarsest bucket holding
-    ``from_step``.
-
-    Returns the first step of that bucket: the caller re-folds the source rows from there.
-    """
-    start = from_step - from_step % LEVELS[-1]
-    for width in LEVELS:
-        for open_ in (False, True):
-            cur.execute(
-                f"DELETE FROM {table(src, width, open_)} WHERE run = ? AND metric = ? AND b >= ?",
-                [run, metric, start // width],
-            )
-    return start
-
-
-def band_wide_sql(where: str) -> str:
-    """Per-step statistics across ranks from raw ``steps`` rows, over finite values only.
+def band_wide_sql(where: str, source: str = "steps") -> str:
+    """Per-step statistics across ranks from raw ``steps`` rows (or ``source``, a query of
+    their run, metric, step and value), over finite values only.
 
     A NaN rank is the divergence detector's business; letting it poison the median would hide
     the healthy ranks' band. ``nonfinite`` counts what was left out.
     """
     fin = "FILTER (WHERE isfinite(value))"
+    frm = source if source == "steps" else f"({source})"
     return f"""SELECT run, metric, step, n, nonfinite, q[1] AS median, q[2] AS p5, q[3] AS p95,
         vmin, vmax FROM (
             SELECT run, metric, step, count(value) {fin} AS n,
                 count(value) FILTER (WHERE NOT isfinite(value)) AS nonfinite,
                 quantile_cont(value, [0.5, 0.05, 0.95]) {fin} AS q,
                 min(value) {fin} AS vmin, max(value) {fin} AS vmax
-            FROM steps WHERE metric IS NOT NULL AND {where} GROUP BY run, metric, step)"""
+            FROM {frm} WHERE metric IS NOT NULL AND {where} GROUP BY run, metric, step)"""
 
 
 BAND_COLUMNS = ("median", "p5", "p95", "vmin", "vmax")  # band table columns, in BAND_STATS order
@@ -329,85 +309,3 @@ def sort_buckets(res: dict[str, np.ndarray], by: str = "b") -> dict[str, np.ndar
             return res
         order = np.argsort(combined, kind="stable")
     return {name: np.asarray(col)[order] for name, col in res.items()}
-
-
-# --- the cross-rank band -------------------------------------------------------------------
-
-
-def settle_bands(
-    cur: duckdb.DuckDBPyConnection,
-    mirror: Mirror,
-    arrival: dict[str, dict[int, float]],
-    run_first: dict[str, float],
-    now: float,
-    *,
-    stale_s: float,
-    wait_unseen_s: float,
-    repair_quiet_s: float,
-    repair_rows: float,
-    script: Sequence[str] = (),
-) -> list[str]:
-    """Settle every run's band up to its frontier (``Mirror.frontier``) and repair metrics
-    that received values for settled steps: at once if that re-reads fewer than
-    ``repair_rows`` raw rows, else once the run has had no input for ``repair_quiet_s``.
-
-    ``script``: the caller's statements not run yet; returns those left (see ``fold``)."""
-    script = list(script)
-    for run in mirror.ranks:
-        done = mirror.band.get(run, NO_STEP)
-        last = mirror.last_step(run)
-        late = {m: step for (r, m), step in mirror.late.items() if r == run}
-        if run not in arrival and not late and (last is None or done >= last):
-            continue  # settled in an earlier session and idle since: nothing can change
-        ranks = arrival.get(run, {})
-        quiet = now - max(ranks.values(), default=-math.inf) >= repair_quiet_s
-        for metric, step in late.items():  # one metric's repair leaves the others be
-            stats = mirror.stats.get((run, metric))
-            span = stats.hi - stats.lo + 1 if stats else 1
-            redo = (stats.rows if stats else 0) * (done - step + 1) / span
-            if quiet or redo <= repair_rows:
-                script = _repair_band(cur, script, run, metric, step, done)
-                del mirror.late[(run, metric)]
-        frontier = mirror.frontier(run, ranks, now, run_first.get(run), stale_s, wait_unseen_s)
-        if frontier is not None and frontier > done:
-            script = _band_rows(cur, script, f"run = {literal(run)}", done, frontier, done + 1)
-            if run in mirror.band:  # the mirror holds band_done's rows
-                script.append(f"UPDATE band_done SET done = {frontier} WHERE run = {literal(run)}")
-            else:
-                script.append(f"INSERT INTO band_done VALUES ({literal(run)}, {frontier})")
-            mirror.band[run] = frontier
-    return script
-
-
-def _repair_band(
-    cur: duckdb.DuckDBPyConnection, script: list[str], run: str, metric: str, step: int, done: int
-) -> list[str]:
-    run_script(cur, script)  # before clear(), which runs its own statements
-    where = f"run = {literal(run)} AND metric = {literal(metric)}"
-    start = clear(cur, "band", run, metric, step)
-    script = [f"DELETE FROM band WHERE {where} AND step >= {step}",
-              f"DELETE FROM band_late WHERE {where}"]  # fmt: skip
-    return _band_rows(cur, script, where, step - 1, done, start)
-
-
-def _band_rows(
-    cur: duckdb.DuckDBPyConnection,
-    script: list[str],
-    where: str,
-    after: int,
-    upto: int,
-    fold_from: int,
-) -> list[str]:
-    """Band rows for steps in (after, upto], then fold the band rows from ``fold_from``."""
-    script = [
-        *script,
-        "CREATE OR REPLACE TEMP TABLE rw_band AS "
-        + band_wide_sql(f"{where} AND step > {after} AND step <= {upto}"),
-        "INSERT INTO band SELECT * FROM rw_band",
-    ]
-    if fold_from <= after:  # a repair re-folds from the start of a coarsest bucket
-        script.append(
-            "CREATE OR REPLACE TEMP TABLE rw_band AS SELECT * FROM band "
-            f"WHERE {where} AND step >= {fold_from} AND step <= {upto}"
-        )
-    return fold(cur, "band", band_part_sql("rw_band", LEVELS[0]), script)

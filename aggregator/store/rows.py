@@ -1,12 +1,11 @@
 """The store's row layout and bookkeeping: table definitions, records rebuilt from rows, and
 the in-memory summaries (``Mirror``) that runs(), query planning and the band frontier read.
-The write buffer is ``store_buffer.py``. Only the store uses them."""
+The write buffer is ``buffer.py``. Only the store uses them."""
 
 from __future__ import annotations
 
 import heapq
 import json
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,9 +37,10 @@ LAYOUT: dict[str, tuple[tuple[str, str], ...]] = {
                    ("next_in", "f"), ("dropped", "i"), ("paused", "c")),
     # seq intervals, rank summaries, rank_meta. One row per span of buffered records: a step
     # block with consecutive seqs is one row (seq..hi, n records, its first and last time, its
-    # last step), any other record its own row (hi = seq, n = 1).
+    # last step), any other record its own row (hi = seq, n = 1). ``step`` is read for step
+    # records only (0 for others): as a nullable column, step -2**63 would read as NULL.
     "recs": (("run", "c"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("kind", "c"),
-             ("world_size", "n"), ("host", "c"), ("pid", "n"), ("step", "n"), ("event", "c"),
+             ("world_size", "n"), ("host", "c"), ("pid", "n"), ("step", "i"), ("event", "c"),
              ("hi", "i"), ("n", "i"), ("last_time", "f")),
     "ranks": (("run", "c"), ("rank", "i"), ("world_size", "n"), ("host", "c"), ("pid", "n"),
               ("first_time", "f"), ("last_time", "f"), ("records", "i"), ("last_step", "n"),
@@ -330,31 +330,3 @@ class Mirror:
             }
             for run, rows in sorted(by_run.items(), key=lambda kv: min(r.first_time for r in kv[1]))
         ]
-
-    def frontier(
-        self,
-        run: str,
-        arrival: dict[int, float],
-        now: float,
-        first: float | None,
-        stale_s: float,
-        wait_unseen_s: float,
-    ) -> int | None:
-        """The last step whose band can be settled: one below the slowest live rank's latest
-        step. Ranks that ended, crashed or went silent for ``stale_s`` do not hold it back;
-        ranks of world_size never seen do, for ``wait_unseen_s`` after the run's first record.
-        With no live rank left, everything is settled. None: nothing to settle yet."""
-        rows = list(self.ranks.get(run, {}).values())
-        world = max((r.world_size or 0 for r in rows), default=0)
-        if world > len(rows) and first is not None and now - first < wait_unseen_s:
-            return None
-        live = [
-            r.last_step
-            for r in rows
-            if r.last_step is not None
-            and not r.ended
-            and now - arrival.get(r.rank, -math.inf) < stale_s
-        ]
-        if live:
-            return min(live) - 1
-        return max((r.last_step for r in rows if r.last_step is not None), default=None)

@@ -427,3 +427,26 @@ def test_tick_sees_a_crash_at_once_and_a_silent_rank_lost_within_a_second(
         assert t + agg.config.lost_after_s < lost_at <= t + agg.config.lost_after_s + 1.2
     finally:
         agg.stop()
+
+
+def test_a_real_rank_is_stored_soon_after_two_thousand_one_record_runs(
+    agg: Aggregator, tmp_path: Path
+) -> None:
+    """2,000 distinct runs in one body (an HTTP ingest POST's path), then a real agent: its
+    record reaches the store within the flushes right after (the band of 2,000 runs no longer
+    costs a fold each), and stopping stays prompt."""
+    from rankwatch.agent.monitor import Monitor
+
+    now = time.time()
+    flood = [StepRecord(f"f{i}", 0, 1, now, 1, "h", 1, 0, None, {"loss": 1.0}) for i in range(2000)]
+    assert agg.add(flood, imported=False) == 2000
+    mon = Monitor(run="real", rank=0, world_size=1, addr=f"127.0.0.1:{agg.ingest_port}",
+                  log_dir=tmp_path / "logs", heartbeat_s=60.0)  # fmt: skip
+    try:
+        mon.log(1, loss=0.5)
+        wait_until(lambda: any(r["run"] == "real" for r in agg.store.runs()), timeout_s=20.0,
+                   what="the real rank's record stored")  # fmt: skip
+    finally:
+        mon.close()
+    assert len(agg.store.runs()) == 2001
+    assert agg.counters()["store_set_aside_records"] == 0

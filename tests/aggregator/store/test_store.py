@@ -156,7 +156,7 @@ def test_band_matches_numpy_quantiles(tmp_path: Path) -> None:
         np.testing.assert_allclose(band["min"], np.nanmin(finite, axis=0))
         np.testing.assert_allclose(band["max"], np.nanmax(finite, axis=0))
         # every rank is live, so the last step is still computed from raw rows
-        done = s._mirror.band.get("r", store_mod.NO_STEP)
+        done = s._mirror.band.get("r")
         assert done == 58
         coarse = s.band("r", "loss", max_points=10)
         assert len(coarse["step"]) <= 10
@@ -406,7 +406,8 @@ def test_a_hung_rank_sending_only_heartbeats_releases_the_band(tmp_path: Path) -
     clock = Clock()
 
     def done(s: Store) -> int:
-        return s._cur().execute("SELECT done FROM band_done WHERE run = 'r'").fetchone()[0]
+        with s._query() as cur:
+            return cur.execute("SELECT done FROM band_done WHERE run = 'r'").fetchone()[0]
 
     with Store(tmp_path / "s.duckdb", clock=clock) as s:
         seq = dict.fromkeys(range(4), 0)
@@ -472,9 +473,10 @@ def test_a_store_from_before_the_two_row_band_rollups_is_upgraded_on_open(tmp_pa
     con.close()
 
     with Store(path) as s:
-        version = s._cur().execute("SELECT value FROM meta WHERE key = 'schema_version'")
-        assert version.fetchone() == (str(store_mod.SCHEMA_VERSION),)
-        assert keys(s._cur()) == {0, 1}
+        with s._query() as cur:
+            version = cur.execute("SELECT value FROM meta WHERE key = 'schema_version'")
+            assert version.fetchone() == (str(store_mod.SCHEMA_VERSION),)
+            assert keys(cur) == {0, 1}
         for n in asks:
             after = s.band_columns("r", "loss", max_points=n)
             assert after["step"].tolist() == before[n]["step"].tolist(), n

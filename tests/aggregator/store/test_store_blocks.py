@@ -52,14 +52,14 @@ def block(
 def contents(s: Store) -> dict[str, str]:
     """Every table's rows, sorted, as text (NaN compares equal to NaN this way). Floats to 12
     digits: DuckDB sums rows in whatever order its threads meet them (the last bit varies)."""
-    cur = s._cur()
     out = {}
-    for t in TABLES:
-        rows = [
-            tuple(float(f"{v:.12g}") if isinstance(v, float) else v for v in row)
-            for row in cur.execute(f"SELECT * FROM {t}").fetchall()
-        ]
-        out[t] = repr(sorted(rows, key=repr))
+    with s._query() as cur:
+        for t in TABLES:
+            rows = [
+                tuple(float(f"{v:.12g}") if isinstance(v, float) else v for v in row)
+                for row in cur.execute(f"SELECT * FROM {t}").fetchall()
+            ]
+            out[t] = repr(sorted(rows, key=repr))
     return out
 
 
@@ -230,7 +230,8 @@ def test_a_backlog_of_blocks_too_big_for_memory_is_written_in_parts(tmp_path: Pa
         assert s.seen_seqs() == [(f"run{i}", k, 1, 250) for i in range(10) for k in range(8)]
         got = list(s.records("run7"))
         assert len(got) == 2000 and all(len(g.metrics) == 10 for g in got)
-        assert s._cur().execute("SELECT count(*) FROM steps").fetchone() == (200_000,)
+        with s._query() as cur:
+            assert cur.execute("SELECT count(*) FROM steps").fetchone() == (200_000,)
 
 
 def test_a_malformed_block_is_refused_with_its_column_named(tmp_path: Path) -> None:

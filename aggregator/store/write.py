@@ -1,0 +1,186 @@
+"""The store's write path: one flush's batch into the tables, in one transaction.
+
+The batch's numpy columns are scanned by DuckDB where they lie (found by name), the
+bookkeeping (seq intervals, rank summaries, rank_meta) is done in SQL over the batch, and the
+series rollups are folded in (``rollup.fold``). The band settles in its own
+transaction after this one (``band.py``): a band that cannot be settled never keeps records
+from being stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import duckdb
+import numpy as np
+from rankwatch.aggregator.store import rollup
+from rankwatch.aggregator.store.buffer import Batch
+from rankwatch.aggregator.store.buffer import columns as buffer_columns
+from rankwatch.aggregator.store.rows import (
+    BUFFERED,
+    META_BATCH,
+    NULL_CODE,
+    RANK_BATCH,
+    RANK_FIELDS,
+    SEQ_MERGE,
+    Mirror,
+    select_sql,
+)
+
+# a flush's names as an SQL list (temp table buf_names): a code c is _NAMES[c + 1]
+_NAMES = "(SELECT names FROM buf_names)"
+
+
+def insert(cur: duckdb.DuckDBPyConnection, mirror: Mirror, batch: Batch) -> None:
+    """Write ``batch`` on the writer cursor in one transaction and fold it into ``mirror``
+    (a copy, swapped in by the caller after this returns): all of it or, on an error, none."""
+    if batch.empty:
+        return
+    part = batch.to_numpy()
+    raw = {n: c for n, c in part.tables.items() if len(c["seq"])}
+    if "recs" not in raw:
+        return
+    raw["names"] = names_columns(part.names)
+    try:
+        script = _insert_batch(cur, mirror, ["BEGIN TRANSACTION"], raw)
+        rollup.run_script(cur, [*script, "COMMIT"])
+    except BaseException:
+        rollback(cur)
+        raise
+
+
+def rollback(cur: duckdb.DuckDBPyConnection) -> None:
+    # the transaction may already be gone; the original error is what matters
+    with contextlib.suppress(duckdb.Error):
+        cur.execute("ROLLBACK")
+
+
+def _insert_batch(
+    cur: duckdb.DuckDBPyConnection,
+    mirror: Mirror,
+    script: list[str],
+    raw: dict[str, dict[str, np.ndarray]],
+) -> list[str]:
+    script = [
+        *script,
+        "CREATE OR REPLACE TEMP TABLE buf_recs AS " + select_sql("recs", "raw_recs"),
+        *(f"INSERT INTO {n} " + select_sql(n, f"raw_{n}") for n in ("events", "heartbeats")
+          if n in raw),
+        SEQ_MERGE,
+        "DELETE FROM seqs USING (SELECT DISTINCT run, rank FROM rw_seq) k "
+        "WHERE seqs.run = k.run AND seqs.rank = k.rank",
+        "INSERT INTO seqs SELECT * FROM rw_seq",
+    ]  # fmt: skip
+    # buf_steps keeps run and metric as int codes: the statistics and the finest rollup
+    # group the codes and look the names up per group, not per row.
+    if "steps" in raw:
+        script += [
+            "CREATE OR REPLACE TEMP TABLE buf_names AS "
+            "SELECT list(CAST(name AS VARCHAR) ORDER BY i) AS names FROM raw_names",
+            "CREATE OR REPLACE TEMP TABLE buf_steps AS SELECT * FROM raw_steps",
+            "INSERT INTO steps " + select_sql("steps", "buf_steps"),
+        ]
+    # what the bookkeeping needs back, in one row: lists of structs
+    stats = (
+        f"SELECT {_NAMES}[run + 1], {_NAMES}[metric + 1], n, lo, hi, ranks FROM ("
+        "SELECT run, metric, count(*) AS n, min(step) AS lo, max(step) AS hi, "
+        f"list(DISTINCT rank) AS ranks FROM buf_steps WHERE metric <> {NULL_CODE} "
+        "GROUP BY run, metric)"
+        if "steps" in raw
+        else "SELECT NULL WHERE false"
+    )
+    lists = ", ".join(
+        f"(SELECT list(t{order}) FROM ({q}) t)"
+        for q, order in ((META_BATCH, " ORDER BY t.run, t.rank, t.seq"), (RANK_BATCH, ""),
+                         (stats, ""))
+    )  # fmt: skip
+    # DuckDB finds the numpy columns by their names in this frame (a replacement scan), so
+    # no register()/unregister(): each of those is a GIL hand-over (~20 ms each with the
+    # ingest thread busy). Later statements read the buf_ tables.
+    raw_names, raw_recs = raw["names"], raw["recs"]
+    raw_steps, raw_events, raw_heartbeats = (raw.get(n) for n in BUFFERED[:3])
+    sql = ";\n".join([*script, "SELECT " + lists])
+    ((meta_rows, rank_rows, stat_rows),) = cur.execute(sql).fetchall()
+    del raw_names, raw_recs, raw_steps, raw_events, raw_heartbeats
+    meta, prev = [], None
+    for row in map(_values, meta_rows or []):
+        key, ident = row[:2], row[3:]
+        known = prev[3:] if prev is not None and prev[:2] == key else mirror.identity(*key)
+        if ident != known:
+            meta.append(row)
+        prev = row
+    if meta:
+        # as columns found by name too: executemany costs ~1.5 ms a row (10,000 new runs at once)
+        cols = list(zip(*meta, strict=True))
+        raw_meta = {
+            name: np.array(col, dtype=object)
+            for name, col in zip(("run", "rank", "seq", "world_size", "host", "pid"), cols,
+                                 strict=True)
+        }  # fmt: skip
+        cur.execute(
+            "INSERT INTO rank_meta SELECT CAST(run AS VARCHAR), CAST(rank AS BIGINT), "
+            "CAST(seq AS BIGINT), CAST(world_size AS BIGINT), CAST(host AS VARCHAR), "
+            "CAST(pid AS BIGINT) FROM raw_meta"
+        )
+        del raw_meta
+    changed = mirror.merge_ranks([_values(r) for r in rank_rows or []])
+    if changed:
+        # As columns found by name, like raw_recs: an SQL VALUES list of 4,096 ranks took
+        # ~0.3 s to parse, twice per flush.
+        rank_names: dict[str, int] = {}
+        cols = [[getattr(r, f) for r in changed] for f in RANK_FIELDS]
+        raw_ranks = buffer_columns("ranks", cols, rank_names)
+        raw_rank_names = names_columns(list(rank_names))
+        rollup.run_script(cur, [
+            "CREATE OR REPLACE TEMP TABLE rw_ranks AS "
+            + select_sql("ranks", "raw_ranks", "raw_rank_names"),
+            "DELETE FROM ranks USING rw_ranks k "
+            "WHERE ranks.run = k.run AND ranks.rank = k.rank",
+            "INSERT INTO ranks SELECT * FROM rw_ranks",
+        ])  # fmt: skip
+        del raw_ranks, raw_rank_names
+    script = []
+    if "steps" not in raw:
+        return script
+    stats = [_values(r) for r in stat_rows or []]
+    mirror.merge_metrics(stats)
+    # Values for steps whose band is already settled: the band misses them until repaired.
+    # (A metric's first step in this flush is its earliest late step, if any is late.)
+    late = []
+    raw_late: dict[str, np.ndarray] = {}
+    for run, metric, _, lo, _, _ in stats:
+        if run in mirror.band and lo <= mirror.band[run]:
+            key = (run, metric)
+            mirror.late[key] = min(lo, mirror.late.get(key, lo))
+            late.append((run, metric, mirror.late[key]))
+    if late:  # found by name while rollup.fold runs the script below
+        raw_late = {
+            "run": np.array([r for r, _, _ in late], dtype=object),
+            "metric": np.array([m for _, m, _ in late], dtype=object),
+            "step": np.array([q for _, _, q in late], dtype=np.int64),
+        }
+        script += [
+            "CREATE OR REPLACE TEMP TABLE rw_late_new AS SELECT CAST(run AS VARCHAR) AS run, "
+            "CAST(metric AS VARCHAR) AS metric, step FROM raw_late",
+            "DELETE FROM band_late t USING rw_late_new n WHERE t.run = n.run "
+            "AND t.metric = n.metric",
+            "INSERT INTO band_late SELECT * FROM rw_late_new",
+        ]
+    source = (
+        "SELECT run, metric, CAST(rank AS INTEGER) AS key, step, "
+        f"coalesce(value, 'nan'::DOUBLE) AS value FROM buf_steps WHERE metric <> {NULL_CODE}"
+    )
+    script = rollup.fold(cur, "series", rollup.raw_part(source, _NAMES), script)
+    del raw_late
+    return script
+
+
+def _values(row: dict[str, Any]) -> tuple:
+    """A row fetched as a struct (dict) back as a tuple."""
+    return tuple(row.values())
+
+
+def names_columns(names: list[str]) -> dict[str, np.ndarray]:
+    """The name table of a part's coded columns (select_sql)."""
+    return {"i": np.arange(len(names), dtype=np.int32), "name": np.array(names, dtype=object)}
