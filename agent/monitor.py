@@ -26,6 +26,7 @@ import logging
 import math
 import operator
 import os
+import secrets
 import threading
 import time
 import traceback
@@ -38,7 +39,7 @@ from .fallback import JsonlWriter, jsonl_path
 from .sender import STEP, Sender
 from .values import NotANumber, check_name, plain, to_float
 from .wire.curve import CURVE_DIR_ENV, curve_keys
-from .wire.records import EVENT_KINDS, MAX_METRICS, NONFINITE_TO_JSON, SCHEMA_VERSION
+from .wire.records import EVENT_KINDS, MAX_INC, MAX_METRICS, NONFINITE_TO_JSON, SCHEMA_VERSION
 
 log = logging.getLogger("rankwatch.agent")
 
@@ -77,7 +78,8 @@ class Monitor:
     """One rank's agent; see ``docs/architecture.md`` and ``identity`` for the arguments.
 
     Attributes: ``run``, ``rank``, ``world_size``, ``addr`` (ZeroMQ endpoint or None),
-    ``jsonl_path``, ``dropped``, ``write_errors``, ``batch_size`` (settable), ``enabled``.
+    ``incarnation`` (the ``inc`` of its records: its JSONL file's, or new), ``jsonl_path``,
+    ``dropped``, ``write_errors``, ``batch_size`` (settable), ``enabled``.
     ``stage(**metrics)`` adds values to the next ``log()`` (for hooks such as the DDP one).
     ``curve_dir`` (or ``RANKWATCH_CURVE_DIR``): CurveZMQ keys for an aggregator run with
     ``serve --curve`` (see ``wire.curve.curve_keys``).
@@ -125,6 +127,7 @@ class Monitor:
         self._close_lock = threading.RLock()
         self._queue: deque[Any] | None = None
         self._sender: Sender | None = None
+        self.incarnation = 0
         if enabled and os.environ.get("MS_ROLE") == "MS_SCHED":
             log.info("rankwatch: MindSpore scheduler process (MS_ROLE=MS_SCHED): monitor disabled")
             enabled = False
@@ -137,17 +140,26 @@ class Monitor:
         self._writer = JsonlWriter(self.jsonl_path)
         self._fd = self._writer.fd  # log() writes to it directly; None once closed
         self._seq = itertools.count(self._writer.start_seq + 1)
+        # Seqs continue the file's, so its incarnation too; without one (no file, an empty or
+        # unwritable one) seqs start at 1 again and must not read as the earlier process's.
+        if self._writer.start_seq:
+            self.incarnation = self._writer.start_inc
+        else:
+            self.incarnation = 1 + secrets.randbelow(MAX_INC - 1)
+        inc = f'"inc":{self.incarnation},' if self.incarnation else ""
         # The constant part of every step line, serialised once; % fields: seq, time, step,
         # epoch, then (in a cached template) one %r per metric.
         prefix = (
             f'{{"v":{SCHEMA_VERSION},"kind":"step","run":{json.dumps(self.run)},'
             f'"rank":{self.rank},"world_size":{self.world_size},'
-            f'"host":{json.dumps(self.host)},"pid":{self.pid},"seq":'
+            f'"host":{json.dumps(self.host)},"pid":{self.pid},{inc}"seq":'
         )
         self._head = prefix.replace("%", "%%") + '%d,"time":%r,"step":%d,"epoch":%s,"metrics":{'
         self._templates: dict[tuple[str, ...], str] = {}
         self._base = {"run": self.run, "rank": self.rank, "world_size": self.world_size}
         self._base.update(host=self.host, pid=self.pid)
+        if self.incarnation:
+            self._base["inc"] = self.incarnation
         if self.addr is not None:
             self._queue = deque()
             step_base = {"kind": "step", **self._base}
@@ -377,7 +389,10 @@ class Monitor:
             left = until - time.monotonic()
             if left > 0:
                 next_in, paused = max(next_in, left), reason
-        wire = {"kind": "heartbeat", "run": self.run, "rank": self.rank, "seq": next(self._seq)}
+        wire: dict[str, Any] = {"kind": "heartbeat", "run": self.run, "rank": self.rank}
+        if self.incarnation:
+            wire["inc"] = self.incarnation
+        wire["seq"] = next(self._seq)
         wire.update(time=time.time(), last_step=self._last_step, next_in=next_in)
         wire.update(dropped=self._dropped, paused=paused)
         line = json.dumps({"v": SCHEMA_VERSION, **wire}, separators=_COMPACT)

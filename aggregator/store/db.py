@@ -31,6 +31,7 @@ from rankwatch.aggregator.store.rows import (
     RANK_BATCH,
     RANK_FIELDS,
     SEQ_MERGE,
+    SEQS_INC,
     TABLES,
     Mirror,
     read_records,
@@ -101,6 +102,7 @@ class Store:
         cur = self._writer
         for spec in TABLES:
             cur.execute(f"CREATE TABLE IF NOT EXISTS {spec}")
+        cur.execute(SEQS_INC)
         rollup.create_tables(cur)
         row = cur.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None:
@@ -437,9 +439,14 @@ class Store:
         names = [d[0] for d in rows.description]
         return [dict(zip(names, row, strict=True)) for row in rows.fetchall()]
 
-    def seen_seqs(self) -> list[tuple[str, int, int, int]]:
-        """Every flushed (run, rank, seq) as merged inclusive intervals (run, rank, lo, hi)."""
-        return self._cur().execute("SELECT * FROM seqs ORDER BY run, rank, lo").fetchall()
+    def seen_seqs(self) -> list[tuple[str, int, int, int, int]]:
+        """Every flushed (run, rank, inc, seq) as merged inclusive intervals
+        (run, rank, inc, lo, hi)."""
+        return (
+            self._cur()
+            .execute("SELECT run, rank, inc, lo, hi FROM seqs ORDER BY run, rank, inc, lo")
+            .fetchall()
+        )
 
     def records(self, run: str) -> Iterator[Record]:
         """Every stored record of ``run`` rebuilt as a dataclass, ordered by (rank, seq)."""

@@ -38,10 +38,10 @@ LAYOUT: dict[str, tuple[tuple[str, str], ...]] = {
                    ("next_in", "f"), ("dropped", "i"), ("paused", "c")),
     # seq intervals, rank summaries, rank_meta. One row per span of buffered records: a step
     # block with consecutive seqs is one row (seq..hi, n records, its first and last time, its
-    # last step), any other record its own row (hi = seq, n = 1).
+    # last step), any other record its own row (hi = seq, n = 1). inc: the agent's incarnation.
     "recs": (("run", "c"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("kind", "c"),
              ("world_size", "n"), ("host", "c"), ("pid", "n"), ("step", "n"), ("event", "c"),
-             ("hi", "i"), ("n", "i"), ("last_time", "f")),
+             ("hi", "i"), ("n", "i"), ("last_time", "f"), ("inc", "i")),
     "ranks": (("run", "c"), ("rank", "i"), ("world_size", "n"), ("host", "c"), ("pid", "n"),
               ("first_time", "f"), ("last_time", "f"), ("records", "i"), ("last_step", "n"),
               ("meta_seq", "n"), ("life_seq", "n"), ("ended", "b")),
@@ -55,7 +55,8 @@ TABLES = (
     ),
     "rank_meta (run VARCHAR, rank BIGINT, seq BIGINT, world_size BIGINT, host VARCHAR, "
     "pid BIGINT)",  # change log: a rank's world_size/host/pid from this seq on
-    "seqs (run VARCHAR, rank BIGINT, lo BIGINT, hi BIGINT)",
+    # seen seqs per (run, rank, inc); inc was added later, so it is the last column (SEQS_INC)
+    "seqs (run VARCHAR, rank BIGINT, lo BIGINT, hi BIGINT, inc BIGINT DEFAULT 0)",
     "band (run VARCHAR, metric VARCHAR, step BIGINT, n BIGINT, nonfinite BIGINT, "
     "median DOUBLE, p5 DOUBLE, p95 DOUBLE, vmin DOUBLE, vmax DOUBLE)",
     "band_done (run VARCHAR, done BIGINT)",  # last settled band step of a run
@@ -66,27 +67,31 @@ TABLES = (
 
 # --- the bookkeeping a flush does in SQL over its batch (temp table buf_recs) ----------
 
-# Seen (run, rank, seq) as merged intervals, in one statement: this flush's spans as intervals
+# A store made before incarnations gets the column (its rows are incarnation 0).
+SEQS_INC = "ALTER TABLE seqs ADD COLUMN IF NOT EXISTS inc BIGINT DEFAULT 0"
+
+# Seen (run, rank, inc, seq) as merged intervals, in one statement: this flush's spans as intervals
 # (a rank's spans usually make one unbroken run: min/max/sum, no sort; records are new, so a
 # repeated span start is the only overlap looked for), then gaps-and-islands over the spans of
 # the other ranks plus the touched ranks' old intervals.
 SEQ_MERGE = """
 CREATE OR REPLACE TEMP TABLE rw_seq AS
-WITH sg AS MATERIALIZED (SELECT run, rank, min(seq) AS lo, max(hi) AS hi, sum(n) AS n,
-    count(*) = count(DISTINCT seq) AS distinct_starts FROM buf_recs GROUP BY run, rank),
-si AS (SELECT run, rank, lo, hi FROM sg WHERE hi - lo + 1 = n AND distinct_starts
+WITH sg AS MATERIALIZED (SELECT run, rank, inc, min(seq) AS lo, max(hi) AS hi, sum(n) AS n,
+    count(*) = count(DISTINCT seq) AS distinct_starts FROM buf_recs GROUP BY run, rank, inc),
+si AS (SELECT run, rank, inc, lo, hi FROM sg WHERE hi - lo + 1 = n AND distinct_starts
     UNION ALL
-    SELECT r.run, r.rank, r.seq, r.hi FROM buf_recs r SEMI JOIN
-        (SELECT run, rank FROM sg WHERE hi - lo + 1 <> n OR NOT distinct_starts) g
-        ON r.run = g.run AND r.rank = g.rank),
+    SELECT r.run, r.rank, r.inc, r.seq, r.hi FROM buf_recs r SEMI JOIN
+        (SELECT run, rank, inc FROM sg WHERE hi - lo + 1 <> n OR NOT distinct_starts) g
+        ON r.run = g.run AND r.rank = g.rank AND r.inc = g.inc),
 u AS (SELECT * FROM si
-      UNION ALL SELECT s.run, s.rank, s.lo, s.hi FROM seqs s SEMI JOIN sg k
+      UNION ALL SELECT s.run, s.rank, s.inc, s.lo, s.hi FROM seqs s SEMI JOIN sg k
       ON s.run = k.run AND s.rank = k.rank),
-w AS (SELECT *, max(hi) OVER (PARTITION BY run, rank ORDER BY lo, hi
+w AS (SELECT *, max(hi) OVER (PARTITION BY run, rank, inc ORDER BY lo, hi
       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_hi FROM u),
 g AS (SELECT *, sum(CASE WHEN prev_hi IS NULL OR lo > prev_hi + 1 THEN 1 ELSE 0 END)
-      OVER (PARTITION BY run, rank ORDER BY lo, hi ROWS UNBOUNDED PRECEDING) AS island FROM w)
-SELECT run, rank, min(lo) AS lo, max(hi) AS hi FROM g GROUP BY run, rank, island
+      OVER (PARTITION BY run, rank, inc ORDER BY lo, hi ROWS UNBOUNDED PRECEDING) AS island
+      FROM w)
+SELECT run, rank, min(lo) AS lo, max(hi) AS hi, inc FROM g GROUP BY run, rank, inc, island
 """
 
 # Where a rank's world_size/host/pid start (its first record, a restart elsewhere): the first

@@ -1,0 +1,121 @@
+"""A rank that restarts without its old JSONL: real Monitors, a real aggregator and store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rankwatch.agent.monitor import Monitor
+from rankwatch.aggregator.ingest.importer import import_into_store, import_paths
+from rankwatch.aggregator.service import Aggregator, ServeConfig
+from rankwatch.aggregator.store.db import Store
+
+from tests.polling import wait_until
+
+STEPS = 100
+
+
+def config(tmp_path: Path, **kw: Any) -> ServeConfig:
+    kw.setdefault("flush_interval_s", 0.05)
+    kw.setdefault("console_alerts", False)
+    kw.setdefault("data_dir", tmp_path / "data")
+    return ServeConfig(ingest_host="127.0.0.1", ingest_port=0, **kw)
+
+
+@pytest.fixture
+def agg(tmp_path: Path) -> Iterator[Aggregator]:
+    aggregator = Aggregator(config(tmp_path))
+    aggregator.start()
+    yield aggregator
+    aggregator.stop()
+
+
+def train(log_dir: Path, port: int | None, first_step: int = 1) -> Monitor:
+    addr = None if port is None else f"127.0.0.1:{port}"
+    mon = Monitor(run="reuse", rank=0, world_size=1, addr=addr, log_dir=log_dir, heartbeat_s=0.2)
+    for step in range(first_step, first_step + STEPS):
+        mon.log(step, loss=1.0 / step)
+    mon.close()
+    return mon
+
+
+def stored_steps(store: Store) -> list[tuple[int, float]]:
+    series = store.series("reuse", "loss", max_points=10 * STEPS).get(0)
+    return sorted(zip(series["step"], series["value"], strict=True)) if series else []
+
+
+def test_a_restart_in_another_log_dir_loses_nothing(agg: Aggregator, tmp_path: Path) -> None:
+    feed = agg.feed.subscribe()
+    first = train(tmp_path / "A", agg.ingest_port)
+    wait_until(lambda: agg.counters()["records_accepted"] >= STEPS + 2)
+    second = train(tmp_path / "B", agg.ingest_port, first_step=STEPS + 1)
+    assert first.incarnation != second.incarnation
+    wait_until(lambda: agg.counters()["records_received"] >= 2 * (STEPS + 2))
+    agg.flush_store()
+    steps = stored_steps(agg.store)
+    assert [s for s, _ in steps] == list(range(1, 2 * STEPS + 1))  # 200 logged, 200 stored
+    assert agg.counters()["records_duplicates"] == 0
+
+    # the restart is an event: in the store and on the live feed, naming both incarnations
+    restart = [e for e in agg.store.events("reuse") if e["event"] == "restart"]
+    assert len(restart) == 1
+    info = restart[0]["info"]
+    assert info == {
+        "previous_inc": first.incarnation, "previous_step": STEPS,
+        "inc": second.incarnation, "step": STEPS + 1,
+    }  # fmt: skip
+    assert restart[0]["step"] == STEPS + 1 and restart[0]["rank"] == 0
+    published: list[dict[str, Any]] = []
+
+    def restart_published() -> bool:
+        published.extend(m for m in feed.drain() if m.get("type") == "event")
+        return any(m["event"] == "restart" for m in published)
+
+    wait_until(restart_published)
+    assert [m["info"] for m in published if m["event"] == "restart"] == [info]
+
+    # importing both files afterwards adds nothing; the resend path had nothing to ask for
+    agg.store.flush()
+    before = agg.counters()["records_accepted"]
+    summaries = import_paths([tmp_path / "A", tmp_path / "B"], agg)
+    assert sum(s.accepted for s in summaries) == 0
+    assert agg.counters()["records_accepted"] == before
+    assert [r["gaps"] for r in agg.snapshot()["runs"][0]["ranks"]] == [[]]
+
+
+def test_both_incarnations_import_completely_and_once(tmp_path: Path) -> None:
+    train(tmp_path / "A", None)
+    train(tmp_path / "B", None, first_step=STEPS + 1)
+    data = tmp_path / "data"
+    records = STEPS + 2  # steps plus start and end events
+    summaries = import_into_store([tmp_path / "A", tmp_path / "B"], data)
+    assert [s.accepted for s in summaries] == [records, records]
+    with Store(data) as store:
+        assert [s for s, _ in stored_steps(store)] == list(range(1, 2 * STEPS + 1))
+    again = import_into_store([tmp_path / "B", tmp_path / "A"], data)
+    assert [s.accepted for s in again] == [0, 0]
+
+
+def test_an_import_into_a_live_aggregator_records_the_restart_once(tmp_path: Path) -> None:
+    train(tmp_path / "A", None)
+    train(tmp_path / "B", None, first_step=STEPS + 1)
+    records = STEPS + 2
+    with Aggregator(config(tmp_path)) as agg:
+        # the later process first: the earlier one's history is no restart
+        assert [s.accepted for s in import_paths([tmp_path / "B"], agg)] == [records]
+        assert [s.accepted for s in import_paths([tmp_path / "A"], agg)] == [records]
+        agg.flush_store()
+        assert [e["event"] for e in agg.store.events("reuse")].count("restart") == 0
+        assert len(stored_steps(agg.store)) == 2 * STEPS
+    with Aggregator(config(tmp_path, data_dir=tmp_path / "other")) as agg:
+        assert [s.accepted for s in import_paths([tmp_path / "A", tmp_path / "B"], agg)] == [
+            records, records,
+        ]  # fmt: skip
+        agg.flush_store()
+        (restart,) = [e for e in agg.store.events("reuse") if e["event"] == "restart"]
+        assert restart["info"]["previous_step"] == STEPS and restart["step"] == STEPS + 1
+    with Aggregator(config(tmp_path, data_dir=tmp_path / "other")) as agg:  # from the store
+        assert [s.accepted for s in import_paths([tmp_path / "B", tmp_path / "A"], agg)] == [0, 0]
+        assert agg.restarts.restarts == 0
