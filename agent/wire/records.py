@@ -268,7 +268,9 @@ def _step_block(raws: list[Any]) -> StepBlock | None:
     run, rank, world_size, host, pid = (first[k] for k in _BLOCK_SAME)
     inc = first.get("inc", 0)
     incs = tuple(raw.get("inc", 0) for raw in raws)  # every raw is a map: the fields were found
-    if not _all_hashable(runs, hosts, kinds, incs) or set(incs) != {inc} or not _inc_ok(inc):
+    if not _all_type(incs, int) or set(incs) != {inc} or not _inc_ok(inc):
+        return None
+    if not _all_hashable(runs, hosts, kinds):
         return None
     if not (
         set(runs) == {run} and set(hosts) == {host} and set(kinds) == {"step"}

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import duckdb
+import msgpack
 import pytest
+import zmq
 from rankwatch.agent.monitor import Monitor
+from rankwatch.agent.wire import records
+from rankwatch.agent.wire.records import StepRecord
 from rankwatch.aggregator.ingest.importer import import_into_store, import_paths
 from rankwatch.aggregator.service import Aggregator, ServeConfig
 from rankwatch.aggregator.store.db import Store
@@ -119,3 +125,63 @@ def test_an_import_into_a_live_aggregator_records_the_restart_once(tmp_path: Pat
     with Aggregator(config(tmp_path, data_dir=tmp_path / "other")) as agg:  # from the store
         assert [s.accepted for s in import_paths([tmp_path / "B", tmp_path / "A"], agg)] == [0, 0]
         assert agg.restarts.restarts == 0
+
+
+def rec(seq: int, inc: int, step: int | None = None, t: float | None = None) -> StepRecord:
+    step = seq if step is None else step
+    t = time.time() + step * 1e-3 if t is None else t
+    return StepRecord("reuse", 0, seq, t, 1, "h", 10 + inc, step, None, {"loss": 1.0}, inc)
+
+
+def test_a_restart_seen_after_the_aggregator_restarted_names_the_stored_incarnation(
+    tmp_path: Path,
+) -> None:
+    with Aggregator(config(tmp_path)) as agg:
+        assert agg.add([rec(s, inc=5) for s in range(1, 11)], imported=False) == 10
+    with Aggregator(config(tmp_path)) as agg:  # dedupe state from the store, per incarnation
+        assert agg.add([rec(s, inc=5) for s in range(1, 11)], imported=False) == 0
+        assert agg.restarts.restarts == 0  # duplicates, and the known incarnation: no restart
+        assert agg.add([rec(s, inc=9, step=10 + s) for s in range(1, 11)], imported=False) == 10
+        agg.flush_store()
+        (restart,) = [e for e in agg.store.events("reuse") if e["event"] == "restart"]
+        assert restart["info"] == {"previous_inc": 5, "previous_step": None, "inc": 9, "step": 11}
+        assert restart["pid"] == 19 and restart["seq"] == 0
+        assert agg.counters()["records_accepted"] == 10  # the event is no record received
+
+
+def test_resends_are_asked_of_the_newest_incarnation(tmp_path: Path) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        with Aggregator(config(tmp_path)) as agg:
+            sock.connect(f"tcp://127.0.0.1:{agg.ingest_port}")
+            sock.send(records.encode_frame([rec(s, inc=5) for s in (1, 3)]))  # a gap at 2 ...
+            newer = [rec(s, inc=9, step=10 + s) for s in (1, 2, 5)]
+            sock.send(records.encode_frame(newer))  # ... and at 3..4 of the newer one
+            assert sock.poll(5000), "no resend request arrived"
+            request = msgpack.unpackb(sock.recv())
+            assert request == {"v": 1, "resend_from": 3, "run": "reuse", "rank": 0, "inc": 9}
+            sock.send(records.encode_frame([rec(s, inc=9, step=10 + s) for s in (3, 4)]))
+            wait_until(lambda: agg.counters()["records_accepted"] == 7)
+            assert agg.snapshot()["runs"][0]["ranks"][0]["gaps"] == []  # the newest's gaps
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def test_a_store_made_before_incarnations_opens_with_its_seqs_as_incarnation_0(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.duckdb"
+    with Store(path) as store:
+        store.append([rec(s, inc=0) for s in range(1, 4)])
+        store.flush()
+    con = duckdb.connect(str(path))
+    con.execute("ALTER TABLE seqs DROP COLUMN inc")  # the layout older versions wrote
+    con.close()
+    with Store(path) as store:
+        assert store.seen_seqs() == [("reuse", 0, 0, 1, 3)]
+        store.append([rec(1, inc=7)])
+        store.flush()
+        assert store.seen_seqs() == [("reuse", 0, 0, 1, 3), ("reuse", 0, 7, 1, 1)]
