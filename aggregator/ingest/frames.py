@@ -1,5 +1,5 @@
 """Decoding frames on the aggregator: a typed fast path in front of the wire schema's own
-decoder (``agent/records.py``, which stays the one definition of what is valid and of every
+decoder (``agent/wire/records.py``, which stays the one definition of what is valid and of every
 error).
 
 msgspec decodes a frame of step records and heartbeats straight into typed structs. An agent's

@@ -12,6 +12,7 @@ import struct
 from typing import Any
 
 import msgpack
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -246,3 +247,14 @@ def test_valid_batches_are_blocks_with_the_same_values(
         for i, v in enumerate(losses)
     ]
     assert same_as_schema(frame(raws)) and is_block(frame(raws))
+
+
+def test_the_msgspec_structs_hold_the_defined_fields() -> None:
+    """The fast path's struct is written out; it must be the schema's one definition."""
+    fields = msgspec.structs.fields(frames._Step)
+    assert [(f.name, f.type, f.required) for f in fields] == [
+        (spec.name, spec.type, spec.required) for spec in records.STEP_FIELDS
+    ]
+    beat = {f.name for f in msgspec.structs.fields(frames._Beat)}
+    common = {"run", "rank", "seq", "time", "inc"}
+    assert common <= beat and common <= {spec.name for spec in records.STEP_FIELDS}
