@@ -4,6 +4,7 @@ The write buffer is ``store_buffer.py``. Only the store uses them."""
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 import math
@@ -44,7 +45,7 @@ LAYOUT: dict[str, tuple[tuple[str, str], ...]] = {
              ("hi", "i"), ("n", "i"), ("last_time", "f"), ("inc", "i")),
     "ranks": (("run", "c"), ("rank", "i"), ("world_size", "n"), ("host", "c"), ("pid", "n"),
               ("first_time", "f"), ("last_time", "f"), ("records", "i"), ("last_step", "n"),
-              ("meta_seq", "n"), ("life_seq", "n"), ("ended", "b")),
+              ("meta_seq", "n"), ("life_seq", "n"), ("ended", "b"), ("inc", "i")),
 }  # fmt: skip
 BUFFERED = ("steps", "events", "heartbeats", "recs")
 
@@ -67,8 +68,11 @@ TABLES = (
 
 # --- the bookkeeping a flush does in SQL over its batch (temp table buf_recs) ----------
 
-# A store made before incarnations gets the column (its rows are incarnation 0).
-SEQS_INC = "ALTER TABLE seqs ADD COLUMN IF NOT EXISTS inc BIGINT DEFAULT 0"
+# A store made before incarnations gets the columns (its rows are incarnation 0).
+SEQS_INC = (
+    "ALTER TABLE seqs ADD COLUMN IF NOT EXISTS inc BIGINT DEFAULT 0;"
+    "ALTER TABLE ranks ADD COLUMN IF NOT EXISTS inc BIGINT DEFAULT 0"
+)
 
 # Seen (run, rank, inc, seq) as merged intervals, in one statement: this flush's spans as intervals
 # (a rank's spans usually make one unbroken run: min/max/sum, no sort; records are new, so a
@@ -109,8 +113,8 @@ SELECT run, rank, sum(n) AS records, min(time) AS first_time, max(last_time) AS 
   arg_max(pid, seq) FILTER (WHERE world_size IS NOT NULL) AS pid,
   max(hi) FILTER (WHERE world_size IS NOT NULL) AS meta_seq,
   max(seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life_seq,
-  arg_max(event, seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life
-FROM buf_recs GROUP BY run, rank
+  arg_max(event, seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life, inc
+FROM buf_recs GROUP BY run, rank, inc
 """
 
 
@@ -210,6 +214,7 @@ class RankRow:
     meta_seq: int | None  # seq of the record world_size/host/pid come from
     life_seq: int | None  # seq of the latest start/end/crash event
     ended: bool
+    inc: int = 0  # the incarnation meta_seq, life_seq and last_step are of (its newest)
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in RANK_FIELDS}
@@ -274,18 +279,29 @@ class Mirror:
         return None if row is None else (row.world_size, row.host, row.pid)
 
     def merge_ranks(self, rows: list[tuple]) -> list[RankRow]:
-        """Fold a flush's per-rank aggregates (RANK_BATCH) in; returns the new rows."""
-        changed = []
+        """Fold a flush's per-rank aggregates (RANK_BATCH, one row per incarnation) in; returns
+        the new rows. Seqs order the records of one incarnation only: a newer incarnation (its
+        first record after the rank's last) brings its own identity, life and last step; an
+        earlier one's records (an import, a late resend) only add to the counts."""
+        changed: dict[tuple[str, int], RankRow] = {}
         for run in {row[0] for row in rows}:
             self.ranks[run] = dict(self.ranks.get(run, {}))
-        for run, rank, n, t0, t1, last_step, ws, host, pid, meta_seq, life_seq, life in rows:
+        for row_ in sorted(rows, key=lambda r: r[3]):  # incarnations in the order they began
+            run, rank, n, t0, t1, last_step, ws, host, pid, meta_seq, life_seq, life, inc = row_
             old = self.ranks[run].get(rank)
+            same = old is None or old.inc == inc
+            newer = not same and old is not None and t0 >= old.last_time
+            if not same and not newer:  # an earlier incarnation: its seqs say nothing here
+                meta_seq = life_seq = None
             new_meta = meta_seq is not None and (
-                old is None or old.meta_seq is None or meta_seq > old.meta_seq
+                old is None or old.meta_seq is None or newer or meta_seq > old.meta_seq
             )
             new_life = life_seq is not None and (
-                old is None or old.life_seq is None or life_seq > old.life_seq
+                old is None or old.life_seq is None or newer or life_seq > old.life_seq
             )
+            if newer:  # the last step and the life are the new process's from here on
+                assert old is not None
+                old = dataclasses.replace(old, last_step=None, life_seq=None, ended=False)
             row = RankRow(
                 run=run,
                 rank=rank,
@@ -299,10 +315,10 @@ class Mirror:
                 meta_seq=meta_seq if new_meta or old is None else old.meta_seq,
                 life_seq=life_seq if new_life or old is None else old.life_seq,
                 ended=(life in ("end", "crash")) if new_life else bool(old and old.ended),
+                inc=inc if old is None or newer else old.inc,
             )
-            self.ranks[run][rank] = row
-            changed.append(row)
-        return changed
+            self.ranks[run][rank] = changed[(run, rank)] = row
+        return list(changed.values())
 
     def merge_metrics(self, rows: list[tuple]) -> None:
         for run, metric, n, lo, hi, keys in rows:

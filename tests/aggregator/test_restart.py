@@ -13,7 +13,7 @@ import pytest
 import zmq
 from rankwatch.agent.monitor import Monitor
 from rankwatch.agent.wire import records
-from rankwatch.agent.wire.records import StepRecord
+from rankwatch.agent.wire.records import EventRecord, StepRecord
 from rankwatch.aggregator.ingest.importer import import_into_store, import_paths
 from rankwatch.aggregator.service import Aggregator, ServeConfig
 from rankwatch.aggregator.store.db import Store
@@ -178,10 +178,38 @@ def test_a_store_made_before_incarnations_opens_with_its_seqs_as_incarnation_0(
         store.append([rec(s, inc=0) for s in range(1, 4)])
         store.flush()
     con = duckdb.connect(str(path))
-    con.execute("ALTER TABLE seqs DROP COLUMN inc")  # the layout older versions wrote
+    for table in ("seqs", "ranks"):  # the layout older versions wrote
+        con.execute(f"ALTER TABLE {table} DROP COLUMN inc")
     con.close()
     with Store(path) as store:
         assert store.seen_seqs() == [("reuse", 0, 0, 1, 3)]
+        assert store.ranks("reuse")[0]["inc"] == 0
         store.append([rec(1, inc=7)])
         store.flush()
         assert store.seen_seqs() == [("reuse", 0, 0, 1, 3), ("reuse", 0, 7, 1, 1)]
+
+
+def test_the_stores_rank_row_follows_the_newest_incarnation(tmp_path: Path) -> None:
+    def life(seq: int, inc: int, kind: str, t: float) -> EventRecord:
+        return EventRecord("reuse", 0, seq, t, 1, "h", 10 + inc, kind, None, {}, inc)
+
+    t = time.time()
+    first = [life(1, 5, "start", t), *(rec(s, 5, t=t + s) for s in range(2, 50))]
+    first.append(life(50, 5, "end", t + 50))
+    second = [
+        life(1, 9, "start", t + 100),
+        *(rec(s, 9, step=48 + s, t=t + 100 + s) for s in (2, 3)),
+    ]
+    with Store(tmp_path / "s.duckdb") as store:
+        store.append(first)
+        store.flush()
+        assert store.ranks("reuse")[0]["ended"]
+        store.append(second)
+        store.flush()
+        # before: the end of the earlier process (seq 50) outranked the new one's start (seq 1)
+        (row,) = store.ranks("reuse")
+        assert (row["pid"], row["ended"], row["last_step"]) == (19, False, 51)
+        store.append([rec(s, 5, t=t + 50 + s / 100) for s in (60, 61)])  # the earlier one, late
+        store.flush()
+        (row,) = store.ranks("reuse")
+        assert (row["pid"], row["inc"], row["records"]) == (19, 9, 55)
