@@ -134,7 +134,7 @@ class Batch:
         names = [run, metric, "step", ""]  # codes 0..3
         code = {i: np.full(n, i, np.int32) for i in range(4)}
         none = np.full(n, NULL_INT, dtype=np.int64)
-        steps = (code[0], rank, seq, step, none, t, code[1], value)
+        steps = (code[0], rank, seq, step, none, t, code[1], value, np.zeros(n, np.int64))
         recs = (code[0], rank, seq, t, code[2], np.full(n, world_size, np.int64), code[3],
                 np.zeros(n, np.int64), step, np.full(n, NULL_CODE, np.int32), seq,
                 np.ones(n, np.int64), t, np.zeros(n, np.int64))  # fmt: skip
@@ -275,7 +275,8 @@ def _step_tables(
     # one repeat count for all when every record has as many metrics (the usual case)
     reps: int | np.ndarray = int(counts[0]) if (counts == counts[0]).all() else counts
     rows = {c: np.repeat(v, reps) for c, v in (*head.items(), ("step", step_col),
-                                                  ("epoch", _nullable(epoch)))}  # fmt: skip
+                                                  ("epoch", _nullable(epoch)),
+                                                  ("inc", recs["inc"]))}  # fmt: skip
     total = int(counts.sum())
     rows["metric"] = _codes([k for m in per for k in m], names)
     rows["value"] = np.fromiter(chain.from_iterable(m.values() for m in per), np.float64, total)
@@ -325,7 +326,7 @@ def _block_tables(
     values = chain.from_iterable(
         (b.metrics.values() if b.metrics else ([math.nan] * len(b),)) for b in blocks
     )
-    rows = {c: recs[c][ridx] for c in ("run", "rank", "seq", "step")}
+    rows = {c: recs[c][ridx] for c in ("run", "rank", "seq", "step", "inc")}
     rows["epoch"] = epoch[ridx]
     rows["time"] = recs["time"][ridx]
     rows["metric"] = np.repeat(np.array(metric_codes, np.int32), np.repeat(lens, ks))
@@ -374,15 +375,16 @@ def _add_row(c: dict[str, list[list]], rec: Record) -> None:
         ident = (rec.world_size, rec.host, rec.pid)
         _push(c["recs"], (*head, "event", *ident, None, rec.event, *span, rec.inc))
         info = json.dumps(dict(rec.info), default=str)
-        _push(c["events"], (*head, *ident, rec.event, rec.step, info))
+        _push(c["events"], (*head, *ident, rec.event, rec.step, info, rec.inc))
     elif isinstance(rec, Heartbeat):
         _push(c["recs"], (*head, "heartbeat", None, None, None, None, None, *span, rec.inc))
-        _push(c["heartbeats"], (*head, rec.last_step, rec.next_in, rec.dropped, rec.paused))
+        _push(c["heartbeats"], (*head, rec.last_step, rec.next_in, rec.dropped, rec.paused,
+                                rec.inc))  # fmt: skip
     else:  # a StepRecord subclass
         _push(c["recs"], (*head, "step", rec.world_size, rec.host, rec.pid, rec.step, None,
                           *span, rec.inc))  # fmt: skip
         for name, value in (rec.metrics or _NO_METRICS).items():
-            _push(c["steps"], (*head[:3], rec.step, rec.epoch, rec.time, name, value))
+            _push(c["steps"], (*head[:3], rec.step, rec.epoch, rec.time, name, value, rec.inc))
 
 
 def _push(cols: list[list], values: tuple) -> None:

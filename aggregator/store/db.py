@@ -25,13 +25,13 @@ from rankwatch.aggregator.store.buffer import Batch, Item
 from rankwatch.aggregator.store.buffer import columns as buffer_columns
 from rankwatch.aggregator.store.columns import SeriesColumns
 from rankwatch.aggregator.store.rows import (
+    ADD_INC,
     BUFFERED,
     META_BATCH,
     NULL_CODE,
     RANK_BATCH,
     RANK_FIELDS,
     SEQ_MERGE,
-    SEQS_INC,
     TABLES,
     Mirror,
     read_records,
@@ -102,7 +102,7 @@ class Store:
         cur = self._writer
         for spec in TABLES:
             cur.execute(f"CREATE TABLE IF NOT EXISTS {spec}")
-        cur.execute(SEQS_INC)
+        cur.execute(ADD_INC)
         rollup.create_tables(cur)
         row = cur.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None:
@@ -315,7 +315,7 @@ class Store:
                 meta.append(row)
             prev = row
         if meta:
-            cur.executemany("INSERT INTO rank_meta VALUES (?, ?, ?, ?, ?, ?)", meta)
+            cur.executemany("INSERT INTO rank_meta VALUES (?, ?, ?, ?, ?, ?, ?)", meta)
         changed = mirror.merge_ranks([_values(r) for r in rank_rows or []])
         if changed:
             # As columns found by name, like raw_recs: an SQL VALUES list of 4,096 ranks took

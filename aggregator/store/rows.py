@@ -31,12 +31,14 @@ DTYPE: dict[str, Any] = {
     "c": np.int32, "s": object, "i": np.int64, "n": np.int64, "f": np.float64, "b": bool,
 }  # fmt: skip
 LAYOUT: dict[str, tuple[tuple[str, str], ...]] = {
+    # inc (the agent's incarnation) came later: it is the last column of every table with it
     "steps": (("run", "c"), ("rank", "i"), ("seq", "i"), ("step", "i"), ("epoch", "n"),
-              ("time", "f"), ("metric", "c"), ("value", "f")),
+              ("time", "f"), ("metric", "c"), ("value", "f"), ("inc", "i")),
     "events": (("run", "c"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("world_size", "i"),
-               ("host", "c"), ("pid", "i"), ("event", "c"), ("step", "n"), ("info", "s")),
+               ("host", "c"), ("pid", "i"), ("event", "c"), ("step", "n"), ("info", "s"),
+               ("inc", "i")),
     "heartbeats": (("run", "c"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("last_step", "n"),
-                   ("next_in", "f"), ("dropped", "i"), ("paused", "c")),
+                   ("next_in", "f"), ("dropped", "i"), ("paused", "c"), ("inc", "i")),
     # seq intervals, rank summaries, rank_meta. One row per span of buffered records: a step
     # block with consecutive seqs is one row (seq..hi, n records, its first and last time, its
     # last step), any other record its own row (hi = seq, n = 1). inc: the agent's incarnation.
@@ -55,8 +57,8 @@ TABLES = (
         for name in ("steps", "events", "heartbeats", "ranks")
     ),
     "rank_meta (run VARCHAR, rank BIGINT, seq BIGINT, world_size BIGINT, host VARCHAR, "
-    "pid BIGINT)",  # change log: a rank's world_size/host/pid from this seq on
-    # seen seqs per (run, rank, inc); inc was added later, so it is the last column (SEQS_INC)
+    "pid BIGINT, inc BIGINT DEFAULT 0)",  # change log: world_size/host/pid from this seq on
+    # seen seqs per (run, rank, inc)
     "seqs (run VARCHAR, rank BIGINT, lo BIGINT, hi BIGINT, inc BIGINT DEFAULT 0)",
     "band (run VARCHAR, metric VARCHAR, step BIGINT, n BIGINT, nonfinite BIGINT, "
     "median DOUBLE, p5 DOUBLE, p95 DOUBLE, vmin DOUBLE, vmax DOUBLE)",
@@ -69,9 +71,9 @@ TABLES = (
 # --- the bookkeeping a flush does in SQL over its batch (temp table buf_recs) ----------
 
 # A store made before incarnations gets the columns (its rows are incarnation 0).
-SEQS_INC = (
-    "ALTER TABLE seqs ADD COLUMN IF NOT EXISTS inc BIGINT DEFAULT 0;"
-    "ALTER TABLE ranks ADD COLUMN IF NOT EXISTS inc BIGINT DEFAULT 0"
+ADD_INC = ";".join(
+    f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS inc BIGINT DEFAULT 0"
+    for t in ("steps", "events", "heartbeats", "ranks", "rank_meta", "seqs")
 )
 
 # Seen (run, rank, inc, seq) as merged intervals, in one statement: this flush's spans as intervals
@@ -100,9 +102,11 @@ SELECT run, rank, min(lo) AS lo, max(hi) AS hi, inc FROM g GROUP BY run, rank, i
 
 # Where a rank's world_size/host/pid start (its first record, a restart elsewhere): the first
 # seq of each identity in this flush, in seq order (hash aggregate, no window over the batch).
+# An incarnation's seqs are its own: each starts its own identities.
 META_BATCH = """
-SELECT run, rank, min(seq) AS seq, world_size, host, pid FROM buf_recs
-WHERE world_size IS NOT NULL GROUP BY run, rank, world_size, host, pid ORDER BY run, rank, seq
+SELECT run, rank, min(seq) AS seq, world_size, host, pid, inc FROM buf_recs
+WHERE world_size IS NOT NULL GROUP BY run, rank, world_size, host, pid, inc
+ORDER BY run, rank, inc, seq
 """
 
 RANK_BATCH = """
@@ -145,42 +149,43 @@ def read_records(con: duckdb.DuckDBPyConnection, run: str) -> Iterator[Record]:
     cur = con.cursor()
     try:
         events = [
-            EventRecord(run, *row[:-1], info=json.loads(row[-1]))  # type: ignore[arg-type]
+            EventRecord(run, *row[:-2], info=json.loads(row[-2]), inc=row[-1])  # type: ignore[arg-type]
             for row in cur.execute(
-                "SELECT rank, seq, time, world_size, host, pid, event, step, info FROM events "
-                "WHERE run = ? ORDER BY rank, seq",
+                "SELECT rank, seq, time, world_size, host, pid, event, step, info, inc FROM events "
+                "WHERE run = ? ORDER BY rank, inc, seq",
                 [run],
             ).fetchall()
         ]
         beats = [
             Heartbeat(run, *row)
             for row in cur.execute(
-                "SELECT rank, seq, time, last_step, next_in, dropped, paused FROM heartbeats "
-                "WHERE run = ? ORDER BY rank, seq",
+                "SELECT rank, seq, time, last_step, next_in, dropped, paused, inc FROM heartbeats "
+                "WHERE run = ? ORDER BY rank, inc, seq",
                 [run],
             ).fetchall()
         ]
         yield from heapq.merge(
-            _step_records(cur, run), events, beats, key=lambda r: (r.rank, r.seq)
+            _step_records(cur, run), events, beats, key=lambda r: (r.rank, r.inc, r.seq)
         )
     finally:
         cur.close()
 
 
 def _step_records(cur: duckdb.DuckDBPyConnection, run: str) -> Iterator[StepRecord]:
-    # world_size/host/pid of a step record: the latest rank_meta entry at or before its seq
+    # world_size/host/pid of a step record: its incarnation's latest rank_meta entry at or
+    # before its seq
     cur.execute(
         "SELECT s.rank, s.seq, s.time, m.world_size, m.host, m.pid, s.step, s.epoch, s.metric, "
-        "s.value FROM steps s ASOF LEFT JOIN rank_meta m "
-        "ON s.run = m.run AND s.rank = m.rank AND s.seq >= m.seq "
-        "WHERE s.run = ? ORDER BY s.rank, s.seq",
+        "s.value, s.inc FROM steps s ASOF LEFT JOIN rank_meta m "
+        "ON s.run = m.run AND s.rank = m.rank AND s.inc = m.inc AND s.seq >= m.seq "
+        "WHERE s.run = ? ORDER BY s.rank, s.inc, s.seq",
         [run],
     )
     head: tuple | None = None
     metrics: dict[str, float] = {}
     while rows := cur.fetchmany(10_000):
         for row in rows:
-            if head is not None and (row[0], row[1]) != (head[0], head[1]):
+            if head is not None and (row[0], row[1], row[10]) != (head[0], head[1], head[10]):
                 yield _step_record(run, head, metrics)
                 metrics = {}
             head = row
@@ -192,7 +197,9 @@ def _step_records(cur: duckdb.DuckDBPyConnection, run: str) -> Iterator[StepReco
 
 def _step_record(run: str, row: tuple, metrics: dict[str, float]) -> StepRecord:
     rank, seq, t, ws, host, pid, step, epoch = row[:8]
-    return StepRecord(run, rank, seq, t, ws or 1, host or "", pid or 0, step, epoch, metrics)
+    return StepRecord(
+        run, rank, seq, t, ws or 1, host or "", pid or 0, step, epoch, metrics, row[10]
+    )
 
 
 # --- in-memory summaries: what runs(), metrics(), query planning and the band frontier read ---
@@ -274,9 +281,9 @@ class Mirror:
         """Shallow: merge_ranks replaces the per-run dicts it changes instead of mutating."""
         return Mirror(dict(self.ranks), dict(self.stats), dict(self.band), dict(self.late))
 
-    def identity(self, run: str, rank: int) -> tuple[Any, Any, Any] | None:
+    def identity(self, run: str, rank: int) -> tuple[Any, Any, Any, int] | None:
         row = self.ranks.get(run, {}).get(rank)
-        return None if row is None else (row.world_size, row.host, row.pid)
+        return None if row is None else (row.world_size, row.host, row.pid, row.inc)
 
     def merge_ranks(self, rows: list[tuple]) -> list[RankRow]:
         """Fold a flush's per-rank aggregates (RANK_BATCH, one row per incarnation) in; returns

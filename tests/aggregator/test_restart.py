@@ -11,6 +11,7 @@ import duckdb
 import msgpack
 import pytest
 import zmq
+from rankwatch.agent.fallback import read_records
 from rankwatch.agent.monitor import Monitor
 from rankwatch.agent.wire import records
 from rankwatch.agent.wire.records import EventRecord, StepRecord
@@ -95,11 +96,19 @@ def test_both_incarnations_import_completely_and_once(tmp_path: Path) -> None:
     train(tmp_path / "A", None)
     train(tmp_path / "B", None, first_step=STEPS + 1)
     data = tmp_path / "data"
-    records = STEPS + 2  # steps plus start and end events
+    records_each = STEPS + 2  # steps plus start and end events
     summaries = import_into_store([tmp_path / "A", tmp_path / "B"], data)
-    assert [s.accepted for s in summaries] == [records, records]
+    assert [s.accepted for s in summaries] == [records_each, records_each]
     with Store(data) as store:
         assert [s for s, _ in stored_steps(store)] == list(range(1, 2 * STEPS + 1))
+        # record for record, with their incarnations, identities included
+        stored = {(r.inc, r.seq): records.to_json_line(r) for r in store.records("reuse")}
+    written = {
+        (r.inc, r.seq): records.to_json_line(r)
+        for d in "AB"
+        for r in read_records(tmp_path / d / "reuse" / "rank0.jsonl")
+    }
+    assert len(written) == 2 * records_each and stored == written
     again = import_into_store([tmp_path / "B", tmp_path / "A"], data)
     assert [s.accepted for s in again] == [0, 0]
 
