@@ -566,6 +566,7 @@ class Aggregator:
             ingest_refused_by=rx.get("refused_by", {}),
             control_sent=rx.get("control_sent", 0),
             control_failed=rx.get("control_failed", 0),
+            rank_restarts=self.restarts.restarts,  # new incarnations of known ranks
             merge_late=self.merger.late,
             merge_evicted=self.merger.evicted,
             feed_published=self.feed.published,

@@ -64,6 +64,7 @@ def test_a_restart_in_another_log_dir_loses_nothing(agg: Aggregator, tmp_path: P
     steps = stored_steps(agg.store)
     assert [s for s, _ in steps] == list(range(1, 2 * STEPS + 1))  # 200 logged, 200 stored
     assert agg.counters()["records_duplicates"] == 0
+    assert agg.counters()["rank_restarts"] == 1
 
     # the restart is an event: in the store and on the live feed, naming both incarnations
     restart = [e for e in agg.store.events("reuse") if e["event"] == "restart"]
