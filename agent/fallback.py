@@ -4,7 +4,8 @@ The file is opened ``O_APPEND`` and every record is written with a single ``os.w
 ``Monitor.log`` returns: the bytes are in the kernel once it returns, so ``kill -9`` of the rank
 loses nothing already logged (a power cut can still lose what the page cache held). An earlier
 file of the same run and rank (a restarted process) is never truncated: the new process appends
-after a newline and continues its sequence numbers after the highest one in the file.
+after a newline and continues its sequence numbers after the highest one in the file, under
+the file's incarnation (``records.py``): one file, one sequence of seqs.
 
 Writes never raise. A full disk (``ENOSPC``) or any other ``OSError`` is counted in ``errors``
 and logged once; training goes on and the records still go to the aggregator.
@@ -36,25 +37,32 @@ def jsonl_path(log_dir: Path, run: str, rank: int) -> Path:
 
 def last_seq(path: Path) -> int:
     """The highest ``seq`` in the end of an existing JSONL file (0 when none)."""
+    return last_position(path)[0]
+
+
+def last_position(path: Path) -> tuple[int, int]:
+    """The highest ``seq`` in the end of an existing JSONL file and the incarnation of its line
+    (0 and 0 when none; a line without one is incarnation 0)."""
     try:
         with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(max(0, size - TAIL_BYTES))
             tail = f.read(TAIL_BYTES)  # bounded: a device file may never end
     except OSError:
-        return 0
-    best = 0
+        return 0, 0
+    best, inc = 0, 0
     # Heartbeats are written from another thread, so seqs near the end may be out of order.
     for line in tail.split(b"\n"):
         if b'"seq"' not in line:
             continue
         try:
-            seq = json.loads(line).get("seq")
+            raw = json.loads(line)
+            seq, line_inc = raw.get("seq"), raw.get("inc", 0)
         except (ValueError, AttributeError):
             continue  # the first, cut line of the tail or a partial last line
-        if type(seq) is int and seq > best:
-            best = seq
-    return best
+        if type(seq) is int and seq > best and type(line_inc) is int:
+            best, inc = seq, line_inc
+    return best, inc
 
 
 class JsonlWriter:
@@ -64,11 +72,12 @@ class JsonlWriter:
         self.path = path
         self.errors = 0
         self.start_seq = 0  # highest seq already in the file
+        self.start_inc = 0  # the incarnation of that line
         self._fd: int | None = None
         self._warned = False
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self.start_seq = last_seq(path)
+            self.start_seq, self.start_inc = last_position(path)
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
             self._fd = os.open(path, flags, FILE_MODE)
             self._end_partial_line()
@@ -138,8 +147,9 @@ class JsonlWriter:
         return self._fd is None
 
 
-def read_records(path: Path, from_seq: int = 1) -> Iterator[Record]:
-    """Records with ``seq >= from_seq`` from a JSONL file, skipping lines that do not decode."""
+def read_records(path: Path, from_seq: int = 1, inc: int | None = None) -> Iterator[Record]:
+    """Records with ``seq >= from_seq`` (of incarnation ``inc``, or any) from a JSONL file,
+    skipping lines that do not decode."""
     try:
         f = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 (closed below)
     except OSError:
@@ -156,5 +166,5 @@ def read_records(path: Path, from_seq: int = 1) -> Iterator[Record]:
                 record = from_json_line(line)
             except DecodeError:
                 continue
-            if record.seq >= from_seq:
+            if record.seq >= from_seq and (inc is None or record.inc == inc):
                 yield record

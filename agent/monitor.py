@@ -26,6 +26,7 @@ import logging
 import math
 import operator
 import os
+import secrets
 import threading
 import time
 import traceback
@@ -41,7 +42,7 @@ from .sources import Sampler, Source, resolve
 from .values import NotANumber, check_name, plain, to_float
 from .wire.curve import CURVE_DIR_ENV, curve_keys
 from .wire.jsonsafe import NONFINITE_TO_JSON, json_value
-from .wire.records import EVENT_KINDS, MAX_METRICS, SCHEMA_VERSION
+from .wire.records import EVENT_KINDS, MAX_INC, MAX_METRICS, SCHEMA_VERSION
 
 log = logging.getLogger("rankwatch.agent")
 
@@ -81,7 +82,8 @@ class Monitor:
     """One rank's agent; see ``docs/architecture.md`` and ``identity`` for the arguments.
 
     Attributes: ``run``, ``rank``, ``world_size``, ``addr`` (ZeroMQ endpoint or None),
-    ``jsonl_path``, ``dropped``, ``write_errors``, ``batch_size`` (settable), ``enabled``.
+    ``incarnation`` (the ``inc`` of its records: its JSONL file's, or new), ``jsonl_path``,
+    ``dropped``, ``write_errors``, ``batch_size`` (settable), ``enabled``.
     ``stage(**metrics)`` adds values to the next ``log()`` (for hooks such as the DDP one).
     ``curve_dir`` (or ``RANKWATCH_CURVE_DIR``): CurveZMQ keys for an aggregator run with
     ``serve --curve`` (see ``wire.curve.curve_keys``).
@@ -136,6 +138,7 @@ class Monitor:
         self._sampler: Sampler | None = None
         self._sampled: dict[str, int] = {}  # source name -> the step its last sample went to
         registry = resolve(sources)  # also RANKWATCH_SOURCES
+        self.incarnation = 0
         if enabled and os.environ.get("MS_ROLE") == "MS_SCHED":
             log.info("rankwatch: MindSpore scheduler process (MS_ROLE=MS_SCHED): monitor disabled")
             enabled = False
@@ -148,17 +151,26 @@ class Monitor:
         self._writer = JsonlWriter(self.jsonl_path)
         self._fd = self._writer.fd  # log() writes to it directly; None once closed
         self._seq = itertools.count(self._writer.start_seq + 1)
+        # Seqs continue the file's, so its incarnation too; without one (no file, an empty or
+        # unwritable one) seqs start at 1 again and must not read as the earlier process's.
+        if self._writer.start_seq:
+            self.incarnation = self._writer.start_inc
+        else:
+            self.incarnation = 1 + secrets.randbelow(MAX_INC - 1)
+        inc = f'"inc":{self.incarnation},' if self.incarnation else ""
         # The constant part of every step line, serialised once; % fields: seq, time, step,
         # epoch, then (in a cached template) one %r per metric.
         prefix = (
             f'{{"v":{SCHEMA_VERSION},"kind":"step","run":{json.dumps(self.run)},'
             f'"rank":{self.rank},"world_size":{self.world_size},'
-            f'"host":{json.dumps(self.host)},"pid":{self.pid},"seq":'
+            f'"host":{json.dumps(self.host)},"pid":{self.pid},{inc}"seq":'
         )
         self._head = prefix.replace("%", "%%") + '%d,"time":%r,"step":%d,"epoch":%s,"metrics":{'
         self._templates: dict[tuple[str, ...], str] = {}
         self._base = {"run": self.run, "rank": self.rank, "world_size": self.world_size}
         self._base.update(host=self.host, pid=self.pid)
+        if self.incarnation:
+            self._base["inc"] = self.incarnation
         if self.addr is not None:
             self._queue = deque()
             step_base = {"kind": "step", **self._base}
@@ -408,7 +420,10 @@ class Monitor:
             left = until - time.monotonic()
             if left > 0:
                 next_in, paused = max(next_in, left), reason
-        wire = {"kind": "heartbeat", "run": self.run, "rank": self.rank, "seq": next(self._seq)}
+        wire: dict[str, Any] = {"kind": "heartbeat", "run": self.run, "rank": self.rank}
+        if self.incarnation:
+            wire["inc"] = self.incarnation
+        wire["seq"] = next(self._seq)
         wire.update(time=time.time(), last_step=self._last_step, next_in=next_in)
         wire.update(dropped=self._dropped, paused=paused)
         line = json.dumps({"v": SCHEMA_VERSION, **wire}, separators=_COMPACT)

@@ -11,8 +11,10 @@ on every record keeps the training thread free of any signalling cost and batche
 ZeroMQ connects and reconnects by itself, so nothing here ever waits for the aggregator; close
 gives the socket ``LINGER`` to flush what it holds and always returns within its timeout.
 
-A frame ``{"v": 1, "resend_from": seq}`` from the aggregator makes this thread re-read the JSONL
-file from that seq and send those records again (the aggregator drops duplicates).
+A frame ``{"v": 1, "resend_from": seq, "inc": inc}`` from the aggregator makes this thread re-read
+the JSONL file from that seq and send those records of this incarnation again (the aggregator
+drops duplicates); a request for another incarnation (an earlier process of this rank) is ignored.
+A request without ``inc`` (an older aggregator) means this process's own.
 
 With CurveZMQ keys (``RANKWATCH_CURVE_DIR``: ``server.key`` and this node's client secret, made
 by ``rankwatch keys``) the socket encrypts everything and proves its key to the aggregator.
@@ -56,8 +58,9 @@ class Sender:
     """Sends queued records to ``addr`` from a daemon thread.
 
     ``queue`` holds step tuples (see ``STEP``) or ready wire maps (events). ``step_base`` holds
-    the constant fields of a step record. ``heartbeat`` makes one heartbeat wire map (called in
-    this thread every ``heartbeat_s``); ``on_drop`` counts records that could not be sent at all.
+    the constant fields of a step record (``inc`` among them when not 0). ``heartbeat`` makes
+    one heartbeat wire map (called in this thread every ``heartbeat_s``); ``on_drop`` counts
+    records that could not be sent at all.
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class Sender:
         self.sent_records = 0
         self.resends = 0
         self._base = step_base
+        self._inc = step_base.get("inc", 0)
         self._heartbeat = heartbeat
         self._heartbeat_s = heartbeat_s
         self._on_drop = on_drop
@@ -260,14 +264,17 @@ class Sender:
             try:
                 msg = msgpack.unpackb(frame, raw=False)
                 version, start = msg.get("v"), msg.get("resend_from")
+                inc = msg.get("inc", self._inc)
             except Exception:
                 self._warn_once("control", "rankwatch: ignored a malformed control frame")
                 continue
             if version != SCHEMA_VERSION or type(start) is not int or self._jsonl is None:
                 self._warn_once("control", "rankwatch: ignored control frame %r", msg)
                 continue
+            if inc != self._inc:  # meant for an earlier process of this rank
+                continue
             self.resends += 1
             log.info("rankwatch: aggregator asked to resend from seq %d", start)
             self._resend = itertools.islice(
-                read_records(self._jsonl, max(1, start)), MAX_RESEND_RECORDS
+                read_records(self._jsonl, max(1, start), self._inc), MAX_RESEND_RECORDS
             )

@@ -341,6 +341,7 @@ def as_blocks(items: Sequence[Record | StepBlock]) -> list[Record | StepBlock]:
         first = same[0]
         if (
             item.pid != first.pid
+            or item.inc != first.inc
             or item.host != first.host
             or item.world_size != first.world_size
             or list(item.metrics) != list(first.metrics)
@@ -366,6 +367,7 @@ def _one(recs: list[StepRecord]) -> StepRecord | StepBlock:
     return StepBlock(
         first.run, first.rank, first.world_size, first.host, first.pid, [r.seq for r in recs],
         [r.time for r in recs], [r.step for r in recs], [r.epoch for r in recs], metrics,
+        first.inc,
     )  # fmt: skip
 
 

@@ -1,5 +1,6 @@
-"""Which records were seen: per (run, rank), the sequence numbers as sorted, merged inclusive
-intervals, so memory grows with the number of gaps, not with the number of records.
+"""Which records were seen: per (run, rank, incarnation), the sequence numbers as sorted,
+merged inclusive intervals, so memory grows with the number of gaps, not with the number of
+records. Each incarnation of a rank (a process without its predecessor's JSONL) counts seqs from 1.
 
 Pure: the service asks it whether a record is new (dedupe) and which seqs are missing (resend).
 """
@@ -59,21 +60,25 @@ class _Intervals:
 
 
 class SeqTracker:
-    """Seen sequence numbers per (run, rank), to drop duplicates and find gaps."""
+    """Seen sequence numbers per (run, rank, inc), to drop duplicates and find gaps. ``inc``
+    (the agent's incarnation, ``records.py``) is 0 for agents that send none."""
 
     def __init__(self, max_intervals: int = MAX_INTERVALS) -> None:
         if max_intervals < 2:
             raise ValueError(f"max_intervals must be >= 2, got {max_intervals}")
-        self._seen: dict[tuple[str, int], _Intervals] = {}
+        self._seen: dict[tuple[str, int, int], _Intervals] = {}
+        self._incs: dict[tuple[str, int], list[int]] = {}  # (run, rank) -> its incarnations
+        self._loaded: set[tuple[str, int, int]] = set()  # (run, rank, inc) the store held
         self._max_intervals = max_intervals
         self.given_up = 0  # gaps fused away because a rank had more than max_intervals
 
-    def accept(self, run: str, rank: int, seq: int) -> bool:
+    def accept(self, run: str, rank: int, seq: int, inc: int = 0) -> bool:
         """Record ``seq``; False when it was already seen (a duplicate)."""
-        key = (run, rank)
+        key = (run, rank, inc)
         iv = self._seen.get(key)
         if iv is None:
             iv = self._seen[key] = _Intervals()
+            self._incs.setdefault((run, rank), []).append(inc)
         elif iv.his and seq <= iv.his[-1] and iv.contains(seq):
             return False
         iv.add(seq, seq)
@@ -82,10 +87,10 @@ class SeqTracker:
             self.given_up += 1
         return True
 
-    def accept_many(self, run: str, rank: int, seqs: list[int]) -> list[bool] | None:
+    def accept_many(self, run: str, rank: int, seqs: list[int], inc: int = 0) -> list[bool] | None:
         """``accept`` for each of ``seqs``; None means all were new. The usual batch (seqs
         consecutive, above every seq seen) costs one interval update, not one per seq."""
-        iv = self._seen.get((run, rank))
+        iv = self._seen.get((run, rank, inc))
         lo = seqs[0] if seqs else 0
         hi = lo + len(seqs) - 1
         if (
@@ -100,26 +105,32 @@ class SeqTracker:
                 iv.give_up_oldest_gap()
                 self.given_up += 1
             return None
-        fresh = [self.accept(run, rank, seq) for seq in seqs]
+        fresh = [self.accept(run, rank, seq, inc) for seq in seqs]
         return None if all(fresh) else fresh
 
-    def load(self, run: str, rank: int, lo: int, hi: int) -> None:
+    def load(self, run: str, rank: int, lo: int, hi: int, inc: int = 0) -> None:
         """Mark the inclusive range [lo, hi] as seen (rebuilding from the store after a restart)."""
         if lo > hi:
             raise ValueError(f"seq range [{lo}, {hi}] for {run!r} rank {rank} is empty")
-        iv = self._seen.setdefault((run, rank), _Intervals())
+        key = (run, rank, inc)
+        if key not in self._seen:
+            self._incs.setdefault((run, rank), []).append(inc)
+            self._loaded.add(key)
+        iv = self._seen.setdefault(key, _Intervals())
         iv.add(lo, hi)
         while len(iv.los) > self._max_intervals:
             iv.give_up_oldest_gap()
             self.given_up += 1
 
-    def gaps(self, run: str, rank: int, limit: int | None = None) -> list[tuple[int, int]]:
+    def gaps(
+        self, run: str, rank: int, limit: int | None = None, inc: int = 0
+    ) -> list[tuple[int, int]]:
         """Missing inclusive seq ranges below the highest seen (seqs start at 1), oldest first;
         at most ``limit`` of them. A rank may have up to ``max_intervals`` gaps and the service
         asks on every tick, so callers that need only the first few say so."""
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        iv = self._seen.get((run, rank))
+        iv = self._seen.get((run, rank, inc))
         if iv is None or not iv.los or limit == 0:
             return []
         los, his = iv.los, iv.his
@@ -128,26 +139,36 @@ class SeqTracker:
         out.extend((his[i] + 1, los[i + 1] - 1) for i in range(end))
         return out
 
-    def gap_count(self, run: str, rank: int) -> int:
+    def gap_count(self, run: str, rank: int, inc: int = 0) -> int:
         """How many ranges ``gaps()`` would return, without building them."""
-        iv = self._seen.get((run, rank))
+        iv = self._seen.get((run, rank, inc))
         if iv is None or not iv.los:
             return 0
         return len(iv.los) - 1 + (iv.los[0] > 1)
 
-    def max_seq(self, run: str, rank: int) -> int:
+    def max_seq(self, run: str, rank: int, inc: int = 0) -> int:
         """Highest seq seen, 0 when none."""
-        iv = self._seen.get((run, rank))
+        iv = self._seen.get((run, rank, inc))
         return iv.his[-1] if iv is not None and iv.his else 0
 
-    def intervals(self, run: str, rank: int) -> list[tuple[int, int]]:
+    def intervals(self, run: str, rank: int, inc: int = 0) -> list[tuple[int, int]]:
         """The seen seqs as inclusive ranges, for persisting or debugging."""
-        iv = self._seen.get((run, rank))
+        iv = self._seen.get((run, rank, inc))
         return list(zip(iv.los, iv.his, strict=True)) if iv is not None else []
 
-    def keys(self) -> Iterator[tuple[str, int]]:
+    def stored_before(self, run: str, rank: int, inc: int) -> list[int]:
+        """The other incarnations of ``(run, rank)`` when ``inc`` is new since the store was
+        loaded; [] when ``inc`` itself came from the store (it is no restart then)."""
+        if (run, rank, inc) in self._loaded:
+            return []
+        return [i for i in self._incs.get((run, rank), ()) if i != inc]
+
+    def keys(self) -> Iterator[tuple[str, int, int]]:
+        """(run, rank, inc) of every sequence seen."""
         return iter(list(self._seen))
 
     def forget(self, run: str) -> None:
         for key in [k for k in self._seen if k[0] == run]:
             del self._seen[key]
+            self._loaded.discard(key)
+            self._incs.pop(key[:2], None)

@@ -1,7 +1,7 @@
 """The aggregator: every part wired in one place.
 
-    receive -> decode -> dedupe (SeqTracker) -> health -> store.append -> merge -> divergence
-            -> (tick) alerts -> console / webhooks -> live feed
+    receive -> decode -> dedupe (SeqTracker) -> restarts -> health -> store.append -> merge
+            -> divergence -> (tick) alerts -> console / webhooks -> live feed
 
 One service thread runs the receive loop and, every ``flush_interval_s``, a tick (expire partial
 steps, evaluate alerts, publish feed increments, ask agents to resend gaps). A second thread
@@ -47,6 +47,7 @@ from rankwatch.aggregator.health import (
 )
 from rankwatch.aggregator.ingest.receiver import Receiver
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
+from rankwatch.aggregator.restarts import Restarts
 from rankwatch.aggregator.seqs import SeqTracker
 from rankwatch.aggregator.store.db import Store, StoreError
 
@@ -126,6 +127,7 @@ class Aggregator:
         self.store = store if store is not None else Store(Path(cfg.data_dir))
         self.feed = Feed()
         self.seqs = SeqTracker()
+        self.restarts = Restarts()
         self.health = HealthTracker(lost_after_s=cfg.lost_after_s, min_stall_s=cfg.min_stall_s)
         self.merger = StepMerger(grace_s=cfg.merge_grace_s)
         self.detector = DivergenceDetector(cfg.divergence)
@@ -148,7 +150,8 @@ class Aggregator:
         self._values: dict[tuple[str, int], dict[str, float]] = {}
         self._z: dict[tuple[str, str], Mapping[int, RankScore]] = {}
         self._ranks_sent: dict[str, float] = {}
-        self._resend: dict[tuple[str, int], tuple[int, int, float]] = {}  # lo, tries, last
+        # (inc, lo), tries, last request
+        self._resend: dict[tuple[str, int], tuple[tuple[int, int], int, float]] = {}
         self._next_resend_check = 0.0
         self._store_error: str | None = None
         self._store_retry_at = 0.0
@@ -164,8 +167,8 @@ class Aggregator:
         """Rebuild dedupe state from the store, bind the ingest port, start the threads."""
         if self._started:
             return
-        for run, rank, lo, hi in self.store.seen_seqs():
-            self.seqs.load(run, rank, lo, hi)
+        for run, rank, inc, lo, hi in self.store.seen_seqs():
+            self.seqs.load(run, rank, lo, hi, inc)
         cfg = self.config
         self.receiver = Receiver(cfg.ingest_host, cfg.ingest_port, curve_dir=cfg.curve_dir)
         self._started = True
@@ -285,8 +288,10 @@ class Aggregator:
         Imported records older than ``IMPORT_LIVE_WINDOW_S`` only go to the store."""
         now = time.time() if now is None else now
         with self._lock:
+            made = self.restarts.restarts
             fresh, received = self._dedupe(as_blocks(records))
-            accepted = sum(len(r) if type(r) is StepBlock else 1 for r in fresh)
+            made = self.restarts.restarts - made  # restart events: the aggregator's own records
+            accepted = sum(len(r) if type(r) is StepBlock else 1 for r in fresh) - made
             n = self.n
             n["received"] += received
             n["duplicates"] += received - accepted
@@ -308,24 +313,44 @@ class Aggregator:
         return accepted
 
     def _dedupe(self, items: Sequence[Record | StepBlock]) -> tuple[list[Record | StepBlock], int]:
-        """The items not seen before (a block whole when all of it is new), and how many
-        records came in."""
+        """The items not seen before (a block whole when all of it is new), each new
+        incarnation's steps preceded by its ``restart`` event, and how many records came in."""
         accept, accept_many = self.seqs.accept, self.seqs.accept_many
         fresh: list[Record | StepBlock] = []
         received = 0
         for item in items:
-            if type(item) is not StepBlock:
+            kind = type(item)
+            if kind is not StepBlock:
                 received += 1
-                if accept(item.run, item.rank, item.seq):
+                if accept(item.run, item.rank, item.seq, item.inc):
+                    if kind is StepRecord:
+                        self._restart(item, fresh)  # type: ignore[arg-type]
                     fresh.append(item)
                 continue
             received += len(item)
-            new = accept_many(item.run, item.rank, item.seq)
+            new = accept_many(item.run, item.rank, item.seq, item.inc)  # type: ignore[union-attr]
             if new is None:
+                self._restart(item, fresh)  # type: ignore[arg-type]
                 fresh.append(item)
             else:  # a resend overlapping what arrived: keep the new records only
-                fresh.extend(item.record(i) for i, ok in enumerate(new) if ok)
+                for i, ok in enumerate(new):
+                    if ok:
+                        rec = item.record(i)  # type: ignore[union-attr]
+                        self._restart(rec, fresh)
+                        fresh.append(rec)
         return fresh, received
+
+    def _restart(self, item: StepRecord | StepBlock, fresh: list[Record | StepBlock]) -> None:
+        run, rank, inc = item.run, item.rank, item.inc
+        seen = self.restarts.seen(run, rank)
+        stored = () if seen else self.seqs.stored_before(run, rank, inc)
+        event = self.restarts.observe(item, stored)
+        if event is not None:
+            log.info(
+                "rankwatch: %s rank %d restarted (incarnation %s -> %d) at step %d",
+                run, rank, event.info["previous_inc"], inc, event.step,
+            )  # fmt: skip
+            fresh.append(event)
 
     def _live(self, fresh: list[Record | StepBlock], now: float) -> None:
         """Health, latest values, merge and divergence for accepted records."""
@@ -454,24 +479,29 @@ class Aggregator:
         receiver = self.receiver
         if receiver is None:
             return
+        current = self.restarts.current
         for run, ranks in health.items():
             for rank in ranks:
-                gaps = self.seqs.gaps(run, rank, limit=1)
+                # only the newest incarnation is connected; an earlier one's gaps are left to
+                # `rankwatch import` of its JSONL
+                inc = current(run, rank)
+                gaps = self.seqs.gaps(run, rank, limit=1, inc=inc)
                 key = (run, rank)
                 if not gaps:
                     self._resend.pop(key, None)
                     continue
                 lo = gaps[0][0]
-                prev_lo, tries, last = self._resend.get(key, (0, 0, -math.inf))
-                if prev_lo == lo and (tries >= RESEND_MAX_TRIES or now - last < RESEND_RETRY_S):
+                prev, tries, last = self._resend.get(key, ((0, 0), 0, -math.inf))
+                same = prev == (inc, lo)
+                if same and (tries >= RESEND_MAX_TRIES or now - last < RESEND_RETRY_S):
                     continue
-                tries = tries + 1 if prev_lo == lo else 1
-                if receiver.request_resend(run, rank, lo):
-                    self._resend[key] = (lo, tries, now)
+                tries = tries + 1 if same else 1
+                if receiver.request_resend(run, rank, lo, inc):
+                    self._resend[key] = ((inc, lo), tries, now)
                     self.n["resend_requests"] += 1
                     log.info(
                         "rankwatch: asked %s rank %d to resend from seq %d (%d gap(s))",
-                        run, rank, lo, self.seqs.gap_count(run, rank),
+                        run, rank, lo, self.seqs.gap_count(run, rank, inc),
                     )  # fmt: skip
 
     # --- reading -----------------------------------------------------------------------------
@@ -486,9 +516,13 @@ class Aggregator:
         for d in self.detector.active(run):
             flagged.setdefault(d.rank, set()).add(d.metric)
         scores = {m: sc for (r, m), sc in self._z.items() if r == run}
-        values, gaps = self._values, self.seqs.gaps
+        values, gaps, current = self._values, self.seqs.gaps, self.restarts.current
         rows = [
-            (h, dict(values.get((run, rank), ())), gaps(run, rank, limit=MAX_GAPS_REPORTED))
+            (
+                h,
+                dict(values.get((run, rank), ())),
+                gaps(run, rank, limit=MAX_GAPS_REPORTED, inc=current(run, rank)),
+            )
             for rank, h in ranks.items()
         ]
         return flagged, scores, rows
@@ -541,6 +575,7 @@ class Aggregator:
             ingest_refused_by=rx.get("refused_by", {}),
             control_sent=rx.get("control_sent", 0),
             control_failed=rx.get("control_failed", 0),
+            rank_restarts=self.restarts.restarts,  # new incarnations of known ranks
             merge_late=self.merger.late,
             merge_evicted=self.merger.evicted,
             feed_published=self.feed.published,

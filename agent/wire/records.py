@@ -11,7 +11,18 @@ run    str     run name, shared by all ranks of one launch
 rank   int     global rank, ``0 <= rank``
 seq    int     per-rank sequence number, increasing across all kinds from 1
 time   float   wall-clock time (Unix seconds) when the record was made
+inc    int     optional: the agent's incarnation (see below); absent means 0
 ====== ======= ===============================================================
+
+Seqs count within one *incarnation* of a rank: a process (and its JSONL file) with its own
+random ``inc`` (``1 <= inc < MAX_INC``, exact as a JSON number in any reader). A process that
+restarts and finds its rank's JSONL file continues that file's seqs and keeps its ``inc``; one
+that restarts without it (another log dir, node or container, an unwritable dir) starts again
+at seq 1 under a new ``inc``. The aggregator dedupes on (run, rank, inc, seq) and records a
+``restart`` event (``AGGREGATOR_EVENTS``: made by the aggregator, never sent by an agent, with
+``seq`` 0) when a new incarnation of a known rank starts logging steps. ``inc`` is optional, so
+schema version 1 still holds both ways: an agent that sends none (an older one) is incarnation
+0, and an older aggregator ignores the field (and dedupes a restart's records away, as it did).
 
 ``step`` adds ``world_size`` (int), ``host`` (str), ``pid`` (int), ``step`` (int), ``epoch``
 (int or None) and ``metrics`` (map of metric name -> float; NaN and ±Inf allowed).
@@ -60,12 +71,34 @@ MAX_FRAME_RECORDS = MAX_FRAME_BYTES // MIN_RECORD_BYTES
 # Below this many records a frame is cheap to decode whatever it holds, and each bad record
 # gets its own error (which field is wrong) rather than the frame's.
 COUNT_CHECK_RECORDS = 64
+MAX_INC = 2**53  # agents pick their incarnation below this (exact in a JavaScript number)
 _INT64_END = 2**63  # ints are 64-bit signed on the wire and in the store
-_STEP_FIELDS = ("run", "rank", "seq", "time", "world_size", "host", "pid", "step", "epoch",
-                "metrics")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """One field of the step record: its name, its type on the wire, whether it must be there."""
+
+    name: str
+    type: Any
+    required: bool = True
+
+
+# The step record's fields, defined once. The decoders below read them from here; the
+# encoders on the hot paths (the Monitor's JSON template, the sender's wire maps, msgspec's
+# struct in aggregator/ingest/frames.py) are written out for speed and checked against this
+# in tests/agent/test_schema.py.
+STEP_FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec("run", str), FieldSpec("rank", int), FieldSpec("seq", int),
+    FieldSpec("time", float), FieldSpec("world_size", int), FieldSpec("host", str),
+    FieldSpec("pid", int), FieldSpec("step", int), FieldSpec("epoch", int | None),
+    FieldSpec("metrics", dict[str, float]), FieldSpec("inc", int, required=False),
+)  # fmt: skip
+_STEP_FIELDS = tuple(f.name for f in STEP_FIELDS if f.required)
 
 KINDS = ("step", "event", "heartbeat")
 EVENT_KINDS = ("start", "end", "crash", "eval", "note", "pause", "resume")
+AGGREGATOR_EVENTS = ("restart",)  # events the aggregator records itself (in the store and feed)
 
 
 class DecodeError(ValueError):
@@ -93,6 +126,7 @@ class StepRecord:
     step: int
     epoch: int | None
     metrics: Mapping[str, float]
+    inc: int = 0
     kind: str = field(default="step", init=False)
 
 
@@ -108,6 +142,7 @@ class EventRecord:
     event: str
     step: int | None
     info: Mapping[str, Any]
+    inc: int = 0
     kind: str = field(default="event", init=False)
 
 
@@ -121,6 +156,7 @@ class Heartbeat:
     next_in: float
     dropped: int
     paused: str | None = None
+    inc: int = 0
     kind: str = field(default="heartbeat", init=False)
 
 
@@ -147,6 +183,7 @@ class StepBlock:
     step: list[int]
     epoch: list[int | None]
     metrics: dict[str, list[float]]  # metric name -> one value per record
+    inc: int = 0
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -156,7 +193,7 @@ class StepBlock:
         metrics = {name: values[i] for name, values in self.metrics.items()}
         return StepRecord(
             self.run, self.rank, self.seq[i], self.time[i], self.world_size, self.host,
-            self.pid, self.step[i], self.epoch[i], metrics,
+            self.pid, self.step[i], self.epoch[i], metrics, self.inc,
         )  # fmt: skip
 
     def records(self) -> list[StepRecord]:
@@ -164,12 +201,15 @@ class StepBlock:
 
 
 def to_wire(record: Record) -> dict[str, Any]:
-    """The record as a plain map (msgpack-ready; NaN stays a float)."""
+    """The record as a plain map (msgpack-ready; NaN stays a float). Incarnation 0 (an agent
+    without one) is left out, as such an agent writes it."""
     out: dict[str, Any] = {"kind": record.kind}
     for name in record.__slots__:  # type: ignore[attr-defined]
         if name != "kind":
             value = getattr(record, name)
             out[name] = dict(value) if isinstance(value, Mapping) else value
+    if not out["inc"]:
+        del out["inc"]
     return out
 
 
@@ -276,6 +316,10 @@ def _step_block(raws: list[Any]) -> StepBlock | None:
         return None
     runs, ranks, sizes, hosts, pids, kinds, seq, time_, step, epoch, maps = zip(*rows, strict=True)
     run, rank, world_size, host, pid = (first[k] for k in _BLOCK_SAME)
+    inc = first.get("inc", 0)
+    incs = tuple(raw.get("inc", 0) for raw in raws)  # every raw is a map: the fields were found
+    if not _all_type(incs, int) or set(incs) != {inc} or not _inc_ok(inc):
+        return None
     if not _all_hashable(runs, hosts, kinds):
         return None
     if not (
@@ -298,8 +342,13 @@ def _step_block(raws: list[Any]) -> StepBlock | None:
     if values is None or not all(_all_type(column, float) for column in values.values()):
         return None
     return StepBlock(
-        run, rank, world_size, host, pid, list(seq), list(time_), list(step), list(epoch), values
-    )
+        run, rank, world_size, host, pid, list(seq), list(time_), list(step), list(epoch), values,
+        inc,
+    )  # fmt: skip
+
+
+def _inc_ok(inc: Any) -> bool:
+    return type(inc) is int and 0 <= inc < _INT64_END
 
 
 def _all_type(column: tuple[Any, ...], kind: type) -> bool:
@@ -333,8 +382,10 @@ def metric_columns(names: tuple[str, ...], maps: Sequence[Any]) -> dict[str, lis
     return {name: list(column) for name, column in zip(names, zip(*rows, strict=True), strict=True)}
 
 
-_BLOCK_SAME = ("run", "rank", "world_size", "host", "pid")
-_block_fields = itemgetter(*_BLOCK_SAME, "kind", "seq", "time", "step", "epoch", "metrics")
+_BLOCK_SAME = ("run", "rank", "world_size", "host", "pid")  # one value per StepBlock
+_block_fields = itemgetter(
+    *_BLOCK_SAME, "kind", *(name for name in _STEP_FIELDS if name not in _BLOCK_SAME)
+)
 _getters: dict[tuple[str, ...], Any] = {}
 
 
@@ -370,6 +421,7 @@ def _decode_checked(raw: Any) -> Record:
             step=_int(raw, "step"),
             epoch=_opt_int(raw, "epoch"),
             metrics=_metrics(raw),
+            inc=_inc(raw),
         )
     if kind == "event":
         event = _str(raw, "event")
@@ -387,6 +439,7 @@ def _decode_checked(raw: Any) -> Record:
             event=event,
             step=_opt_int(raw, "step"),
             info=info,
+            inc=_inc(raw),
         )
     if kind == "heartbeat":
         paused = raw.get("paused")
@@ -398,6 +451,7 @@ def _decode_checked(raw: Any) -> Record:
             next_in=_float(raw, "next_in"),
             dropped=_int(raw, "dropped", minimum=0),
             paused=paused,
+            inc=_inc(raw),
         )
     raise DecodeError("field", f"field 'kind' is {_show(kind)}, expected one of {KINDS}")
 
@@ -411,6 +465,7 @@ def _step_fast(raw: Any, copy: bool) -> StepRecord | None:
     if type(raw) is not dict or raw.get("kind") != "step":
         return None
     run, rank, seq, time_, world_size, host, pid, step, epoch, metrics = map(raw.get, _STEP_FIELDS)
+    inc = raw.get("inc", 0)
     if not (
         type(run) is str
         and 0 < len(run) <= MAX_NAME_CHARS
@@ -430,6 +485,8 @@ def _step_fast(raw: Any, copy: bool) -> StepRecord | None:
         and (epoch is None or (type(epoch) is int and -_INT64_END <= epoch < _INT64_END))
         and type(metrics) is dict
         and len(metrics) <= MAX_METRICS
+        and type(inc) is int
+        and 0 <= inc < _INT64_END
     ):
         return None
     for key, value in metrics.items():
@@ -437,7 +494,7 @@ def _step_fast(raw: Any, copy: bool) -> StepRecord | None:
             return None
     if copy:
         metrics = dict(metrics)
-    return StepRecord(run, rank, seq, time_, world_size, host, pid, step, epoch, metrics)
+    return StepRecord(run, rank, seq, time_, world_size, host, pid, step, epoch, metrics, inc)
 
 
 # --- JSONL -------------------------------------------------------------------------------
@@ -539,6 +596,10 @@ def _int(
     if value > maximum:
         raise DecodeError("field", f"field '{name}' is {value}, must be <= {maximum}")
     return value
+
+
+def _inc(raw: dict[str, Any]) -> int:
+    return _int(raw, "inc", minimum=0) if "inc" in raw else 0
 
 
 def _opt_int(raw: dict[str, Any], name: str) -> int | None:

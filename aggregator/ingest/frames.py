@@ -1,5 +1,5 @@
 """Decoding frames on the aggregator: a typed fast path in front of the wire schema's own
-decoder (``agent/records.py``, which stays the one definition of what is valid and of every
+decoder (``agent/wire/records.py``, which stays the one definition of what is valid and of every
 error).
 
 msgspec decodes a frame of step records and heartbeats straight into typed structs. An agent's
@@ -52,6 +52,7 @@ class _Step(msgspec.Struct, tag_field="kind", tag="step", forbid_unknown_fields=
     step: int
     epoch: int | None
     metrics: dict[str, float]
+    inc: int = 0
 
 
 class _Beat(msgspec.Struct, tag_field="kind", tag="heartbeat", forbid_unknown_fields=True):
@@ -63,6 +64,7 @@ class _Beat(msgspec.Struct, tag_field="kind", tag="heartbeat", forbid_unknown_fi
     dropped: int
     last_step: int | None = None
     paused: str | None = None
+    inc: int = 0
 
 
 class _Frame(msgspec.Struct, forbid_unknown_fields=True):
@@ -71,7 +73,7 @@ class _Frame(msgspec.Struct, forbid_unknown_fields=True):
 
 
 _decode = msgspec.msgpack.Decoder(_Frame).decode
-_same = attrgetter("run", "rank", "world_size", "host", "pid")
+_same = attrgetter("run", "rank", "world_size", "host", "pid", "inc")
 _columns = attrgetter("seq", "time", "step", "epoch")
 _metrics = attrgetter("metrics")
 
@@ -112,9 +114,10 @@ def _step_block(steps: list[_Step | _Beat]) -> StepBlock | None:
         return None
     if set(map(_same, steps)) != {_same(first)}:  # type: ignore[arg-type]
         return None
-    run, rank, world_size, host, pid = _same(first)
+    run, rank, world_size, host, pid, inc = _same(first)
     if not (
         0 < len(run) <= MAX_NAME_CHARS
+        and 0 <= inc < _INT64_END
         and 0 <= rank <= MAX_RANK
         and 1 <= world_size < _INT64_END
         and len(host) <= MAX_NAME_CHARS
@@ -131,8 +134,9 @@ def _step_block(steps: list[_Step | _Beat]) -> StepBlock | None:
     if values is None:
         return None
     return StepBlock(
-        run, rank, world_size, host, pid, list(seq), list(time_), list(step), list(epoch), values
-    )
+        run, rank, world_size, host, pid, list(seq), list(time_), list(step), list(epoch), values,
+        inc,
+    )  # fmt: skip
 
 
 def _records(items: list[_Step | _Beat]) -> list[Record] | None:
@@ -141,7 +145,10 @@ def _records(items: list[_Step | _Beat]) -> list[Record] | None:
     append = out.append
     for r in items:
         if not (
-            0 < len(r.run) <= MAX_NAME_CHARS and 0 <= r.rank <= MAX_RANK and 1 <= r.seq < _INT64_END
+            0 < len(r.run) <= MAX_NAME_CHARS
+            and 0 <= r.rank <= MAX_RANK
+            and 1 <= r.seq < _INT64_END
+            and 0 <= r.inc < _INT64_END
         ):
             return None
         if type(r) is _Step:
@@ -158,13 +165,15 @@ def _records(items: list[_Step | _Beat]) -> list[Record] | None:
                 return None
             append(StepRecord(
                 r.run, r.rank, r.seq, r.time, r.world_size, r.host, r.pid, r.step, r.epoch,
-                metrics,
+                metrics, r.inc,
             ))  # fmt: skip
         else:
             last = r.last_step
             if not (0 <= r.dropped < _INT64_END and (last is None or last < _INT64_END)):
                 return None
-            append(Heartbeat(r.run, r.rank, r.seq, r.time, last, r.next_in, r.dropped, r.paused))
+            append(Heartbeat(
+                r.run, r.rank, r.seq, r.time, last, r.next_in, r.dropped, r.paused, r.inc
+            ))  # fmt: skip
     return out
 
 

@@ -18,7 +18,6 @@ is the CLI's path without a running aggregator: it opens the Store itself and de
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import json
 import math
@@ -33,6 +32,7 @@ from typing import Any, Protocol
 
 from rankwatch.agent.wire.jsonsafe import JSON_TO_NONFINITE, NONFINITE_TO_JSON
 from rankwatch.agent.wire.records import DecodeError, Record, check_version, decode_record
+from rankwatch.aggregator.seqs import SeqTracker
 from rankwatch.aggregator.store.db import Store, StoreError
 
 BATCH_RECORDS = 5000  # records handed to the sink at once
@@ -348,41 +348,24 @@ class _Progress:
 
 
 class StoreSink:
-    """A sink writing to a Store, dropping (run, rank, seq) it already holds."""
+    """A sink writing to a Store, dropping (run, rank, inc, seq) it already holds."""
 
     def __init__(self, store: Store, flush_every: int = STORE_FLUSH_RECORDS) -> None:
         self.store = store
         self.flush_every = flush_every
         self.runs: set[str] = set()
-        self._los: dict[tuple[str, int], list[int]] = {}
-        self._his: dict[tuple[str, int], list[int]] = {}
         self._pending = 0
-        for run, rank, lo, hi in store.seen_seqs():  # sorted, disjoint
-            self._los.setdefault((run, rank), []).append(lo)
-            self._his.setdefault((run, rank), []).append(hi)
+        # exact: an import never gives a gap up (the live tracker bounds its memory instead)
+        self._seen = SeqTracker(max_intervals=sys.maxsize)
+        for run, rank, inc, lo, hi in store.seen_seqs():
+            self._seen.load(run, rank, lo, hi, inc)
 
-    def accept(self, run: str, rank: int, seq: int) -> bool:
-        los = self._los.setdefault((run, rank), [])
-        his = self._his.setdefault((run, rank), [])
-        i = bisect.bisect_right(los, seq) - 1
-        if i >= 0 and his[i] >= seq:
-            return False
-        joins_left = i >= 0 and his[i] == seq - 1
-        joins_right = i + 1 < len(los) and los[i + 1] == seq + 1
-        if joins_left and joins_right:
-            his[i] = his.pop(i + 1)
-            los.pop(i + 1)
-        elif joins_left:
-            his[i] = seq
-        elif joins_right:
-            los[i + 1] = seq
-        else:
-            los.insert(i + 1, seq)
-            his.insert(i + 1, seq)
-        return True
+    def accept(self, run: str, rank: int, seq: int, inc: int = 0) -> bool:
+        return self._seen.accept(run, rank, seq, inc)
 
     def add(self, records: Sequence[Record]) -> int:
-        fresh = [r for r in records if self.accept(r.run, r.rank, r.seq)]
+        accept = self._seen.accept
+        fresh = [r for r in records if accept(r.run, r.rank, r.seq, r.inc)]
         self.store.append(fresh)
         self.runs.update(r.run for r in fresh)
         self._pending += len(fresh)

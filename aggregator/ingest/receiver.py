@@ -341,13 +341,16 @@ class Receiver:
         """The identity the latest records of ``(run, rank)`` came from, if any."""
         return self.peers.identity_of(run, rank)
 
-    def request_resend(self, run: str, rank: int, from_seq: int) -> bool:
-        """Ask the agent of ``(run, rank)`` to re-send its records from ``from_seq``."""
+    def request_resend(self, run: str, rank: int, from_seq: int, inc: int = 0) -> bool:
+        """Ask the agent of ``(run, rank)`` to re-send its records of incarnation ``inc`` from
+        ``from_seq``."""
         identity = self.peers.identity_of(run, rank)
         if identity is None:
             return False
         # run and rank let a relay pass the request on to the right agent; agents ignore them.
         message = {"v": records.SCHEMA_VERSION, "resend_from": from_seq, "run": run, "rank": rank}
+        if inc:  # an agent of this incarnation only (one without any takes none)
+            message["inc"] = inc
         self.send_control(identity, message)
         return True
 

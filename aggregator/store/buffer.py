@@ -134,10 +134,10 @@ class Batch:
         names = [run, metric, "step", ""]  # codes 0..3
         code = {i: np.full(n, i, np.int32) for i in range(4)}
         none = np.full(n, NULL_INT, dtype=np.int64)
-        steps = (code[0], rank, seq, step, none, t, code[1], value)
+        steps = (code[0], rank, seq, step, none, t, code[1], value, np.zeros(n, np.int64))
         recs = (code[0], rank, seq, t, code[2], np.full(n, world_size, np.int64), code[3],
                 np.zeros(n, np.int64), step, np.full(n, NULL_CODE, np.int32), seq,
-                np.ones(n, np.int64), t)  # fmt: skip
+                np.ones(n, np.int64), t, np.zeros(n, np.int64))  # fmt: skip
         part = Part.empty()
         part.names = names
         for name, cols in (("steps", steps), ("recs", recs)):
@@ -211,7 +211,7 @@ def split_block(block: StepBlock) -> tuple[StepBlock, StepBlock]:
         metrics = {m: v[s] for m, v in block.metrics.items()}
         ident = (block.run, block.rank, block.world_size, block.host, block.pid)
         cols = (block.seq[s], block.time[s], block.step[s], block.epoch[s])
-        return StepBlock(*ident, *cols, metrics)
+        return StepBlock(*ident, *cols, metrics, block.inc)
 
     h = len(block) // 2
     return cut(slice(None, h)), cut(slice(h, None))
@@ -227,6 +227,7 @@ def _record_rows(item: Item) -> int:
 _NO_METRICS = {None: math.nan}  # a step record without metrics still gets a row, so it is stored
 _STEP_FIELDS = attrgetter("run", "rank", "seq", "time", "world_size", "host", "pid", "step",
                           "epoch")  # fmt: skip
+_INC = attrgetter("inc")
 
 
 def record_part(items: Sequence[Item]) -> Part:
@@ -267,13 +268,15 @@ def _step_tables(
             "world_size": np.array(ws, np.int64), "host": _codes(host, names),
             "pid": np.array(pid, np.int64), "step": step_col,
             "event": np.full(n, NULL_CODE, np.int32), "hi": head["seq"],
-            "n": np.ones(n, np.int64), "last_time": head["time"]}  # fmt: skip
+            "n": np.ones(n, np.int64), "last_time": head["time"],
+            "inc": np.fromiter(map(_INC, steps), np.int64, n)}  # fmt: skip
     per = [r.metrics or _NO_METRICS for r in steps]
     counts = np.fromiter(map(len, per), np.int64, n)
     # one repeat count for all when every record has as many metrics (the usual case)
     reps: int | np.ndarray = int(counts[0]) if (counts == counts[0]).all() else counts
     rows = {c: np.repeat(v, reps) for c, v in (*head.items(), ("step", step_col),
-                                                  ("epoch", _nullable(epoch)))}  # fmt: skip
+                                                  ("epoch", _nullable(epoch)),
+                                                  ("inc", recs["inc"]))}  # fmt: skip
     total = int(counts.sum())
     rows["metric"] = _codes([k for m in per for k in m], names)
     rows["value"] = np.fromiter(chain.from_iterable(m.values() for m in per), np.float64, total)
@@ -303,6 +306,7 @@ def _block_tables(
         "pid": per_block([b.pid for b in blocks], np.int64),
         "step": np.fromiter(chain.from_iterable(b.step for b in blocks), np.int64, n),
         "event": np.full(n, NULL_CODE, np.int32),
+        "inc": per_block([b.inc for b in blocks], np.int64),
     }
     epoch = _nullable(list(chain.from_iterable(b.epoch for b in blocks)))
     # row -> record: block j's rows are k_j passes over its records
@@ -322,7 +326,7 @@ def _block_tables(
     values = chain.from_iterable(
         (b.metrics.values() if b.metrics else ([math.nan] * len(b),)) for b in blocks
     )
-    rows = {c: recs[c][ridx] for c in ("run", "rank", "seq", "step")}
+    rows = {c: recs[c][ridx] for c in ("run", "rank", "seq", "step", "inc")}
     rows["epoch"] = epoch[ridx]
     rows["time"] = recs["time"][ridx]
     rows["metric"] = np.repeat(np.array(metric_codes, np.int32), np.repeat(lens, ks))
@@ -369,17 +373,18 @@ def _add_row(c: dict[str, list[list]], rec: Record) -> None:
     span = (rec.seq, 1, rec.time)  # a span of one record
     if isinstance(rec, EventRecord):
         ident = (rec.world_size, rec.host, rec.pid)
-        _push(c["recs"], (*head, "event", *ident, 0, rec.event, *span))
+        _push(c["recs"], (*head, "event", *ident, 0, rec.event, *span, rec.inc))
         info = json.dumps(dict(rec.info), default=str)
-        _push(c["events"], (*head, *ident, rec.event, rec.step, info))
+        _push(c["events"], (*head, *ident, rec.event, rec.step, info, rec.inc))
     elif isinstance(rec, Heartbeat):
-        _push(c["recs"], (*head, "heartbeat", None, None, None, 0, None, *span))
-        _push(c["heartbeats"], (*head, rec.last_step, rec.next_in, rec.dropped, rec.paused))
+        _push(c["recs"], (*head, "heartbeat", None, None, None, 0, None, *span, rec.inc))
+        _push(c["heartbeats"], (*head, rec.last_step, rec.next_in, rec.dropped, rec.paused,
+                                rec.inc))  # fmt: skip
     else:  # a StepRecord subclass
         _push(c["recs"], (*head, "step", rec.world_size, rec.host, rec.pid, rec.step, None,
-                          *span))  # fmt: skip
+                          *span, rec.inc))  # fmt: skip
         for name, value in (rec.metrics or _NO_METRICS).items():
-            _push(c["steps"], (*head[:3], rec.step, rec.epoch, rec.time, name, value))
+            _push(c["steps"], (*head[:3], rec.step, rec.epoch, rec.time, name, value, rec.inc))
 
 
 def _push(cols: list[list], values: tuple) -> None:

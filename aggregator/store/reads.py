@@ -247,10 +247,12 @@ class Reads:
         with self._query() as cur:
             return heartbeats(cur, run)
 
-    def seen_seqs(self) -> list[tuple[str, int, int, int]]:
-        """Every flushed (run, rank, seq) as merged inclusive intervals (run, rank, lo, hi)."""
+    def seen_seqs(self) -> list[tuple[str, int, int, int, int]]:
+        """Every flushed (run, rank, inc, seq) as merged inclusive intervals
+        (run, rank, inc, lo, hi)."""
         with self._query() as cur:
-            return cur.execute("SELECT * FROM seqs ORDER BY run, rank, lo").fetchall()
+            sql = "SELECT run, rank, inc, lo, hi FROM seqs ORDER BY run, rank, inc, lo"
+            return cur.execute(sql).fetchall()
 
     def records(self, run: str) -> Iterator[Record]:
         """Every stored record of ``run`` rebuilt as a dataclass, ordered by (rank, seq)."""

@@ -4,6 +4,7 @@ The write buffer is ``buffer.py``. Only the store uses them."""
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 from collections.abc import Iterator
@@ -29,22 +30,25 @@ DTYPE: dict[str, Any] = {
     "c": np.int32, "s": object, "i": np.int64, "n": np.int64, "f": np.float64, "b": bool,
 }  # fmt: skip
 LAYOUT: dict[str, tuple[tuple[str, str], ...]] = {
+    # inc (the agent's incarnation) came later: it is the last column of every table with it
     "steps": (("run", "c"), ("rank", "i"), ("seq", "i"), ("step", "i"), ("epoch", "n"),
-              ("time", "f"), ("metric", "c"), ("value", "f")),
+              ("time", "f"), ("metric", "c"), ("value", "f"), ("inc", "i")),
     "events": (("run", "c"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("world_size", "i"),
-               ("host", "c"), ("pid", "i"), ("event", "c"), ("step", "n"), ("info", "s")),
+               ("host", "c"), ("pid", "i"), ("event", "c"), ("step", "n"), ("info", "s"),
+               ("inc", "i")),
     "heartbeats": (("run", "c"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("last_step", "n"),
-                   ("next_in", "f"), ("dropped", "i"), ("paused", "c")),
+                   ("next_in", "f"), ("dropped", "i"), ("paused", "c"), ("inc", "i")),
     # seq intervals, rank summaries, rank_meta. One row per span of buffered records: a step
     # block with consecutive seqs is one row (seq..hi, n records, its first and last time, its
-    # last step), any other record its own row (hi = seq, n = 1). ``step`` is read for step
-    # records only (0 for others): as a nullable column, step -2**63 would read as NULL.
+    # last step), any other record its own row (hi = seq, n = 1). inc: the agent's incarnation.
+    # ``step`` is read for step records only (0 for others): as a nullable column, step -2**63
+    # would read as NULL.
     "recs": (("run", "c"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("kind", "c"),
              ("world_size", "n"), ("host", "c"), ("pid", "n"), ("step", "i"), ("event", "c"),
-             ("hi", "i"), ("n", "i"), ("last_time", "f")),
+             ("hi", "i"), ("n", "i"), ("last_time", "f"), ("inc", "i")),
     "ranks": (("run", "c"), ("rank", "i"), ("world_size", "n"), ("host", "c"), ("pid", "n"),
               ("first_time", "f"), ("last_time", "f"), ("records", "i"), ("last_step", "n"),
-              ("meta_seq", "n"), ("life_seq", "n"), ("ended", "b")),
+              ("meta_seq", "n"), ("life_seq", "n"), ("ended", "b"), ("inc", "i")),
 }  # fmt: skip
 BUFFERED = ("steps", "events", "heartbeats", "recs")
 
@@ -54,8 +58,9 @@ TABLES = (
         for name in ("steps", "events", "heartbeats", "ranks")
     ),
     "rank_meta (run VARCHAR, rank BIGINT, seq BIGINT, world_size BIGINT, host VARCHAR, "
-    "pid BIGINT)",  # change log: a rank's world_size/host/pid from this seq on
-    "seqs (run VARCHAR, rank BIGINT, lo BIGINT, hi BIGINT)",
+    "pid BIGINT, inc BIGINT DEFAULT 0)",  # change log: world_size/host/pid from this seq on
+    # seen seqs per (run, rank, inc)
+    "seqs (run VARCHAR, rank BIGINT, lo BIGINT, hi BIGINT, inc BIGINT DEFAULT 0)",
     "band (run VARCHAR, metric VARCHAR, step BIGINT, n BIGINT, nonfinite BIGINT, "
     "median DOUBLE, p5 DOUBLE, p95 DOUBLE, vmin DOUBLE, vmax DOUBLE)",
     "band_done (run VARCHAR, done BIGINT)",  # last settled band step of a run
@@ -66,34 +71,43 @@ TABLES = (
 
 # --- the bookkeeping a flush does in SQL over its batch (temp table buf_recs) ----------
 
-# Seen (run, rank, seq) as merged intervals, in one statement: this flush's spans as intervals
+# A store made before incarnations gets the columns (its rows are incarnation 0).
+ADD_INC = ";".join(
+    f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS inc BIGINT DEFAULT 0"
+    for t in ("steps", "events", "heartbeats", "ranks", "rank_meta", "seqs")
+)
+
+# Seen (run, rank, inc, seq) as merged intervals, in one statement: this flush's spans as intervals
 # (a rank's spans usually make one unbroken run: min/max/sum, no sort; records are new, so a
 # repeated span start is the only overlap looked for), then gaps-and-islands over the spans of
 # the other ranks plus the touched ranks' old intervals.
 SEQ_MERGE = """
 CREATE OR REPLACE TEMP TABLE rw_seq AS
-WITH sg AS MATERIALIZED (SELECT run, rank, min(seq) AS lo, max(hi) AS hi, sum(n) AS n,
-    count(*) = count(DISTINCT seq) AS distinct_starts FROM buf_recs GROUP BY run, rank),
-si AS (SELECT run, rank, lo, hi FROM sg WHERE hi - lo + 1 = n AND distinct_starts
+WITH sg AS MATERIALIZED (SELECT run, rank, inc, min(seq) AS lo, max(hi) AS hi, sum(n) AS n,
+    count(*) = count(DISTINCT seq) AS distinct_starts FROM buf_recs GROUP BY run, rank, inc),
+si AS (SELECT run, rank, inc, lo, hi FROM sg WHERE hi - lo + 1 = n AND distinct_starts
     UNION ALL
-    SELECT r.run, r.rank, r.seq, r.hi FROM buf_recs r SEMI JOIN
-        (SELECT run, rank FROM sg WHERE hi - lo + 1 <> n OR NOT distinct_starts) g
-        ON r.run = g.run AND r.rank = g.rank),
+    SELECT r.run, r.rank, r.inc, r.seq, r.hi FROM buf_recs r SEMI JOIN
+        (SELECT run, rank, inc FROM sg WHERE hi - lo + 1 <> n OR NOT distinct_starts) g
+        ON r.run = g.run AND r.rank = g.rank AND r.inc = g.inc),
 u AS (SELECT * FROM si
-      UNION ALL SELECT s.run, s.rank, s.lo, s.hi FROM seqs s SEMI JOIN sg k
+      UNION ALL SELECT s.run, s.rank, s.inc, s.lo, s.hi FROM seqs s SEMI JOIN sg k
       ON s.run = k.run AND s.rank = k.rank),
-w AS (SELECT *, max(hi) OVER (PARTITION BY run, rank ORDER BY lo, hi
+w AS (SELECT *, max(hi) OVER (PARTITION BY run, rank, inc ORDER BY lo, hi
       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_hi FROM u),
 g AS (SELECT *, sum(CASE WHEN prev_hi IS NULL OR lo > prev_hi + 1 THEN 1 ELSE 0 END)
-      OVER (PARTITION BY run, rank ORDER BY lo, hi ROWS UNBOUNDED PRECEDING) AS island FROM w)
-SELECT run, rank, min(lo) AS lo, max(hi) AS hi FROM g GROUP BY run, rank, island
+      OVER (PARTITION BY run, rank, inc ORDER BY lo, hi ROWS UNBOUNDED PRECEDING) AS island
+      FROM w)
+SELECT run, rank, min(lo) AS lo, max(hi) AS hi, inc FROM g GROUP BY run, rank, inc, island
 """
 
 # Where a rank's world_size/host/pid start (its first record, a restart elsewhere): the first
 # seq of each identity in this flush, in seq order (hash aggregate, no window over the batch).
+# An incarnation's seqs are its own: each starts its own identities.
 META_BATCH = """
-SELECT run, rank, min(seq) AS seq, world_size, host, pid FROM buf_recs
-WHERE world_size IS NOT NULL GROUP BY run, rank, world_size, host, pid ORDER BY run, rank, seq
+SELECT run, rank, min(seq) AS seq, world_size, host, pid, inc FROM buf_recs
+WHERE world_size IS NOT NULL GROUP BY run, rank, world_size, host, pid, inc
+ORDER BY run, rank, inc, seq
 """
 
 RANK_BATCH = """
@@ -104,8 +118,8 @@ SELECT run, rank, sum(n) AS records, min(time) AS first_time, max(last_time) AS 
   arg_max(pid, seq) FILTER (WHERE world_size IS NOT NULL) AS pid,
   max(hi) FILTER (WHERE world_size IS NOT NULL) AS meta_seq,
   max(seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life_seq,
-  arg_max(event, seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life
-FROM buf_recs GROUP BY run, rank
+  arg_max(event, seq) FILTER (WHERE event IN ('start', 'end', 'crash')) AS life, inc
+FROM buf_recs GROUP BY run, rank, inc
 """
 
 
@@ -136,42 +150,43 @@ def read_records(con: duckdb.DuckDBPyConnection, run: str) -> Iterator[Record]:
     cur = con.cursor()
     try:
         events = [
-            EventRecord(run, *row[:-1], info=json.loads(row[-1]))  # type: ignore[arg-type]
+            EventRecord(run, *row[:-2], info=json.loads(row[-2]), inc=row[-1])  # type: ignore[arg-type]
             for row in cur.execute(
-                "SELECT rank, seq, time, world_size, host, pid, event, step, info FROM events "
-                "WHERE run = ? ORDER BY rank, seq",
+                "SELECT rank, seq, time, world_size, host, pid, event, step, info, inc FROM events "
+                "WHERE run = ? ORDER BY rank, inc, seq",
                 [run],
             ).fetchall()
         ]
         beats = [
             Heartbeat(run, *row)
             for row in cur.execute(
-                "SELECT rank, seq, time, last_step, next_in, dropped, paused FROM heartbeats "
-                "WHERE run = ? ORDER BY rank, seq",
+                "SELECT rank, seq, time, last_step, next_in, dropped, paused, inc FROM heartbeats "
+                "WHERE run = ? ORDER BY rank, inc, seq",
                 [run],
             ).fetchall()
         ]
         yield from heapq.merge(
-            _step_records(cur, run), events, beats, key=lambda r: (r.rank, r.seq)
+            _step_records(cur, run), events, beats, key=lambda r: (r.rank, r.inc, r.seq)
         )
     finally:
         cur.close()
 
 
 def _step_records(cur: duckdb.DuckDBPyConnection, run: str) -> Iterator[StepRecord]:
-    # world_size/host/pid of a step record: the latest rank_meta entry at or before its seq
+    # world_size/host/pid of a step record: its incarnation's latest rank_meta entry at or
+    # before its seq
     cur.execute(
         "SELECT s.rank, s.seq, s.time, m.world_size, m.host, m.pid, s.step, s.epoch, s.metric, "
-        "s.value FROM steps s ASOF LEFT JOIN rank_meta m "
-        "ON s.run = m.run AND s.rank = m.rank AND s.seq >= m.seq "
-        "WHERE s.run = ? ORDER BY s.rank, s.seq",
+        "s.value, s.inc FROM steps s ASOF LEFT JOIN rank_meta m "
+        "ON s.run = m.run AND s.rank = m.rank AND s.inc = m.inc AND s.seq >= m.seq "
+        "WHERE s.run = ? ORDER BY s.rank, s.inc, s.seq",
         [run],
     )
     head: tuple | None = None
     metrics: dict[str, float] = {}
     while rows := cur.fetchmany(10_000):
         for row in rows:
-            if head is not None and (row[0], row[1]) != (head[0], head[1]):
+            if head is not None and (row[0], row[1], row[10]) != (head[0], head[1], head[10]):
                 yield _step_record(run, head, metrics)
                 metrics = {}
             head = row
@@ -183,7 +198,9 @@ def _step_records(cur: duckdb.DuckDBPyConnection, run: str) -> Iterator[StepReco
 
 def _step_record(run: str, row: tuple, metrics: dict[str, float]) -> StepRecord:
     rank, seq, t, ws, host, pid, step, epoch = row[:8]
-    return StepRecord(run, rank, seq, t, ws or 1, host or "", pid or 0, step, epoch, metrics)
+    return StepRecord(
+        run, rank, seq, t, ws or 1, host or "", pid or 0, step, epoch, metrics, row[10]
+    )
 
 
 # --- in-memory summaries: what runs(), metrics(), query planning and the band frontier read ---
@@ -205,6 +222,7 @@ class RankRow:
     meta_seq: int | None  # seq of the record world_size/host/pid come from
     life_seq: int | None  # seq of the latest start/end/crash event
     ended: bool
+    inc: int = 0  # the incarnation meta_seq, life_seq and last_step are of (its newest)
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in RANK_FIELDS}
@@ -264,23 +282,34 @@ class Mirror:
         """Shallow: merge_ranks replaces the per-run dicts it changes instead of mutating."""
         return Mirror(dict(self.ranks), dict(self.stats), dict(self.band), dict(self.late))
 
-    def identity(self, run: str, rank: int) -> tuple[Any, Any, Any] | None:
+    def identity(self, run: str, rank: int) -> tuple[Any, Any, Any, int] | None:
         row = self.ranks.get(run, {}).get(rank)
-        return None if row is None else (row.world_size, row.host, row.pid)
+        return None if row is None else (row.world_size, row.host, row.pid, row.inc)
 
     def merge_ranks(self, rows: list[tuple]) -> list[RankRow]:
-        """Fold a flush's per-rank aggregates (RANK_BATCH) in; returns the new rows."""
-        changed = []
+        """Fold a flush's per-rank aggregates (RANK_BATCH, one row per incarnation) in; returns
+        the new rows. Seqs order the records of one incarnation only: a newer incarnation (its
+        first record after the rank's last) brings its own identity, life and last step; an
+        earlier one's records (an import, a late resend) only add to the counts."""
+        changed: dict[tuple[str, int], RankRow] = {}
         for run in {row[0] for row in rows}:
             self.ranks[run] = dict(self.ranks.get(run, {}))
-        for run, rank, n, t0, t1, last_step, ws, host, pid, meta_seq, life_seq, life in rows:
+        for row_ in sorted(rows, key=lambda r: r[3]):  # incarnations in the order they began
+            run, rank, n, t0, t1, last_step, ws, host, pid, meta_seq, life_seq, life, inc = row_
             old = self.ranks[run].get(rank)
+            same = old is None or old.inc == inc
+            newer = not same and old is not None and t0 >= old.last_time
+            if not same and not newer:  # an earlier incarnation: its seqs say nothing here
+                meta_seq = life_seq = None
             new_meta = meta_seq is not None and (
-                old is None or old.meta_seq is None or meta_seq > old.meta_seq
+                old is None or old.meta_seq is None or newer or meta_seq > old.meta_seq
             )
             new_life = life_seq is not None and (
-                old is None or old.life_seq is None or life_seq > old.life_seq
+                old is None or old.life_seq is None or newer or life_seq > old.life_seq
             )
+            if newer:  # the last step and the life are the new process's from here on
+                assert old is not None
+                old = dataclasses.replace(old, last_step=None, life_seq=None, ended=False)
             row = RankRow(
                 run=run,
                 rank=rank,
@@ -294,10 +323,10 @@ class Mirror:
                 meta_seq=meta_seq if new_meta or old is None else old.meta_seq,
                 life_seq=life_seq if new_life or old is None else old.life_seq,
                 ended=(life in ("end", "crash")) if new_life else bool(old and old.ended),
+                inc=inc if old is None or newer else old.inc,
             )
-            self.ranks[run][rank] = row
-            changed.append(row)
-        return changed
+            self.ranks[run][rank] = changed[(run, rank)] = row
+        return list(changed.values())
 
     def merge_metrics(self, rows: list[tuple]) -> None:
         for run, metric, n, lo, hi, keys in rows:

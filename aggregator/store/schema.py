@@ -9,7 +9,7 @@ from typing import Any
 
 import duckdb
 from rankwatch.aggregator.store import rollup
-from rankwatch.aggregator.store.rows import TABLES
+from rankwatch.aggregator.store.rows import ADD_INC, TABLES
 
 STORE_FILENAME = "store.duckdb"  # inside the data dir when Store is given a directory
 SCHEMA_VERSION = 2  # 2: the band's rollups in two rows per bucket
@@ -64,6 +64,7 @@ def create(cur: duckdb.DuckDBPyConnection, path: Path) -> None:
     """Create what is missing; upgrade a store an earlier version wrote."""
     for spec in TABLES:
         cur.execute(f"CREATE TABLE IF NOT EXISTS {spec}")
+    cur.execute(ADD_INC)
     rollup.create_tables(cur)
     row = cur.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     if row is None:

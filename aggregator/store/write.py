@@ -115,13 +115,13 @@ def _insert_batch(
         cols = list(zip(*meta, strict=True))
         raw_meta = {
             name: np.array(col, dtype=object)
-            for name, col in zip(("run", "rank", "seq", "world_size", "host", "pid"), cols,
-                                 strict=True)
+            for name, col in zip(("run", "rank", "seq", "world_size", "host", "pid", "inc"),
+                                 cols, strict=True)
         }  # fmt: skip
         cur.execute(
             "INSERT INTO rank_meta SELECT CAST(run AS VARCHAR), CAST(rank AS BIGINT), "
             "CAST(seq AS BIGINT), CAST(world_size AS BIGINT), CAST(host AS VARCHAR), "
-            "CAST(pid AS BIGINT) FROM raw_meta"
+            "CAST(pid AS BIGINT), CAST(inc AS BIGINT) FROM raw_meta"
         )
         del raw_meta
     changed = mirror.merge_ranks([_values(r) for r in rank_rows or []])

@@ -88,7 +88,7 @@ const app = {
     for (const ev of state.events) {
       const name = ev.event ?? ev.kind;
       let kind = null;
-      if (name === 'crash' || name === 'end') kind = name;
+      if (name === 'crash' || name === 'end' || name === 'restart') kind = name;
       else if (name === 'start') {
         if (started.has(ev.rank) || (ev.step ?? 0) > 0) kind = 'restart';
         started.add(ev.rank);
@@ -96,7 +96,8 @@ const app = {
       if (!kind || ev.step === null || ev.step === undefined) continue;
       const key = `${kind}@${ev.step}`;
       if (!groups.has(key)) groups.set(key, { kind, step: ev.step, ranks: [] });
-      groups.get(key).ranks.push(ev.rank);
+      const group = groups.get(key);
+      if (!group.ranks.includes(ev.rank)) group.ranks.push(ev.rank); // a start and its restart
     }
     return [...groups.values()].map((g) => ({
       ...g,

@@ -191,7 +191,7 @@ def test_duplicates_are_dropped_across_live_traffic_imports_and_restarts(
         wait_until(lambda: agg.counters()["records_received"] == 12)
         assert agg.counters()["records_accepted"] == 1
     with Store(tmp_path / "data") as store:
-        assert store.seen_seqs() == [("r1", 0, 1, 12)]
+        assert store.seen_seqs() == [("r1", 0, 0, 1, 12)]
 
 
 def test_a_gap_makes_the_aggregator_ask_the_agent_to_resend(

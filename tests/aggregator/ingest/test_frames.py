@@ -12,6 +12,7 @@ import struct
 from typing import Any
 
 import msgpack
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -56,6 +57,10 @@ def test_the_agents_batch_takes_the_fast_path() -> None:
     assert same_as_schema(encode_frame(nan)) and is_block(encode_frame(nan))
     bare = [StepRecord("r", 0, s, 1e9 + s, 8, "h", 7, s, None, {}) for s in (1, 2)]
     assert same_as_schema(encode_frame(bare)) and is_block(encode_frame(bare))
+    # an incarnation's batch: one block of it
+    inc = [StepRecord("r", 0, s, 1e9 + s, 8, "h", 7, s, None, {}, 2**53 - 1) for s in (1, 2)]
+    assert same_as_schema(encode_frame(inc)) and is_block(encode_frame(inc))
+    assert frames.decode_frame_blocks(encode_frame(inc))[0].inc == 2**53 - 1
 
 
 def _packable(value: Any) -> bool:
@@ -69,7 +74,7 @@ def test_one_odd_field(field: str, value: Any, at: int | None) -> None:
     raws = [rec(s) for s in range(1, 6)]
     for raw in raws if at is None else [raws[at]]:
         if value is _DROP:
-            del raw[field]
+            raw.pop(field, None)  # inc is optional
         else:
             raw[field] = value
     same_as_schema(frame(raws))
@@ -98,6 +103,8 @@ def test_odd_metric_maps(metrics: dict, at: int | None) -> None:
         lambda r: r.update(metrics={"lr": 5.0, "loss": 7.0}),  # same names, other order
         lambda r: r.update(kind="heartbeat"),
         lambda r: r.update(epoch=None),
+        lambda r: r.update(inc=7),  # another incarnation: not one block
+        lambda r: r.update(inc=0),  # incarnation 0 spelled out: the same as none
         lambda r: r.update(seq=1),
         lambda r: r.update(time=7),  # an int time: converted, in both
         lambda r: r["metrics"].update(loss=3),  # an int value: converted, in both
@@ -151,13 +158,13 @@ def test_relay_frames_of_many_ranks_and_heartbeats_take_the_fast_path_record_by_
 
 
 @pytest.mark.parametrize(
-    "field", ["run", "rank", "seq", "time", "last_step", "next_in", "dropped", "paused"]
+    "field", ["run", "rank", "seq", "time", "last_step", "next_in", "dropped", "paused", "inc"]
 )
 @pytest.mark.parametrize("value", [v for v in ODD if _packable(v)], ids=repr)
 def test_one_odd_heartbeat_field(field: str, value: Any) -> None:
     raws = [rec(1), _beat(2, 2), _beat(3, 3)]
     if value is _DROP:
-        del raws[1][field]
+        raws[1].pop(field, None)
     else:
         raws[1][field] = value
     same_as_schema(frame(raws))
@@ -240,3 +247,14 @@ def test_valid_batches_are_blocks_with_the_same_values(
         for i, v in enumerate(losses)
     ]
     assert same_as_schema(frame(raws)) and is_block(frame(raws))
+
+
+def test_the_msgspec_structs_hold_the_defined_fields() -> None:
+    """The fast path's struct is written out; it must be the schema's one definition."""
+    fields = msgspec.structs.fields(frames._Step)
+    assert [(f.name, f.type, f.required) for f in fields] == [
+        (spec.name, spec.type, spec.required) for spec in records.STEP_FIELDS
+    ]
+    beat = {f.name for f in msgspec.structs.fields(frames._Beat)}
+    common = {"run", "rank", "seq", "time", "inc"}
+    assert common <= beat and common <= {spec.name for spec in records.STEP_FIELDS}

@@ -159,7 +159,7 @@ def test_store_sink_dedupes_against_seen_seqs(tmp_path: Path) -> None:
         assert sink.add(batch) == 4  # 3, 4, 6, 7
         assert sink.add(batch) == 0
         store.flush()
-        assert store.seen_seqs() == [("r", 0, 1, 7)]
+        assert store.seen_seqs() == [("r", 0, 0, 1, 7)]
 
 
 def test_missing_path_is_an_error_and_a_bare_legacy_file_imports(tmp_path: Path) -> None:

@@ -107,7 +107,9 @@ def test_seen_seqs_are_merged_intervals(tmp_path: Path) -> None:
         s.append([step("r", 0, q, q, x=1.0) for q in (4, 10)])
         s.append([Heartbeat("r", 1, 5, 1.0, None, 5.0, 0)])
         s.flush()
-        assert s.seen_seqs() == [("r", 0, 1, 4), ("r", 0, 7, 8), ("r", 0, 10, 10), ("r", 1, 5, 5)]
+        assert s.seen_seqs() == [
+            ("r", 0, 0, 1, 4), ("r", 0, 0, 7, 8), ("r", 0, 0, 10, 10), ("r", 1, 0, 5, 5),
+        ]  # fmt: skip
 
 
 def test_series_keeps_a_one_step_spike_and_the_budget(tmp_path: Path) -> None:
@@ -258,8 +260,8 @@ def test_kill_9_mid_ingest_keeps_every_flushed_record(tmp_path: Path) -> None:
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     with Store(path) as s:
-        (run, rank, lo, hi), *_ = s.seen_seqs()
-        assert (run, rank, lo) == ("r", 0, 1) and hi >= flushed
+        (run, rank, inc, lo, hi), *_ = s.seen_seqs()
+        assert (run, rank, inc, lo) == ("r", 0, 0, 1) and hi >= flushed
         assert len(s.seen_seqs()) == 4  # one unbroken interval per rank
         series = s.series("r", "loss", ranks=[3], start=1, end=flushed, max_points=10**6)
         assert series[3]["step"] == list(range(1, flushed + 1))
@@ -269,7 +271,7 @@ def test_kill_9_mid_ingest_keeps_every_flushed_record(tmp_path: Path) -> None:
         # and the store keeps accepting writes after the crash
         s.append([StepRecord("r", 0, hi + 1, 1.0, 4, "h", 1, hi + 1, None, {"loss": 0.0})])
         s.flush()
-        assert s.seen_seqs()[0] == ("r", 0, 1, hi + 1)
+        assert s.seen_seqs()[0] == ("r", 0, 0, 1, hi + 1)
 
 
 def test_unwritable_location_raises_store_error(tmp_path: Path) -> None:
@@ -338,12 +340,12 @@ def test_full_disk_raises_store_error_then_recovers(tmp_path: Path) -> None:
     for i in (0, 3):
         assert lines[i].startswith("StoreError: cannot write to the store"), lines[i]
         assert "File too large" in lines[i]
-    assert lines[1] == "live queries: [('r', 0, 1, 1)]"
-    assert lines[2] == "recovered: [('r', 0, 1, 2999)]"
-    assert lines[4] == "live queries: [('r', 0, 1, 2999)]"
-    assert lines[5] == "recovered: [('r', 0, 1, 3000)]"
+    assert lines[1] == "live queries: [('r', 0, 0, 1, 1)]"
+    assert lines[2] == "recovered: [('r', 0, 0, 1, 2999)]"
+    assert lines[4] == "live queries: [('r', 0, 0, 1, 2999)]"
+    assert lines[5] == "recovered: [('r', 0, 0, 1, 3000)]"
     with Store(path) as s:
-        assert s.seen_seqs() == [("r", 0, 1, 3000)]
+        assert s.seen_seqs() == [("r", 0, 0, 1, 3000)]
         assert s.runs()[0]["records"] == 3000
         assert s.series("r", "m49", max_points=5000)[0]["step"] == list(range(2, 3000))
 
@@ -366,7 +368,7 @@ def test_append_steps_bulk_path(tmp_path: Path) -> None:
         s.flush()
         assert s.runs()[0]["records"] == 300 and s.runs()[0]["world_size"] == 3
         assert s.series("b", "loss")[1]["value"] == [x * 2.0 for x in range(100)]
-        assert s.seen_seqs() == [("b", r, 1, 100) for r in range(3)]
+        assert s.seen_seqs() == [("b", r, 0, 1, 100) for r in range(3)]
 
 
 def test_append_refuses_what_is_not_a_record_and_keeps_nothing_of_that_call(

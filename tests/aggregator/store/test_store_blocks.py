@@ -110,12 +110,13 @@ def test_blocks_with_gaps_or_seqs_out_of_order_keep_exact_seq_intervals(tmp_path
         s.append(flushes[0])
         s.flush()
         assert s.seen_seqs() == [
-            ("r", 0, 1, 11), ("r", 0, 13, 14), ("r", 1, 1, 3), ("r", 3, 1, 4), ("r", 3, 8, 9),
+            ("r", 0, 0, 1, 11), ("r", 0, 0, 13, 14), ("r", 1, 0, 1, 3), ("r", 3, 0, 1, 4),
+            ("r", 3, 0, 8, 9),
         ]  # fmt: skip
         s.append(flushes[1])
         s.flush()
-        assert s.seen_seqs() == [("r", 0, 1, 14), ("r", 1, 1, 7), ("r", 1, 20, 21),
-                                 ("r", 3, 1, 9)]  # fmt: skip
+        assert s.seen_seqs() == [("r", 0, 0, 1, 14), ("r", 1, 0, 1, 7), ("r", 1, 0, 20, 21),
+                                 ("r", 3, 0, 1, 9)]  # fmt: skip
         ranks = {r["rank"]: r for r in s.ranks("r")}
         assert {k: (r["records"], r["last_step"]) for k, r in ranks.items()} == {
             0: (14, 13), 1: (9, 20), 3: (9, 8),
@@ -146,7 +147,7 @@ def test_a_record_appended_twice_does_not_hide_a_gap(tmp_path: Path) -> None:
     with Store(tmp_path / "s.duckdb") as s:
         s.append([rec, rec, StepRecord("r", 0, 3, 1e9, 4, "h", 100, 2, None, {"loss": 0.4})])
         s.flush()
-        assert s.seen_seqs() == [("r", 0, 1, 1), ("r", 0, 3, 3)]
+        assert s.seen_seqs() == [("r", 0, 0, 1, 1), ("r", 0, 0, 3, 3)]
 
 
 def test_an_empty_metrics_block_stores_a_row_per_record(tmp_path: Path) -> None:
@@ -227,7 +228,7 @@ def test_a_backlog_of_blocks_too_big_for_memory_is_written_in_parts(tmp_path: Pa
         s.append(blocks)
         s.flush()
         assert sum(r["records"] for r in s.runs()) == 20_000
-        assert s.seen_seqs() == [(f"run{i}", k, 1, 250) for i in range(10) for k in range(8)]
+        assert s.seen_seqs() == [(f"run{i}", k, 0, 1, 250) for i in range(10) for k in range(8)]
         got = list(s.records("run7"))
         assert len(got) == 2000 and all(len(g.metrics) == 10 for g in got)
         with s._query() as cur:
@@ -262,7 +263,7 @@ def test_a_failed_flush_keeps_its_blocks_for_the_next(
         monkeypatch.setattr(rollup, "fold", real)
         s.append([block("r", 0, range(21, 31), ("loss",))])
         s.flush()
-        assert s.seen_seqs() == [("r", 0, 1, 30)]
+        assert s.seen_seqs() == [("r", 0, 0, 1, 30)]
         values = s.series("r", "loss")[0]["value"]
         np.testing.assert_array_equal(
             values, [math.nan if q == 17 else q + 0.0 for q in range(1, 31)]

@@ -129,7 +129,7 @@ def test_reads_from_many_threads_while_flushing(tmp_path: Path) -> None:
                     s.band_columns("r", "loss", max_points=50)
                     s.events("r")
                     s.heartbeats("r")
-                    stored = sum(hi - lo + 1 for _, _, lo, hi in s.seen_seqs())
+                    stored = sum(hi - lo + 1 for _, _, _, lo, hi in s.seen_seqs())
                     assert stored >= seen
                     seen = stored
             except BaseException as exc:  # reported below
@@ -296,4 +296,4 @@ def test_close_interrupts_a_long_flush_and_stores_its_records(tmp_path: Path) ->
     assert result is not None and "interrupt" in str(result).lower()  # it was cut short
     with Store(path) as again:
         assert again.runs()[0]["records"] == n
-        assert again.seen_seqs() == [("r", rank, 1, n // 8) for rank in range(8)]
+        assert again.seen_seqs() == [("r", rank, 0, 1, n // 8) for rank in range(8)]
