@@ -52,7 +52,7 @@ Step = Annotated[int | None, Query(description="First/last step of the window (i
 
 
 def _provider(request: Request) -> DataProvider:
-    return request.app.state.provider  # type: ignore[no-any-return]
+    return request.app.state.provider
 
 
 def _json(content: Any) -> StrictJSONResponse:
