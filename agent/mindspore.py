@@ -49,7 +49,7 @@ import logging
 import time
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import mindspore as ms
 import numpy as np
@@ -80,6 +80,16 @@ MAX_MESSAGE_CHARS = 2_000  # MindSpore error messages carry long C++ stacks: kee
 # which cuts every event string to its first 4096 characters, keeps all of it.
 MAX_TRACEBACK_CHARS = 4_000
 RESERVED_NAMES = ("step", "epoch")  # Monitor.log's own arguments
+
+
+class _MonitorArgs(TypedDict):
+    """What ``TrainMonitor`` hands the Monitor it creates (None: from the environment)."""
+
+    run: str | None
+    rank: int | None
+    world_size: int | None
+    addr: str | None
+    log_dir: str | None
 
 
 # --- the callback ------------------------------------------------------------------------
@@ -125,7 +135,7 @@ class TrainMonitor(Callback):
         log_dir: str | None = None,
     ) -> None:
         super().__init__()
-        self._monitor_args = {
+        self._monitor_args: _MonitorArgs = {
             "run": run,
             "rank": rank,
             "world_size": world_size,
@@ -188,7 +198,7 @@ class TrainMonitor(Callback):
     def _ensure_monitor(self) -> Monitor:
         """The Monitor, (re)created when owned and missing or closed by an earlier train()."""
         if self._monitor is None or (self._closed and self._owns_monitor):
-            args = dict(self._monitor_args)
+            args = self._monitor_args.copy()
             if self._monitor is not None and args["run"] is None:
                 args["run"] = self._monitor.run  # a later train() continues the same run
             self._monitor = Monitor(**args, batch_size=self.batch_size)

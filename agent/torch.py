@@ -123,7 +123,7 @@ def install_local_grad_norm_hook(
 
     # No annotations: DDP rejects a hook whose annotations are not its own types, and under
     # ``from __future__ import annotations`` they would be strings.
-    def hook(state, bucket):  # type: ignore[no-untyped-def]
+    def hook(state, bucket):
         try:
             state.add(bucket.buffer(), bucket.is_last())
         except Exception:  # never break the all-reduce over a metric

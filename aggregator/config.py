@@ -27,11 +27,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser before it joined the standard library (a server dependency on 3.10)
+    # checked on 3.11, where the package is not installed: the ignore is for that environment
+    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
+
 from rankwatch.aggregator.alerts.config import AlertConfig
 from rankwatch.aggregator.alerts.sinks.base import describe
 from rankwatch.aggregator.alerts.sinks.http import WebhookConfig

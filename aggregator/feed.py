@@ -271,7 +271,7 @@ def points_messages(
     at = 0  # records before this one: record i is kept when i % every == 0
     for rec in steps:
         run, rank = rec.run, rec.rank
-        if type(rec) is StepBlock:
+        if isinstance(rec, StepBlock):
             first = -at % every
             at += len(rec)
             block_steps = rec.step[first::every]
@@ -295,7 +295,7 @@ def points_messages(
             points.append([rank, step, value if math.isfinite(value) else json_value(value)])
     messages = []
     for (run, metric), points in by_metric.items():
-        message = {"type": "points", "run": run, "metric": metric, "points": points}
+        message: dict[str, Any] = {"type": "points", "run": run, "metric": metric, "points": points}
         if sampled:
             message["sampled"] = True
         messages.append(message)

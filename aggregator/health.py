@@ -120,8 +120,11 @@ class HealthTracker:
         if r.terminal is not None and not _reopens(r, rec):
             return  # a straggling record from before the end/crash: it changes nothing
         was_alive = self._state(r, now)[0] is RankState.ALIVE
-        kind = type(rec)
-        if not was_alive or kind is EventRecord or (kind is Heartbeat and rec.paused is not None):
+        if (
+            not was_alive
+            or type(rec) is EventRecord
+            or (isinstance(rec, Heartbeat) and rec.paused is not None)
+        ):
             self.version += 1  # maybe a state change (not just the passing of time)
         r.last_seen = now
         if isinstance(rec, StepRecord):
@@ -220,8 +223,10 @@ class HealthTracker:
             r.message += f" at step {ev.step}" if ev.step is not None else ""
         elif kind == "pause":
             seconds = ev.info.get("seconds")
-            ok = isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0
-            r.paused_until = now + (float(seconds) if ok else self.lost_after_s)
+            if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0:
+                r.paused_until = now + float(seconds)
+            else:
+                r.paused_until = now + self.lost_after_s
             r.pause_reason = str(ev.info.get("reason") or "pause")
             r.since = now
         elif kind == "resume":

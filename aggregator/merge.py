@@ -195,7 +195,7 @@ class StepMerger:
                 if len(held) < group.world_size:
                     continue
                 done = self._complete_rows(name, group)
-                if type(done) is not tuple:
+                if isinstance(done, list):
                     out += done
                     grid = None
                 elif grid is not None and grid.takes(done):

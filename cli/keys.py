@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if not zmq.has("curve"):
         return _fail("this pyzmq/libzmq has no CURVE support")
     directory = Path(args.dir).expanduser()
+    made: tuple[Path, ...]
     try:
         if args.client is not None:
             if not _CLIENT_NAME.match(args.client):

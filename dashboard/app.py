@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse
 from rankwatch.aggregator.provider import DataProvider
+from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
@@ -57,7 +58,9 @@ PAGE_HEADERS = {
 class _StaticFiles(StaticFiles):
     """Revalidate on every load (ETag) so an upgraded aggregator never serves a stale page."""
 
-    def file_response(self, full_path: Any, stat_result: Any, scope: Scope, status_code: int = 200):  # type: ignore[no-untyped-def]
+    def file_response(
+        self, full_path: Any, stat_result: Any, scope: Scope, status_code: int = 200
+    ) -> Response:
         response = super().file_response(full_path, stat_result, scope, status_code)
         response.headers["Cache-Control"] = "no-cache"
         response.headers["X-Content-Type-Options"] = "nosniff"

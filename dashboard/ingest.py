@@ -91,7 +91,7 @@ class IngestCounts:
 
 
 def ingest_counts(request: Request) -> IngestCounts:
-    return request.app.state.ingest_counts  # type: ignore[no-any-return]
+    return request.app.state.ingest_counts
 
 
 def _refuse(counts: IngestCounts, reason: str, status: int, message: str) -> HTTPException:

@@ -37,7 +37,7 @@ MAX_BATCH = 500  # feed messages in one SSE frame
 CLIENT_RETRY_MS = 2000  # EventSource reconnect delay the browser is told to use
 # An open stream never ends by itself, and uvicorn waits for open responses before it runs the
 # lifespan shutdown: the server must bound that wait (uvicorn's timeout_graceful_shutdown).
-SHUTDOWN_GRACE_S = 2.0
+SHUTDOWN_GRACE_S = 2  # whole seconds: uvicorn takes an int
 # JSON of recent messages kept for the other streams (characters; the messages are kept too):
 # streams send a message within ~COALESCE_S of each other unless one lags, and a lagging one
 # encodes its own. 2 M: ~6 steps of 4,096 ranks x 5 metrics, ~10 MB with the messages held.

@@ -70,6 +70,7 @@ class HeadLimitedH11Protocol(H11Protocol):
 
     def send_400_response(self, msg: str) -> None:
         conn = self.conn
+        assert isinstance(conn, _Connection)  # set in __init__; uvicorn never replaces it
         too_long = conn.error is not None and conn.error.error_status_hint == 431
         if not too_long:
             super().send_400_response(msg)

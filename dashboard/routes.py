@@ -14,7 +14,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from rankwatch.agent.wire import records
-from rankwatch.aggregator.provider import Alert, DataProvider, SeriesColumns
+from rankwatch.aggregator.provider import Alert, DataProvider, SeriesColumns, Snapshot
 from starlette.convertors import Convertor, register_url_convertor
 
 from . import prom, seriesfmt, views
@@ -52,7 +52,7 @@ Step = Annotated[int | None, Query(description="First/last step of the window (i
 
 
 def _provider(request: Request) -> DataProvider:
-    return request.app.state.provider  # type: ignore[no-any-return]
+    return request.app.state.provider
 
 
 def _json(content: Any) -> StrictJSONResponse:
@@ -67,7 +67,7 @@ def _bad(message: str) -> HTTPException:
 
 def _require_run(
     provider: DataProvider, run: str, ranks: bool = False
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
+) -> tuple[Snapshot, dict[str, Any] | None]:
     """The snapshot of ``run`` and its entry; 404 when neither the store nor the live state
     knows the run. ``ranks``: with the per-rank entries (costly for thousands of ranks, and
     built under the lock ingest needs), else ``ranks_seen`` and ``metrics`` only."""
@@ -334,6 +334,7 @@ def run_query_routes(router: APIRouter) -> APIRouter:
             continue
         for prefix in RUN_PATH_PREFIXES:
             if route.path.startswith(prefix):
+                assert route.methods is not None  # an APIRoute's are set (GET by default)
                 aliases.add_api_route(
                     "/run/" + route.path.removeprefix(prefix),
                     route.endpoint,

@@ -90,7 +90,7 @@ def encode(
     for _, col in columns:
         floats[at : at + len(col)] = col  # int64 steps convert here, once
         at += len(col)
-    return memoryview(buf)
+    return buf.data  # memoryview(buf): numpy 1 stubs do not give ndarray the buffer protocol
 
 
 def decode(body: bytes) -> dict[str, Any]:

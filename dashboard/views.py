@@ -61,7 +61,7 @@ def merge_runs(
     live = {r.get("run"): r for r in snapshot.get("runs", [])}
     rows: dict[str, dict[str, Any]] = {}
     for entry in stored:
-        name = entry.get("run")
+        name = entry["run"]  # every stored run has its name (StoredRun)
         ranks = entry.get("ranks")
         rows[name] = {
             "run": name,

@@ -177,9 +177,10 @@ class Reporter:
                 verdict += f", and it is {state}"
             others = [r for r in data["flagged"] if r != fault_rank]
             later = [self.first_flag_step(r) for r in others]
+            after = [s for s in later if s is not None and first is not None and s > first]
             tail = f"; also flagged: ranks {others}" if others else "; no other rank flagged"
-            if others and first is not None and all(s is not None and s > first for s in later):
-                tail = f"; it went first, ranks {others} followed from step {min(later)}"
+            if others and len(after) == len(others):  # every other rank flagged after it
+                tail = f"; it went first, ranks {others} followed from step {min(after)}"
             elif others and all(self.states.get(r) in TELLING_STATES for r in others):
                 states = ", ".join(f"rank {r} {self.states[r]}" for r in others)
                 tail = f"; the other ranks: {states}"

@@ -87,7 +87,7 @@ def fault_callback(args: argparse.Namespace, rank: int) -> Any:
     """A callback that paces the steps and injects the step-level faults (slow, hang, crash)."""
     from mindspore.train import Callback
 
-    class FaultInjector(Callback):  # type: ignore[misc]
+    class FaultInjector(Callback):
         def on_train_step_begin(self, run_context: Any) -> None:
             step = run_context.original_args().cur_step_num
             bad = rank == args.fault_rank and step >= args.fault_step

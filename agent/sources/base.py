@@ -39,8 +39,10 @@ class SourceRegistry:
     def register(self, source: Source) -> None:
         """Add ``source``; ``ValueError`` for a duplicate name or one that makes no sense."""
         name = getattr(source, "name", None)
-        reason = check_name(f"{name}/x") if isinstance(name, str) and name else "empty name"
-        if reason or "/" in str(name):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"source name {name!r} is not usable: empty name")
+        reason = check_name(f"{name}/x")
+        if reason or "/" in name:
             raise ValueError(f"source name {name!r} is not usable: {reason or 'contains /'}")
         interval = getattr(source, "interval_s", None)
         if isinstance(interval, bool) or not isinstance(interval, (int, float)):

@@ -156,7 +156,7 @@ class AlertEngine:
     ) -> list[Alert]:
         """Update the conditions; return the alerts that started firing or resolved."""
         for res in results:
-            if type(res) is QuietSteps:  # nothing flagged or resolved: only the step rules
+            if isinstance(res, QuietSteps):  # nothing flagged or resolved: only the step rules
                 if self._watched(res.metric):
                     self._step_rules(res.stats(), now)
                 continue

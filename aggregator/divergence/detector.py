@@ -115,35 +115,40 @@ class DivergenceDetector:
         small world, are scored together (``divergence_batch``): their statistics in a few
         numpy calls, only the steps that are not quiet one by one, and each run of quiet steps
         comes as one ``QuietSteps`` (``QuietSteps.results()`` gives its StepResults)."""
-        if len(groups) < MIN_BATCH_STEPS and all(type(g) is StepValues for g in groups):
-            return [self.update(sv) for sv in groups]  # type: ignore[arg-type]
+        if len(groups) < MIN_BATCH_STEPS:
+            svs = [g for g in groups if isinstance(g, StepValues)]
+            if len(svs) == len(groups):
+                return [self.update(sv) for sv in svs]
         by_key: dict[tuple[str, str], list[StepValues | tuple[StepGrid, int, _GridStats]]] = {}
         for g in groups:
-            if type(g) is StepGrid:
+            if isinstance(g, StepGrid):
                 grid = _GridStats(_grid_array(g))  # steps x ranks x metrics
                 for j, metric in enumerate(g.names):
                     by_key.setdefault((g.run, metric), []).append((g, j, grid))
                 continue
-            same = by_key.get((g.run, g.metric))  # type: ignore[union-attr]
+            same = by_key.get((g.run, g.metric))
             if same is None:
-                same = by_key[(g.run, g.metric)] = []  # type: ignore[union-attr]
-            same.append(g)  # type: ignore[arg-type]
+                same = by_key[(g.run, g.metric)] = []
+            same.append(g)
         out: list[StepResult | QuietSteps] = []
         for key, same in by_key.items():
             start = 0
             while start < len(same):
                 first = same[start]
-                if type(first) is tuple:
+                if isinstance(first, tuple):
                     out += self._update_grid(key, *first)
                     start += 1
                     continue
                 ranks = list(first.values)
+                batch = [first]  # and the StepValues after it with the same ranks in that order
                 end = start + 1
-                while end < len(same) and type(same[end]) is StepValues:
-                    if list(same[end].values) != ranks:  # type: ignore[union-attr]
+                while end < len(same):
+                    nxt = same[end]
+                    if not isinstance(nxt, StepValues) or list(nxt.values) != ranks:
                         break
+                    batch.append(nxt)
                     end += 1
-                out += self._update_values(key, same[start:end], ranks)  # type: ignore[arg-type]
+                out += self._update_values(key, batch, ranks)
                 start = end
         return out
 
@@ -191,7 +196,7 @@ class DivergenceDetector:
 
 def expand(items: Sequence[StepResult | QuietSteps]) -> list[StepResult]:
     """``update_many``'s results with each QuietSteps as its StepResults."""
-    return [r for it in items for r in (it.results() if type(it) is QuietSteps else (it,))]
+    return [r for it in items for r in (it.results() if isinstance(it, QuietSteps) else (it,))]
 
 
 def step_lag(run: str, last_steps: Mapping[int, int], config: DivergenceConfig) -> list[Divergence]:

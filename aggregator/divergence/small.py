@@ -116,7 +116,9 @@ def score_lists(cfg: DivergenceConfig, st: MetricState, sv: StepValues, top: int
         scored = iter(zip(z, rel, outlier, strict=True))
         nan_row = (math.nan, math.nan, False)
         rows = [next(scored) if math.isfinite(x) else nan_row for x in values]
-        z, rel, outlier = ([row[c] for row in rows] for c in range(3))
+        z = [row[0] for row in rows]
+        rel = [row[1] for row in rows]
+        outlier = [row[2] for row in rows]
     flagged = frozenset(r for (r, _) in st.active) if st.active else _NONE
     return StepResult(stats, RankScores(ranks, values, z, rel, outlier, flagged), new, resolved)
 

@@ -18,6 +18,9 @@ from rankwatch.aggregator.divergence.robust import MAD_TO_SIGMA, robust_scale
 from rankwatch.aggregator.divergence.types import Divergence, StepStats
 from rankwatch.aggregator.merge import StepValues
 
+Ints = Sequence[int] | np.ndarray  # a per-rank column: a list (small worlds) or an array
+Floats = Sequence[float] | np.ndarray
+
 
 class MetricState:
     """Evidence per rank and direction, spread and own-level history of one (run, metric).
@@ -93,8 +96,8 @@ def learn_spread(
     cfg: DivergenceConfig,
     st: MetricState,
     stats: StepStats,
-    ranks: Sequence[int],
-    v: Sequence[float],
+    ranks: Ints,
+    v: Floats,
 ) -> None:
     """Update the typical spread (and a pair's own levels: ``ranks``, ``v`` read for n == 2)."""
     if stats.median == 0:
@@ -178,8 +181,8 @@ def check_active(
     st: MetricState,
     step: int,
     at: Mapping[int, int],
-    z: Sequence[float],
-    rel: Sequence[float],
+    z: Floats,
+    rel: Floats,
     n: int,
     resolved: list[Divergence],
 ) -> None:
@@ -206,10 +209,10 @@ def new_outliers(
     sv: StepValues,
     stats: StepStats,
     fresh: list[tuple[int, str]],
-    ranks: Sequence[int],
-    v: Sequence[float],
-    z: Sequence[float],
-    rel: Sequence[float],
+    ranks: Ints,
+    v: Floats,
+    z: Floats,
+    rel: Floats,
     new: list[Divergence],
 ) -> None:
     """Flag the ``fresh`` (index, direction) pairs whose evidence reached the limit."""
@@ -228,8 +231,8 @@ def new_outliers(
 def _blame_pair(
     cfg: DivergenceConfig,
     st: MetricState,
-    ranks: Sequence[int],
-    v: Sequence[float],
+    ranks: Ints,
+    v: Floats,
     fresh: list[tuple[int, str]],
 ) -> tuple[list[tuple[int, str]], list[float]]:
     """Of two disagreeing ranks, keep the one that moved from its own recent level."""
@@ -256,11 +259,11 @@ def _outlier(
     rank: int,
     direction: str,
     since: int,
-    v: Sequence[float],
-    z: Sequence[float],
-    rel: Sequence[float],
+    v: Floats,
+    z: Floats,
+    rel: Floats,
     i: int,
-    ranks: Sequence[int],
+    ranks: Ints,
     moved: list[float] | None,
 ) -> Divergence:
     value, zi, ri = float(v[i]), float(z[i]), float(rel[i])

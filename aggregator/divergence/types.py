@@ -86,7 +86,7 @@ class RankScores(Mapping[int, RankScore]):
         values: list[float] | np.ndarray,
         z: list[float] | np.ndarray,
         rel: list[float] | np.ndarray,
-        outlier: list[bool] | np.ndarray,
+        outlier: Sequence[bool] | np.ndarray,
         flagged: frozenset[int],
     ) -> None:
         self._cols: list[Any] = [ranks, values, z, rel, outlier]
@@ -169,6 +169,13 @@ class RankScores(Mapping[int, RankScore]):
 
     def __len__(self) -> int:
         return len(self._cols[_RANKS])
+
+
+def z_map(scores: Mapping[int, RankScore]) -> dict[int, float]:
+    """rank -> z of any scores mapping; RankScores answers without building RankScore objects."""
+    if isinstance(scores, RankScores):
+        return scores.z_map()
+    return {r: s.z for r, s in scores.items()}
 
 
 @dataclass(frozen=True)

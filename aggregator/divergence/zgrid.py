@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from rankwatch.aggregator.divergence.config import DivergenceConfig
 from rankwatch.aggregator.divergence.detector import DivergenceDetector
+from rankwatch.aggregator.divergence.types import z_map
 from rankwatch.aggregator.merge import StepValues
 
 Z_DECIMALS = 2  # a heatmap cell's z is shown to this many decimals
@@ -39,6 +40,6 @@ def z_columns(
         if not values:
             continue
         result = detector.update(StepValues("", metric, col, values, len(values), True))
-        for rank, z in result.scores.z_map().items():
+        for rank, z in z_map(result.scores).items():
             out[rank][col] = round(z, Z_DECIMALS) if math.isfinite(z) else math.nan
     return out

@@ -13,7 +13,8 @@ MAX_TEXT_CHARS = 3500  # chat services cap message size (WeCom: 4096 bytes of ma
 
 def alert_dict(alert: Any) -> dict[str, Any]:
     """An Alert (dataclass) or a dict as a JSON-ready dict (NaN as "NaN")."""
-    raw = dataclasses.asdict(alert) if dataclasses.is_dataclass(alert) else dict(alert)
+    is_instance = dataclasses.is_dataclass(alert) and not isinstance(alert, type)
+    raw = dataclasses.asdict(alert) if is_instance else dict(alert)
     return {k: json_safe(v) for k, v in raw.items()}
 
 
