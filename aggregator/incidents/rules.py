@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from rankwatch.aggregator.health import RankHealth, RankState
+from rankwatch.aggregator.incidents.oneline import one_line
 from rankwatch.aggregator.incidents.stacks import (
     StackSample,
     group_stacks,
@@ -29,8 +30,13 @@ class Fact:
     step: int | None
     time: float
     metric: str  # "" for health facts
-    what: str  # the evidence line for people
-    detail: str = ""  # one-line crash message, metric value, ...
+    what: str  # the evidence line for people ("" until asked for: see ``line``)
+    detail: str = ""  # one-line crash message of a crash that is not a collective failure
+    raw: str = ""  # the crash message, made into a line only for the few facts shown
+
+    @property
+    def line(self) -> str:
+        return self.what or f"crashed: {one_line(self.raw)}"
 
 
 @dataclass(frozen=True)
@@ -206,7 +212,7 @@ def _summary(
         head = f"{who} went silent first"
         tail = f"; {_count(affected)} failed after it" if affected else ""
     elif cause == "divergence":
-        head = f"{who} diverged ({first.what if first else '?'}) from step {step}"
+        head = f"{who} diverged ({first.line if first else '?'}) from step {step}"
         tail = ""
     else:
         head, tail = f"{who} is slower than the others from step {step}", ""

@@ -242,7 +242,7 @@ class IncidentTracker:
             inc.facts.values(), key=lambda f: (f.rank not in culprits, f.time, f.rank, f.kind)
         )
         timeline = tuple(
-            Evidence(f.step, f.time, f.rank, f.what) for f in ordered[: self.config.timeline_max]
+            Evidence(f.step, f.time, f.rank, f.line) for f in ordered[: self.config.timeline_max]
         )
         return Incident(
             inc.id, inc.run, v.cause, v.culprits, v.affected, v.terminated, timeline,
@@ -315,11 +315,12 @@ def _divergence_fact(d: Divergence, time: float) -> Fact:
 def _health_fact(h: RankHealth) -> Fact | None:
     msg = h.message
     if h.state is RankState.CRASHED:
+        if is_collective_failure(msg):  # most of a burst: its one line is made when shown
+            return Fact(rules.COLLECTIVE, h.rank, h.last_step, h.since, "", "", raw=msg)
         line = one_line(msg)
         if _killed(msg):
             return Fact(rules.KILLED, h.rank, h.last_step, h.since, "", f"killed: {line}", line)
-        kind = rules.COLLECTIVE if is_collective_failure(msg) else rules.CRASHED
-        return Fact(kind, h.rank, h.last_step, h.since, "", f"crashed: {line}", line)
+        return Fact(rules.CRASHED, h.rank, h.last_step, h.since, "", f"crashed: {line}", line)
     if h.state is RankState.FINISHED and _killed(msg):
         return Fact(rules.KILLED, h.rank, h.last_step, h.since, "", msg, msg)
     if h.state is RankState.LOST:
