@@ -43,7 +43,7 @@ COLLECTIVE_WORDS = (
     "heartbeat", "rendezvous", "distbackenderror", "distnetworkerror",
 )  # fmt: skip
 _MPI = re.compile(r"\bmpi\b")  # not "compiler"
-COLLECTIVE_SCAN_CHARS = 4096  # the head of a message says what failed; tracebacks go on
+COLLECTIVE_SCAN_CHARS = 1024  # the head of a message says what failed; a C++ stack follows
 
 __all__ = ["COLLECTIVE_WORDS", "is_collective_failure", "one_line"]
 
@@ -69,7 +69,15 @@ def one_line(message: str, limit: int = ONE_LINE_MAX) -> str:
 
 def is_collective_failure(message: str) -> bool:
     """Does this crash message read as a failed collective, a timeout or a lost peer?"""
-    head = str(message)[:COLLECTIVE_SCAN_CHARS].lower()
+    text = str(message)
+    if _collective_words(text[:COLLECTIVE_SCAN_CHARS]):
+        return True
+    # A whole traceback names the exception at its end.
+    return _TRACEBACK in text and _collective_words(one_line(text))
+
+
+def _collective_words(text: str) -> bool:
+    head = text.lower()
     return any(word in head for word in COLLECTIVE_WORDS) or _MPI.search(head) is not None
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from rankwatch.aggregator.health import RankHealth, RankState
 from rankwatch.aggregator.incidents.oneline import one_line
@@ -23,8 +24,7 @@ STALLED, LOST, CRASHED, COLLECTIVE, KILLED = "stalled", "lost", "crashed", "coll
 RANKS_NAMED = 4  # ranks listed by number in a summary before "N ranks"
 
 
-@dataclass(frozen=True)
-class Fact:
+class Fact(NamedTuple):  # a tuple: a burst makes one per rank
     kind: str
     rank: int
     step: int | None
@@ -194,9 +194,10 @@ def _summary(
     step: int | None,
 ) -> str:
     who = _who(culprits, health)
-    first = next((f for f in facts if f.rank in culprits), None)
+    culprit_set, affected_set = set(culprits), set(affected)
+    first = next((f for f in facts if f.rank in culprit_set), None)
     if cause == "nonfinite":
-        later = [f.step for f in facts if f.rank in affected and f.step is not None]
+        later = [f.step for f in facts if f.rank in affected_set and f.step is not None]
         head = f"{who} went non-finite first ({first.metric if first else '?'} at step {step})"
         tail = f"; {_count(affected)} followed from step {min(later)}" if later else ""
         if basis.startswith("every rank"):

@@ -110,8 +110,9 @@ class IncidentTracker:
                 facts.append((h.run, fact))
             elif h.state in (RankState.ALIVE, RankState.PAUSED, RankState.FINISHED):
                 recoveries.append((h.run, h.rank, None))
+        times = times or {}
         for d in divergences:
-            t = (times or {}).get((d.run, d.rank, d.since_step), now)
+            t = times.get((d.run, d.rank, d.since_step), now) if times else now
             facts.append((d.run, _divergence_fact(d, t)))
         for d in resolved:
             recoveries.append((d.run, d.rank, (_DIVERGENCE_KINDS.get(d.kind, "outlier"), d.metric)))
@@ -132,9 +133,18 @@ class IncidentTracker:
                 if s.rank in inc.bad:
                     touched[id(inc)] = (run, inc)
         facts.sort(key=lambda rf: (rf[1].time, rf[1].rank))  # route causes before effects
+        window = self.config.window_s
         for run_name, fact in facts:
             run = self._run(run_name)
-            inc = self._route(run, run_name, fact, now)
+            inc = run.open[-1] if run.open else None
+            # The common case of a burst first: a rank already part of the newest incident.
+            if not (
+                inc is not None
+                and fact.rank in inc.bad
+                and fact.time - inc.last <= window
+                and inc.opened - fact.time <= window
+            ):
+                inc = self._route(run, run_name, fact)
             _add(inc, fact)
             touched[id(inc)] = (run, inc)
         for run_name, rank, key in recoveries:
@@ -174,7 +184,7 @@ class IncidentTracker:
             run = self._runs[name] = _Run()
         return run
 
-    def _route(self, run: _Run, name: str, fact: Fact, now: float) -> _Open:
+    def _route(self, run: _Run, name: str, fact: Fact) -> _Open:
         for inc in reversed(run.open):
             if self._explains(inc, fact):
                 return inc
@@ -259,14 +269,20 @@ _CONSEQUENCES = {rules.COLLECTIVE, rules.LOST, rules.KILLED, rules.STALLED}
 
 
 def _add(inc: _Open, fact: Fact) -> None:
-    key = (fact.rank, fact.kind, fact.metric)
+    kind_metric = (fact.kind, fact.metric)
+    key = (fact.rank, *kind_metric)
     old = inc.facts.get(key)
     # The same evidence twice (a verdict and its alert): the earlier step says more.
     if old is None or (fact.step is not None and (old.step is None or fact.step < old.step)):
         inc.facts[key] = fact
-    inc.bad.setdefault(fact.rank, set()).add((fact.kind, fact.metric))
-    inc.last = max(inc.last, fact.time)
-    inc.kinds.add((fact.kind, fact.metric))
+    bad = inc.bad.get(fact.rank)
+    if bad is None:
+        inc.bad[fact.rank] = {kind_metric}
+    else:
+        bad.add(kind_metric)
+    if fact.time > inc.last:
+        inc.last = fact.time
+    inc.kinds.add(kind_metric)
     if inc.first is None or fact.time < inc.first.time:
         inc.first = fact
     if fact.kind == rules.NONFINITE and fact.step is not None:
@@ -277,14 +293,14 @@ def _add(inc: _Open, fact: Fact) -> None:
 
 def _first_cause(inc: _Open) -> str:
     """The cause as the earliest evidence says, before the incident is first judged."""
-    first = inc.first
-    if first is None:
-        return ""
-    return {
-        rules.NONFINITE: "nonfinite", rules.OUTLIER: "divergence", rules.STRAGGLER: "slow",
-        rules.CRASHED: "crash", rules.COLLECTIVE: "crash", rules.STALLED: "hang",
-        rules.LOST: "lost", rules.KILLED: "lost",
-    }[first.kind]  # fmt: skip
+    return _CAUSE_OF_KIND[inc.first.kind] if inc.first is not None else ""
+
+
+_CAUSE_OF_KIND = {
+    rules.NONFINITE: "nonfinite", rules.OUTLIER: "divergence", rules.STRAGGLER: "slow",
+    rules.CRASHED: "crash", rules.COLLECTIVE: "crash", rules.STALLED: "hang",
+    rules.LOST: "lost", rules.KILLED: "lost",
+}  # fmt: skip
 
 
 def _recover(inc: _Open, rank: int, key: tuple[str, str] | None) -> bool:

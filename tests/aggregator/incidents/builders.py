@@ -37,8 +37,13 @@ def health(
 def crashed(
     rank: int, text: str, *, world: int = 4, since: float = T0, step: int = 20
 ) -> RankHealth:
+    # health's words for a crash event: "crashed: <exc type>: <str(exc)> at step N"; a whole
+    # traceback (an imported stack file) goes in as it is
     exc, _, rest = text.partition(": ")
-    message = f"crashed: builtins.{exc}: {rest} at step {step}" if rest else f"crashed: {text}"
+    if text.startswith("Traceback") or not rest:
+        message = f"crashed: {text}"
+    else:
+        message = f"crashed: builtins.{exc}: {rest} at step {step}"
     return health(rank, RankState.CRASHED, world=world, step=step, since=since, message=message)
 
 
