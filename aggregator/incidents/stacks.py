@@ -9,6 +9,7 @@ bounded here again.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,18 +61,23 @@ class StackSample:
             file, line, func = item
             if type(line) is not int:
                 raise ValueError(f"stack sample: frame line must be an integer, got {line!r}")
-            frames.append(Frame(_tail(str(file), FILE_MAX), line, str(func)[:FUNC_MAX]))
+            frames.append(Frame(_tail(_printable(str(file)), FILE_MAX), line,
+                                _printable(str(func)[:FUNC_MAX])))  # fmt: skip
         where = raw.get("where")
         if where not in WHERES:
             raise ValueError(f"stack sample: where {str(where)[:40]!r} is not one of {WHERES}")
         step, time, stalled = raw.get("step"), raw.get("time"), raw.get("stalled_s", 0.0)
         if step is not None and type(step) is not int:
             raise ValueError(f"stack sample: step must be an integer or null, got {step!r}")
-        if not isinstance(time, (int, float)) or not isinstance(stalled, (int, float)):
-            raise ValueError("stack sample: time and stalled_s must be numbers")
+        if not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in (time, stalled)
+        ):
+            raise ValueError("stack sample: time and stalled_s must be finite numbers")
         return cls(
-            run, rank, float(time), step, where, str(raw.get("signature", ""))[:SIGNATURE_MAX],
-            tuple(frames), float(stalled), str(raw.get("note", ""))[:200],
+            run, rank, float(time), step, where,
+            _printable(str(raw.get("signature", ""))[:SIGNATURE_MAX]), tuple(frames),
+            float(stalled), _printable(str(raw.get("note", ""))[:200]),
         )  # fmt: skip
 
     @property
@@ -155,7 +161,7 @@ def render_stacks(run: str, groups: list[StackGroup], frames: int = 8) -> str:
         lines.append(f"  {step}stalled {s.stalled_s:.0f} s, signature {s.signature or '-'}")
         if s.note:
             lines.append(f"  note: {s.note}")
-        lines += [f"    {_printable(str(f))}" for f in s.frames[:frames]]
+        lines += [f"    {f}" for f in s.frames[:frames]]
         if len(s.frames) > frames:
             lines.append(f"    ... {len(s.frames) - frames} more frames")
         lines.append("")

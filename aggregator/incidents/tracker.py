@@ -215,8 +215,10 @@ class IncidentTracker:
             # collective failure is who they waited for, whichever arrived first.
             # So is a crash that precedes the losses and kills that opened an incident.
             kinds = {k[0] for k in inc.kinds}
-            waiting = not inc.crash_lines and kinds <= _CONSEQUENCES and (
-                rules.COLLECTIVE in kinds or inc.first is None or fact.time <= inc.first.time
+            waiting = (
+                not inc.crash_lines
+                and kinds <= _CONSEQUENCES
+                and (rules.COLLECTIVE in kinds or inc.first is None or fact.time <= inc.first.time)
             )
             return fact.detail in inc.crash_lines or waiting
         if fact.kind in (rules.LOST, rules.KILLED):
