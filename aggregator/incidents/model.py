@@ -31,8 +31,8 @@ class Incident:
     affected: tuple[int, ...]  # ranks that went bad after it and because of it
     terminated: tuple[int, ...]  # ranks the launcher killed after it
     timeline: tuple[Evidence, ...]  # culprits' evidence first, then by time; bounded
-    opened: float
-    updated: float
+    opened: float  # time of the earliest evidence routed to it when it opened
+    updated: float  # the aggregator's now at the last judgement
     resolved: float | None
     state: str  # firing | resolved
     summary: str  # one sentence

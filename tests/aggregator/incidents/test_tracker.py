@@ -135,6 +135,23 @@ def test_crash_then_peer_failures_then_kills(n: int, seed: int) -> None:
     assert "injected fault" in inc.summary and "\n" not in inc.summary
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_a_crash_arriving_after_its_consequences_is_still_their_cause(split: bool) -> None:
+    t = IncidentTracker()
+    deliver(t, world(4))
+    lost = [health(r, RankState.LOST, since=T0 + 41) for r in (0, 3)]
+    timeouts = [crashed(2, crash_text("torch_nccl_watchdog.txt"), since=T0 + 30)]
+    root = [crashed(1, "RuntimeError: injected fault", since=T0 + 1)]
+    if split:  # the root crash in a later pass than the losses and timeouts it explains
+        t.observe(T0 + 100, health=lost + timeouts)
+        t.observe(T0 + 101, health=root)
+    else:
+        t.observe(T0 + 100, health=lost + timeouts + root)
+    inc = only(t)
+    assert (inc.cause, inc.culprits, inc.affected, inc.terminated) == ("crash", (1,), (2,), (0, 3))
+    assert inc.opened == (T0 + 30 if split else T0 + 1)  # when its first evidence happened
+
+
 def test_same_error_on_every_rank_is_one_bug() -> None:
     t = IncidentTracker()
     deliver(t, world(4))
