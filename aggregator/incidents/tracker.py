@@ -58,7 +58,8 @@ class _Open:
     run: str
     opened: float
     facts: dict[tuple[int, str, str], Fact] = field(default_factory=dict)
-    bad: dict[int, set[tuple[str, str]]] = field(default_factory=dict)  # rank -> open facts
+    members: set[int] = field(default_factory=set)  # ranks with evidence in it
+    open_keys: set[tuple[int, str, str]] = field(default_factory=set)  # facts not yet over
     last: float = 0.0  # time of the latest evidence
     first: Fact | None = None  # the earliest evidence
     first_step: int | None = None  # the earliest non-finite step
@@ -130,7 +131,7 @@ class IncidentTracker:
                 continue
             run.stacks[s.rank] = s
             for inc in run.open:
-                if s.rank in inc.bad:
+                if s.rank in inc.members:
                     touched[id(inc)] = (run, inc)
         facts.sort(key=lambda rf: (rf[1].time, rf[1].rank))  # route causes before effects
         window = self.config.window_s
@@ -140,7 +141,7 @@ class IncidentTracker:
             # The common case of a burst first: a rank already part of the newest incident.
             if not (
                 inc is not None
-                and fact.rank in inc.bad
+                and fact.rank in inc.members
                 and fact.time - inc.last <= window
                 and inc.opened - fact.time <= window
             ):
@@ -198,7 +199,7 @@ class IncidentTracker:
             self.config.window_s
         ):
             return False
-        if fact.rank in inc.bad:
+        if fact.rank in inc.members:
             return True
         cause = inc.verdict.cause if inc.verdict is not None else _first_cause(inc)
         if fact.kind == rules.NONFINITE:
@@ -231,7 +232,7 @@ class IncidentTracker:
 
     def _judge(self, run: _Run, inc: _Open, now: float) -> list[IncidentChange]:
         old = inc.value
-        if not any(inc.bad.values()):
+        if not inc.open_keys:
             run.open.remove(inc)
             if old is None:  # evidence that cleared before it was ever judged
                 return []
@@ -271,20 +272,16 @@ _CONSEQUENCES = {rules.COLLECTIVE, rules.LOST, rules.KILLED, rules.STALLED}
 
 
 def _add(inc: _Open, fact: Fact) -> None:
-    kind_metric = (fact.kind, fact.metric)
-    key = (fact.rank, *kind_metric)
+    key = (fact.rank, fact.kind, fact.metric)
     old = inc.facts.get(key)
     # The same evidence twice (a verdict and its alert): the earlier step says more.
     if old is None or (fact.step is not None and (old.step is None or fact.step < old.step)):
         inc.facts[key] = fact
-    bad = inc.bad.get(fact.rank)
-    if bad is None:
-        inc.bad[fact.rank] = {kind_metric}
-    else:
-        bad.add(kind_metric)
+    inc.open_keys.add(key)
+    inc.members.add(fact.rank)
     if fact.time > inc.last:
         inc.last = fact.time
-    inc.kinds.add(kind_metric)
+    inc.kinds.add(key[1:])
     if inc.first is None or fact.time < inc.first.time:
         inc.first = fact
     if fact.kind == rules.NONFINITE and fact.step is not None:
@@ -306,15 +303,17 @@ _CAUSE_OF_KIND = {
 
 
 def _recover(inc: _Open, rank: int, key: tuple[str, str] | None) -> bool:
-    bad = inc.bad.get(rank)
-    if not bad:
+    if rank not in inc.members:
         return False
-    before = len(bad)
+    before = len(inc.open_keys)
     if key is None:  # alive again: every health fact of the rank is over
-        bad -= {k for k in bad if k[1] == ""}
+        inc.open_keys.difference_update((rank, kind, "") for kind in _HEALTH_KINDS)
     else:
-        bad.discard(key)
-    return len(bad) != before
+        inc.open_keys.discard((rank, *key))
+    return len(inc.open_keys) != before
+
+
+_HEALTH_KINDS = (rules.STALLED, rules.LOST, rules.CRASHED, rules.COLLECTIVE, rules.KILLED)
 
 
 _DIVERGENCE_KINDS = {"outlier": rules.OUTLIER, "nonfinite": rules.NONFINITE,
