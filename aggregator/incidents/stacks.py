@@ -163,7 +163,8 @@ def render_stacks(run: str, groups: list[StackGroup], frames: int = 8) -> str:
             lines.append(f"  note: {s.note}")
         lines += [f"    {f}" for f in s.frames[:frames]]
         if len(s.frames) > frames:
-            lines.append(f"    ... {len(s.frames) - frames} more frames")
+            more = len(s.frames) - frames
+            lines.append(f"    ... {more} more frame{'s' if more != 1 else ''}")
         lines.append("")
     return "\n".join(lines)
 
