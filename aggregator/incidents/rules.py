@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple
 
 from rankwatch.aggregator.health import RankHealth, RankState
@@ -39,6 +40,9 @@ class Fact(NamedTuple):  # a tuple: a burst makes one per rank
         return self.what or f"crashed: {one_line(self.raw)}"
 
 
+_BY_TIME = itemgetter(3, 1, 0, 4)  # (time, rank, kind, metric): unique within an incident
+
+
 @dataclass(frozen=True)
 class Verdict:
     cause: str
@@ -48,6 +52,7 @@ class Verdict:
     basis: str
     summary: str
     step: int | None
+    facts: list[Fact]  # the evidence by time
 
 
 def judge(
@@ -55,7 +60,7 @@ def judge(
     health: Mapping[int, RankHealth],
     stacks: Mapping[int, StackSample],
 ) -> Verdict:
-    facts = sorted(facts, key=lambda f: (f.time, f.rank, f.kind, f.metric))
+    facts = sorted(facts, key=_BY_TIME)
     by_kind: dict[str, list[Fact]] = {}
     for f in facts:
         by_kind.setdefault(f.kind, []).append(f)
@@ -85,7 +90,7 @@ def judge(
     terminated = tuple(sorted({f.rank for f in facts} - culprit_set - ranks_bad))
     affected = tuple(sorted(ranks_bad))
     summary = _summary(cause, culprits, affected, terminated, facts, health, basis, step)
-    return Verdict(cause, culprits, affected, terminated, basis, summary, step)
+    return Verdict(cause, culprits, affected, terminated, basis, summary, step, facts)
 
 
 LOST_BURST_S = 10.0  # ranks silent within this of the first are one loss (a switch, a node)

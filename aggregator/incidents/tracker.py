@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from itertools import islice
 
 from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.divergence.types import Divergence
@@ -250,13 +251,11 @@ class IncidentTracker:
         return []
 
     def _value(self, inc: _Open, v: rules.Verdict, now: float) -> Incident:
-        culprits = set(v.culprits)
-        ordered = sorted(
-            inc.facts.values(), key=lambda f: (f.rank not in culprits, f.time, f.rank, f.kind)
-        )
-        timeline = tuple(
-            Evidence(f.step, f.time, f.rank, f.line) for f in ordered[: self.config.timeline_max]
-        )
+        culprits, limit = set(v.culprits), self.config.timeline_max
+        shown = [f for f in v.facts if f.rank in culprits][:limit]
+        if len(shown) < limit:
+            shown += islice((f for f in v.facts if f.rank not in culprits), limit - len(shown))
+        timeline = tuple(Evidence(f.step, f.time, f.rank, f.line) for f in shown)
         return Incident(
             inc.id, inc.run, v.cause, v.culprits, v.affected, v.terminated, timeline,
             inc.opened, now, None, "firing", v.summary, v.basis, v.step, len(inc.facts),
