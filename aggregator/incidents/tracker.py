@@ -30,7 +30,9 @@ from rankwatch.aggregator.incidents.stacks import StackSample
 DEFAULT_WINDOW_S = 120.0  # evidence this long after an incident's last is a new fault
 DEFAULT_SPREAD_STEPS = 1  # non-finite this many steps after the first is propagation
 TIMELINE_MAX = 64  # evidence items an Incident value carries (all are kept inside)
-HISTORY_MAX = 256  # incidents kept per run (resolved ones go first)
+HISTORY_MAX = 256  # closed incidents kept per run, the oldest dropped first
+OPEN_MAX = 64  # open incidents per run; past it the oldest is closed as it stands
+EVIDENCE_MAX = 65_536  # evidence items held per incident (4,096 ranks x 16 metrics)
 KILL_WORDS = ("sigterm", "sigkill", "terminated", "killed", "signal 9", "signal 15")
 
 HealthInput = RankHealth | tuple[RankHealth, str]
@@ -84,6 +86,8 @@ class IncidentTracker:
         self.config = config or IncidentConfig()
         self._runs: dict[str, _Run] = {}
         self.refused_stacks = 0  # samples for a rank the run has never reported
+        self.evicted = 0  # open incidents closed unresolved to stay within OPEN_MAX
+        self.dropped_evidence = 0  # evidence not held past EVIDENCE_MAX (still routed)
 
     def observe(
         self,
@@ -147,6 +151,12 @@ class IncidentTracker:
                 and inc.opened - fact.time <= window
             ):
                 inc = self._route(run, run_name, fact)
+            if (
+                len(inc.facts) >= EVIDENCE_MAX
+                and (fact.rank, fact.kind, fact.metric) not in inc.facts
+            ):
+                self.dropped_evidence += 1
+                continue
             _add(inc, fact)
             touched[id(inc)] = (run, inc)
         for run_name, rank, key in recoveries:
@@ -190,6 +200,11 @@ class IncidentTracker:
         for inc in reversed(run.open):
             if self._explains(inc, fact):
                 return inc
+        if len(run.open) >= OPEN_MAX:
+            oldest = run.open.pop(0)
+            self.evicted += 1
+            if oldest.value is not None:
+                self._keep(run, oldest.value)
         run.count += 1
         inc = _Open(f"{name}#{run.count}", name, fact.time, last=fact.time)
         run.open.append(inc)

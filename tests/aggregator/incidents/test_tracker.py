@@ -387,3 +387,21 @@ def test_stacks_from_a_rank_the_run_never_reported_are_refused() -> None:
 def test_bad_config_is_refused_by_name(kw: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         IncidentConfig(**kw)
+
+
+def test_open_incidents_and_evidence_are_bounded_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rankwatch.aggregator.incidents import tracker as module
+
+    monkeypatch.setattr(module, "OPEN_MAX", 3)
+    monkeypatch.setattr(module, "EVIDENCE_MAX", 5)
+    t = IncidentTracker()
+    deliver(t, world(16))
+    for k, rank in enumerate((1, 2, 3, 4)):  # four unrelated stragglers: four incidents
+        t.observe(T0 + 100 + k, divergences=[outlier(rank, 10 + k, kind="straggler")])
+    assert t.evicted == 1 and t.open_count(RUN) == 3
+    assert [i.culprits for i in t.incidents(RUN)] == [(1,), (2,), (3,), (4,)]
+    t.observe(T0 + 200, divergences=[nan(r, 50) for r in range(8)])
+    inc = t.incidents(RUN)[-1]
+    assert inc.evidence_count == 5 and t.dropped_evidence == 3
