@@ -9,7 +9,8 @@ background thread does not run at all; the next sample says how long it was held
 ``FaultWatchdog`` (a C thread that needs no lock) writes every thread's stack to
 ``rank<k>.stacks.txt`` beside the rank's JSONL. ``parse_faulthandler`` reads that file back.
 
-Standard library only: this runs inside every training process.
+Standard library only: this runs inside every training process. The sample's wire form is
+``agent/wire/stacks.py``.
 """
 
 from __future__ import annotations
@@ -25,12 +26,19 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO
 
-MAX_FRAMES = 16  # innermost frames kept in a sample
+from rankwatch.agent.wire.stacks import (
+    FILE_MAX,
+    FUNC_MAX,
+    MAX_FRAMES,
+    Frame,
+    StackSample,
+    clip,
+    clip_tail,
+)
+
 WALK_MAX = 64  # frames looked at to classify a stack (a deep recursion is not walked through)
-FILE_MAX = 96  # characters of a frame's file name (the tail is kept)
-FUNC_MAX = 64  # characters of a function name
 SIGNATURE_HEX = 16  # hex digits of a signature
 STALL_FACTOR = 3.0  # a rank is sampled after this many usual step times without a step
 MIN_STALL_S = 5.0  # ... and never before this many seconds
@@ -61,32 +69,6 @@ __all__ = [
 ]  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Frame:
-    file: str  # shortened: "mindspore/nn/wrap/grad_reducer.py", "job/train.py"
-    line: int
-    function: str
-
-
-@dataclass(frozen=True)
-class StackSample:
-    where: str  # framework | dataloader | sleep | user | unknown
-    signature: str  # stable hash of the frames' (file, function) pairs, lines left out
-    frames: tuple[Frame, ...]  # innermost first, at most MAX_FRAMES
-    step: int | None = None
-    time: float = 0.0
-    stalled_s: float = 0.0
-    note: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        """The wire form (what the aggregator's ``StackSample.from_dict`` reads)."""
-        return {
-            "where": self.where, "signature": self.signature, "step": self.step,
-            "time": self.time, "stalled_s": self.stalled_s, "note": self.note,
-            "frames": [[f.file, f.line, f.function] for f in self.frames],
-        }  # fmt: skip
-
-
 def summarise(
     frame: FrameType | None,
     max_frames: int = MAX_FRAMES,
@@ -98,7 +80,7 @@ def summarise(
     frame of its own) from other waits.
     """
     raw = list(_walk(frame, WALK_MAX))
-    frames = tuple(Frame(_short(f), line, _clip(fn, FUNC_MAX)) for f, line, fn in raw[:max_frames])
+    frames = tuple(Frame(_short(f), line, clip(fn, FUNC_MAX)) for f, line, fn in raw[:max_frames])
     return StackSample(_where(raw, source), _signature(frames), frames)
 
 
@@ -254,7 +236,7 @@ def parse_faulthandler(text: str, max_dumps: int = PARSE_MAX_DUMPS) -> list[Thre
         elif head is not None and (m := _FILE_LINE.match(line)):
             if len(frames) < WALK_MAX:
                 frames.append(
-                    Frame(_short(m.group(1)), int(m.group(2)), _clip(m.group(3), FUNC_MAX))
+                    Frame(_short(m.group(1)), int(m.group(2)), clip(m.group(3), FUNC_MAX))
                 )
             else:
                 truncated = True
@@ -330,17 +312,7 @@ def _short(file: str) -> str:
 
 
 def _clip_path(path: str) -> str:
-    path = _printable(path)
-    return path if len(path) <= FILE_MAX else "…" + path[-(FILE_MAX - 1) :]
-
-
-def _clip(text: str, limit: int) -> str:
-    text = _printable(text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _printable(text: str) -> str:
-    return "".join(ch if ch.isprintable() else "?" for ch in text)
+    return clip_tail(path, FILE_MAX)
 
 
 def _signature(frames: tuple[Frame, ...]) -> str:

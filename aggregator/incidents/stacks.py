@@ -3,35 +3,31 @@
 The agent sends a compact stack with its heartbeats while a rank is stalled (``agent/stacks.py``
 makes it): innermost frames first, a signature of the frames' (file, function) pairs, and
 ``where`` the main thread is: ``framework`` (a collective, graph execution), ``dataloader``,
-``sleep``, ``user`` or ``unknown``. Pure; the input is whatever arrived, so it is checked and
-bounded here again.
+``sleep``, ``user`` or ``unknown``. The wire form is defined once, in ``agent/wire/stacks.py``,
+which checks and bounds what arrives. Pure.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-WHERES = ("framework", "dataloader", "sleep", "user", "unknown")
-MAX_FRAMES = 16  # frames kept per sample
-FILE_MAX = 96  # characters of a frame's file name (the tail is kept)
-FUNC_MAX = 64  # characters of a frame's function name
-SIGNATURE_MAX = 32
+from rankwatch.agent.wire.stacks import MAX_FRAMES, WHERES, Frame
+from rankwatch.agent.wire.stacks import StackSample as WireSample
+
 RANKS_LISTED = 8  # ranks named in a group's line before "+N more"
 
-__all__ = ["StackGroup", "StackSample", "group_stacks", "odd_ones_out", "render_stacks"]
-
-
-@dataclass(frozen=True)
-class Frame:
-    file: str
-    line: int
-    function: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line} {self.function}"
+__all__ = [
+    "MAX_FRAMES",
+    "WHERES",
+    "Frame",
+    "StackGroup",
+    "StackSample",
+    "group_stacks",
+    "odd_ones_out",
+    "render_stacks",
+]
 
 
 @dataclass(frozen=True)
@@ -48,37 +44,9 @@ class StackSample:
 
     @classmethod
     def from_dict(cls, run: str, rank: int, raw: Mapping[str, Any]) -> StackSample:
-        """From the agent's wire form; ValueError says what is wrong."""
-        if not isinstance(raw, Mapping):
-            raise ValueError(f"stack sample must be a mapping, got {type(raw).__name__}")
-        frames_raw = raw.get("frames")
-        if not isinstance(frames_raw, (list, tuple)):
-            raise ValueError("stack sample: frames must be a list of [file, line, function]")
-        frames = []
-        for item in frames_raw[:MAX_FRAMES]:
-            if not (isinstance(item, (list, tuple)) and len(item) == 3):
-                raise ValueError(f"stack sample: bad frame {str(item)[:80]!r}")
-            file, line, func = item
-            if type(line) is not int:
-                raise ValueError(f"stack sample: frame line must be an integer, got {line!r}")
-            frames.append(Frame(_tail(_printable(str(file)), FILE_MAX), line,
-                                _printable(str(func)[:FUNC_MAX])))  # fmt: skip
-        where = raw.get("where")
-        if where not in WHERES:
-            raise ValueError(f"stack sample: where {str(where)[:40]!r} is not one of {WHERES}")
-        step, time, stalled = raw.get("step"), raw.get("time"), raw.get("stalled_s", 0.0)
-        if step is not None and type(step) is not int:
-            raise ValueError(f"stack sample: step must be an integer or null, got {step!r}")
-        if not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            for v in (time, stalled)
-        ):
-            raise ValueError("stack sample: time and stalled_s must be finite numbers")
-        return cls(
-            run, rank, float(time), step, where,
-            _printable(str(raw.get("signature", ""))[:SIGNATURE_MAX]), tuple(frames),
-            float(stalled), _printable(str(raw.get("note", ""))[:200]),
-        )  # fmt: skip
+        """From the agent's wire form (``agent/wire/stacks.py``); ValueError says what is wrong."""
+        w = WireSample.from_dict(raw)
+        return cls(run, rank, w.time, w.step, w.where, w.signature, w.frames, w.stalled_s, w.note)
 
     @property
     def top(self) -> Frame | None:
@@ -192,11 +160,3 @@ def _short(file: str) -> str:
     """``mindspore/nn/wrap/grad_reducer.py`` -> ``mindspore/.../grad_reducer.py``."""
     parts = file.split("/")
     return f"{parts[0]}/.../{parts[-1]}" if len(parts) > 2 else file
-
-
-def _tail(text: str, limit: int) -> str:
-    return text if len(text) <= limit else "…" + text[-(limit - 1) :]
-
-
-def _printable(text: str) -> str:
-    return "".join(ch if ch.isprintable() else "?" for ch in text)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from rankwatch.agent.wire.stacks import FILE_MAX
 from rankwatch.aggregator.incidents.stacks import (
-    FILE_MAX,
     MAX_FRAMES,
     StackSample,
     group_stacks,
