@@ -95,12 +95,14 @@ class StallSampler:
         factor: float = STALL_FACTOR,
         min_stall_s: float = MIN_STALL_S,
         interval_s: float = SAMPLE_INTERVAL_S,
+        held_off_margin_s: float = HELD_OFF_MARGIN_S,
         max_frames: int = MAX_FRAMES,
         frames: Callable[[], dict[int, FrameType]] = sys._current_frames,
         source: Callable[[str, int], str] = linecache.getline,
     ) -> None:
         for name, value in (("period_s", period_s), ("factor", factor),
-                            ("min_stall_s", min_stall_s), ("interval_s", interval_s)):  # fmt: skip
+                            ("min_stall_s", min_stall_s), ("interval_s", interval_s),
+                            ("held_off_margin_s", held_off_margin_s)):  # fmt: skip
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"StallSampler {name} must be a positive number, got {value!r}")
         self.thread_id = thread_id
@@ -108,6 +110,7 @@ class StallSampler:
         self.factor = factor
         self.min_stall_s = min_stall_s
         self.interval_s = interval_s
+        self.held_off_margin_s = held_off_margin_s
         self.max_frames = max_frames
         self._frames = frames
         self._source = source
@@ -124,7 +127,7 @@ class StallSampler:
         seconds), else None."""
         if self._last_call is not None:
             late = now - self._last_call - self.period_s
-            if late > HELD_OFF_MARGIN_S:
+            if late > self.held_off_margin_s:
                 self._held_off = max(self._held_off, late + self.period_s)
         self._last_call = now
         if last_step_time is None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import faulthandler
 import importlib.util
+import itertools
+import re
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -269,3 +272,45 @@ def test_sample_sizes_are_bounded() -> None:
 
     s = recurse(200)
     assert len(s.frames) == MAX_FRAMES and s.where == "user"
+
+
+def test_watchdog_writes_while_the_main_thread_holds_the_interpreter_lock(tmp_path: Path) -> None:
+    # A backtracking regex runs in C without releasing the lock: Python threads (the agent's
+    # sampler) cannot run, the watchdog's C thread can.
+    path = tmp_path / "rank0.stacks.txt"
+    ticks: list[float] = []
+    notes: list[str] = []
+    stop = threading.Event()
+    main_id = threading.main_thread().ident
+    assert main_id is not None
+    sampler = StallSampler(
+        main_id, period_s=0.005, min_stall_s=0.001, interval_s=0.001, held_off_margin_s=0.5
+    )
+
+    def background() -> None:  # the agent's sender thread, sampling a rank stalled for 10 s
+        while not stop.is_set():
+            now = time.monotonic()
+            ticks.append(now)
+            sample = sampler.maybe_sample(now, now - 10.0, 0.1)
+            if sample is not None and sample.note:
+                notes.append(sample.note)
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=background, daemon=True)
+    thread.start()
+    wait_until(lambda: len(ticks) > 3, 5, what="background ticks")
+    with FaultWatchdog(path, timeout_s=0.1):
+        start = time.monotonic()
+        re.match(r"(a+)+$", "a" * 24 + "b")
+        held = time.monotonic() - start
+    wait_until(lambda: notes, 5, what="a sample saying the sampler was held off")
+    stop.set()
+    thread.join(5)
+    during = [t for t in ticks if start <= t <= start + held]
+    gaps = [b - a for a, b in itertools.pairwise([start, *during, start + held])]
+    assert max(gaps) > held / 2  # the Python thread was held off for most of the call
+    # ... and its first sample afterwards says so
+    assert any(n.startswith("sampler held off") and "interpreter lock" in n for n in notes)
+    threads = parse_faulthandler(path.read_text())
+    main = [t for t in threads if t.thread_id == threading.main_thread().ident]
+    assert main and any(f.function.startswith("test_watchdog_writes_while") for f in main[0].frames)
