@@ -116,6 +116,7 @@ class IncidentTracker:
                 facts.append((h.run, fact))
             elif h.state in (RankState.ALIVE, RankState.PAUSED, RankState.FINISHED):
                 recoveries.append((h.run, h.rank, None))
+                self._runs[h.run].stacks.pop(h.rank, None)  # where it was no longer matters
         times = times or {}
         for d in divergences:
             t = times.get((d.run, d.rank, d.since_step), now) if times else now
@@ -255,7 +256,9 @@ class IncidentTracker:
             done = replace(old, state="resolved", resolved=now, updated=now)
             self._keep(run, done)
             return [IncidentChange("resolved", done, old)]
-        verdict = rules.judge(inc.facts.values(), run.health, run.stacks)
+        since = inc.opened - self.config.window_s  # older samples are of another stall
+        stacks = {r: s for r, s in run.stacks.items() if s.time >= since}
+        verdict = rules.judge(inc.facts.values(), run.health, stacks)
         inc.verdict = verdict
         value = self._value(inc, verdict, now)
         inc.value = value

@@ -247,6 +247,25 @@ def test_hang_without_stacks_falls_back_on_progress(
     assert inc.cause == "hang" and inc.culprits == culprits and inc.basis.startswith(basis)
 
 
+@pytest.mark.parametrize("recovered", [True, False])
+def test_old_stacks_do_not_name_a_culprit(recovered: bool) -> None:
+    t = IncidentTracker()
+    deliver(t, world(4))
+    t.observe(T0 + 10, health=[health(3, RankState.STALLED, since=T0 + 10)],
+              stacks=[stack(3, "sleep", IN_SLEEP, time=T0 + 10)]
+              + [stack(r, "framework", IN_ALLREDUCE, time=T0 + 10) for r in range(3)])  # fmt: skip
+    if recovered:
+        t.observe(T0 + 20, health=[health(3, step=20)])
+    # much later every rank stalls at step 50, no new samples; rank 1 made the least progress
+    stalls = [
+        health(r, RankState.STALLED, step=50, since=T0 + 1000, progress=T0 + 900 + 50 * (r != 1))
+        for r in range(4)
+    ]
+    t.observe(T0 + 1000, health=stalls)
+    last = t.incidents(RUN)[-1]
+    assert last.culprits == (1,) and last.basis == "least progress (no stacks)"
+
+
 def test_stacks_that_single_no_one_out_leave_the_fallback() -> None:
     t = IncidentTracker()
     deliver(t, world(4))
