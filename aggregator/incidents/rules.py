@@ -155,8 +155,12 @@ def _hang(
     ]
     if failed and waited_for and len(waited_for) <= len(failed):
         culprits = tuple(sorted(waited_for, key=lambda r: _progress_key(r, health)))
-        cause = "hang"
-        first_silence = min((f.time for f in silent if f.rank in culprits), default=None)
+        cause, named = "hang", set(culprits)
+        first_silence = min((f.time for f in silent if f.rank in named), default=None)
+        if step is None:  # no stall seen: the step they stopped after, as their health says
+            step = min(
+                (s for r in culprits if (s := health[r].last_step) is not None), default=None
+            )
         if first_silence is not None and first_silence < collective[0].time:
             cause = "lost"
         return cause, culprits, "its peers failed in collectives waiting for it", step

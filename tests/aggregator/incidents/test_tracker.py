@@ -214,7 +214,7 @@ def test_hang_without_stacks_peers_failing_name_the_one_they_waited_for(n: int) 
                                    since=T0 + 30)) for r in others(n, culprit)])  # fmt: skip
     inc = only(t)
     assert (inc.cause, inc.culprits, inc.affected) == ("hang", (culprit,), others(n, culprit))
-    assert inc.basis == "its peers failed in collectives waiting for it"
+    assert inc.basis == "its peers failed in collectives waiting for it" and inc.step == 19
     t.observe(T0 + 200, health=[health(culprit, RankState.LOST, world=n, since=T0 + 41)])
     assert only(t).culprits == (culprit,) and only(t).terminated == ()
 
