@@ -138,7 +138,7 @@ def cost(n: int, repeats: int) -> None:
             loops.append(timed(lambda e=events: bare(e)))
         count = sum(len(v) for b in events for v in b.values())
         tr, lo = statistics.median(runs), statistics.median(loops)
-        print(f"{name:8} {count:7d} {tr:9.2f} {lo:10.3f} {tr / lo:6.0f}x")
+        print(f"{name:8} {count:7d} {tr:9.2f} {lo:10.3f} {tr / max(lo, 1e-6):6.0f}x")
 
 
 def seeds(n: int, count: int) -> None:
