@@ -1,0 +1,128 @@
+"""One line out of a crash message, and whether it reads as a collective/communication failure.
+
+A crash reaches the aggregator as ``crashed: <exc type>: <str(exc)> at step N`` (health's
+message) or as a whole traceback (the agent's ``traceback``, an imported stack file). MindSpore
+appends banners and a C++ call stack to ``str(exc)``; torch's NCCL errors run over several
+lines. A person needs the exception type and the first line that says what went wrong.
+"""
+
+from __future__ import annotations
+
+import re
+
+ONE_LINE_MAX = 160  # characters of the one-line form, ellipsis included
+PATH_PARTS_KEPT = 1  # trailing parts of a long slashed name kept after ".../"
+PATH_MIN_PARTS = 4  # a name with this many slash-separated parts is shortened
+
+_HEALTH_PREFIX = re.compile(r"^crashed:\s*")
+_AT_STEP = re.compile(r"\s+at step -?\d+$")
+_TRACEBACK = "Traceback (most recent call last):"
+# "RuntimeError: text", "torch.distributed.DistBackendError: text", a bare "KeyboardInterrupt".
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
+# Lines that carry no information: rules, MindSpore's section banners, empty lines.
+_BANNER = re.compile(
+    r"^(\s*|[-=*_~#]{3,}|- [^:]{0,60}:\s*(\(For framework developers\))?\s*|\[WARNING\].*|"
+    r"The (above )?exception was the direct cause.*|During handling of the above.*)$",
+    re.IGNORECASE,
+)
+# glog/c10 prefixes: "[rank1]:[E1201 19:20:11.120534 3021 ProcessGroupNCCL.cpp:616] "
+_LOG_PREFIX = re.compile(r"^(?:\[[^\]]{0,80}\]:?\s*)+")
+_LONG_PATH = re.compile(r"[\w.+-]*(?:/[\w.+@-]*){" + str(PATH_MIN_PARTS - 1) + ",}")
+
+# Wording of a failed collective or lost peer, as MindSpore (HCCL, NCCL, gloo, MPI backends),
+# torch.distributed (gloo, NCCL watchdog) and the launchers print it, lower case. A rank that
+# fails this way was most likely waiting for another one. Substrings, not one regex: an
+# alternation of thirty words costs a millisecond on a 2 kB MindSpore message.
+COLLECTIVE_WORDS = (
+    "allreduce", "all_reduce", "all-reduce", "all reduce", "allgather", "all_gather",
+    "reducescatter", "reduce_scatter", "broadcast", "barrier", "alltoall", "all_to_all", "hccl",
+    "nccl", "gloo", "collective", "processgroup", "process group", "watchdog", "timed out",
+    "times out", "timeout", "time out", "connection reset", "connection closed",
+    "connection refused", "connection abort", "connect to", "socket", "remote process",
+    "remote end", "peer", "timed out node", "ei0006", "ej0001", "link down", "link failure",
+    "heartbeat", "rendezvous", "distbackenderror", "distnetworkerror",
+)  # fmt: skip
+_MPI = re.compile(r"\bmpi\b")  # not "compiler"
+COLLECTIVE_SCAN_CHARS = 1024  # the head of a message says what failed; a C++ stack follows
+
+__all__ = ["COLLECTIVE_WORDS", "is_collective_failure", "one_line"]
+
+
+def one_line(message: str, limit: int = ONE_LINE_MAX) -> str:
+    """``ExcType: first meaningful line`` of a crash message or traceback, at most ``limit``
+    characters; long slashed names become ``.../last``. Never raises; ``""`` for no text."""
+    text = _HEALTH_PREFIX.sub("", str(message).strip().replace("\r\n", "\n"))
+    tail = _AT_STEP.search(text, max(len(text) - 40, 0))
+    text = text[: tail.start()] if tail else text
+    lines = text.split("\n")
+    start = _exception_start(lines)
+    if start is None:
+        return _fit(_LOG_PREFIX.sub("", _first_meaningful(lines) or ""), limit)
+    match = _EXC_LINE.match(lines[start].strip())
+    assert match is not None  # _exception_start only returns matching lines
+    kind = match.group(1).rsplit(".", 1)[-1]
+    first = (match.group(2) or "").strip()
+    if _BANNER.match(first):
+        first = _first_meaningful(lines[start + 1 :]) or ""
+    return _fit(f"{kind}: {first}" if first else kind, limit)
+
+
+def is_collective_failure(message: str) -> bool:
+    """Does this crash message read as a failed collective, a timeout or a lost peer?"""
+    text = str(message)
+    if _collective_words(text[:COLLECTIVE_SCAN_CHARS]):
+        return True
+    # A whole traceback names the exception at its end.
+    return _TRACEBACK in text and _collective_words(one_line(text))
+
+
+def _collective_words(text: str) -> bool:
+    head = text.lower()
+    return any(word in head for word in COLLECTIVE_WORDS) or _MPI.search(head) is not None
+
+
+def _exception_start(lines: list[str]) -> int | None:
+    """Index of the line naming the exception: after the last traceback's frames, else the
+    first line if it looks like ``Type: text``."""
+    tb = max((i for i, line in enumerate(lines) if line.strip() == _TRACEBACK), default=None)
+    if tb is not None:
+        for i in range(tb + 1, len(lines)):
+            line = lines[i]
+            if line.strip() and not line[:1].isspace() and _looks_like_exception(line):
+                return i
+        return None
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is not None and _looks_like_exception(lines[first].strip()):
+        return first
+    return None
+
+
+def _looks_like_exception(line: str) -> bool:
+    match = _EXC_LINE.match(line.strip())
+    if match is None:
+        return False
+    name = match.group(1).rsplit(".", 1)[-1]
+    return name[:1].isupper() and (match.group(2) is not None or name.endswith(_EXC_SUFFIXES))
+
+
+_EXC_SUFFIXES = ("Error", "Exception", "Interrupt", "Exit", "Warning", "Failure")
+
+
+def _first_meaningful(lines: list[str]) -> str | None:
+    for line in lines:
+        line = line.strip()
+        if line and not _BANNER.match(line):
+            return line
+    return None
+
+
+def _fit(text: str, limit: int) -> str:
+    text = " ".join(text[: limit * 4].split())
+    if text.count("/") >= PATH_MIN_PARTS - 1:
+        text = _LONG_PATH.sub(_shorten_path, text)
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+def _shorten_path(match: re.Match[str]) -> str:
+    parts = match.group(0).split("/")
+    return ".../" + "/".join(parts[-PATH_PARTS_KEPT:])

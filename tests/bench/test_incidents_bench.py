@@ -1,0 +1,35 @@
+"""bench/incidents.py at a CI size: it runs end to end, prints every burst's cost and ratio, and
+names the culprit in every seed."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def test_incidents_bench_prints_costs_and_right_culprits() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "incidents.py"), "--ranks", "64", "--repeats", "2",
+         "--seeds", "3"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    rows = re.findall(r"^(nan|crash|hang) +(\d+) +(\d+\.\d+) +(\d+\.\d+) +(\d+)x$", out, re.M)
+    assert [r[0] for r in rows] == ["nan", "crash", "hang"], out
+    assert [int(r[1]) for r in rows] == [64, 64, 64 + 64 + 63], out
+    assert re.findall(r"^  (\w+) +(\d+)/(\d+) seeds$", out, re.M) == [
+        ("nan", "3", "3"), ("crash", "3", "3"), ("hang", "3", "3")
+    ], out  # fmt: skip
+
+
+def test_incidents_bench_refuses_bad_sizes() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "incidents.py"), "--ranks", "1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--ranks must be >= 2" in proc.stderr
