@@ -35,6 +35,7 @@ from rankwatch.aggregator.divergence.detector import (
 )
 from rankwatch.aggregator.feed import Feed, event_message, jsonable, points_messages
 from rankwatch.aggregator.health import HealthTracker, RankHealth
+from rankwatch.aggregator.incidents import IncidentChange, IncidentTracker
 from rankwatch.aggregator.ingest.receiver import Receiver
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
 from rankwatch.aggregator.resend import Resender
@@ -76,6 +77,7 @@ class Aggregator:
         self.merger = StepMerger(grace_s=cfg.merge_grace_s)
         self.detector = DivergenceDetector(cfg.divergence)
         self.alerts = AlertEngine(cfg.alerts, cfg.divergence)
+        self.incidents = IncidentTracker()
         self.webhooks = Webhooks(cfg.webhooks)
         self.sinks: list[Sink] = list(self.webhooks.sinks)
         if cfg.console_alerts:
@@ -311,17 +313,27 @@ class Aggregator:
             for result in self.detector.update_many(self.merger.expire(now)):
                 self._take(result)
             health = self._health_snapshot(now)
+            changed = self.health.changes(now, health)  # once a tick: it moves on every call
             results, self._results = self._results, []
             transitions = self.alerts.evaluate(now, results=results, health=health)
+            incidents = self.incidents.observe(
+                now,
+                divergences=[d for r in results if isinstance(r, StepResult) for d in r.new],
+                resolved=[d for r in results if isinstance(r, StepResult) for d in r.resolved],
+                alerts=transitions,
+                health=changed,
+            )
             steps, self._tick_steps = self._tick_steps, []
             events, self._tick_events = self._tick_events, []
             if self.feed.has_subscribers:
                 self._publish_points(steps)
                 self._publish_events(events)
-                self._publish_ranks(health, now)
+                self._publish_ranks(health, {h.run for h, _ in changed}, now)
             if self.config.resend_gaps:
                 self._request_resends(health, now)
             self._retire_runs(health, now)
+        for change in incidents:
+            self._incident(change)
         for alert in transitions:
             self.feed.publish({"type": "alert", **alert_dict(alert)})
             for sink in self.sinks:
@@ -349,7 +361,7 @@ class Aggregator:
             over = all(h.state.value in ("finished", "crashed", "lost") for h in ranks.values())
             last = max((h.last_seen for h in ranks.values()), default=now)
             if over and now - last > LIVE_RETENTION_S:
-                for part in (self.health, self.merger, self.detector):
+                for part in (self.health, self.merger, self.detector, self.incidents):
                     part.forget(run)
                 for key in [k for k in self._values if k[0] == run]:
                     del self._values[key]
@@ -367,8 +379,39 @@ class Aggregator:
         for ev in events:
             self.feed.publish(event_message(ev))
 
-    def _publish_ranks(self, health: dict[str, dict[int, RankHealth]], now: float) -> None:
-        changed = {h.run for h, _ in self.health.changes(now, health)}
+    def _incident(self, change: IncidentChange) -> None:
+        """An incident opened, changed culprit or cause, or resolved: stored, on the live
+        stream, and told to the sinks that take incidents."""
+        body = jsonable(change.incident.as_dict())
+        try:
+            self.store.append_incident(body)
+        except StoreError as exc:  # only when closed: the process is stopping
+            log.error("rankwatch: incident not stored: %s", exc)
+        self.feed.publish(
+            {"type": "incident", "run": body["run"], "change": change.change, "incident": body}
+        )
+        for sink in self.sinks:
+            tell = getattr(sink, "submit_incident", None)
+            if tell is None:
+                continue
+            try:
+                tell(change)
+            except Exception:  # one broken sink must not stop the others or ingest
+                self.n["sink_errors"] += 1
+                log.exception("rankwatch: alert sink %s failed", sink.name)
+
+    def incidents_of(self, run: str) -> list[dict[str, Any]]:
+        """Every incident of ``run``, newest first: as the tracker judges them now, and those
+        only the store still holds (an earlier `serve`, a run retired from the live state)."""
+        with self._lock:
+            live = {inc.id: jsonable(inc.as_dict()) for inc in self.incidents.incidents(run)}
+        stored = {inc["id"]: inc for inc in self.store.incidents(run)}
+        merged = {**stored, **live}
+        return sorted(merged.values(), key=lambda i: (i.get("opened", 0.0), i["id"]), reverse=True)
+
+    def _publish_ranks(
+        self, health: dict[str, dict[int, RankHealth]], changed: set[str], now: float
+    ) -> None:
         for run, ranks in health.items():
             if run in changed or now - self._ranks_sent.get(run, 0.0) >= RANKS_REFRESH_S:
                 self._ranks_sent[run] = now
@@ -406,6 +449,9 @@ class Aggregator:
             runs = []
             for name, states in health.items():
                 entry = run_entry(name, states, self.detector.active(name))
+                known = self.incidents.incidents(name)
+                entry["incidents"] = [jsonable(i.as_dict()) for i in known if i.state == "firing"]
+                entry["incidents_total"] = len(known)
                 if ranks:
                     inputs[name] = self._rank_inputs(name, states)
                 else:
@@ -433,6 +479,9 @@ class Aggregator:
             control_sent=rx.get("control_sent", 0),
             control_failed=rx.get("control_failed", 0),
             rank_restarts=self.restarts.restarts,  # new incarnations of known ranks
+            incidents_evicted=self.incidents.evicted,
+            incidents_dropped_evidence=self.incidents.dropped_evidence,
+            incidents_refused_stacks=self.incidents.refused_stacks,
             merge_late=self.merger.late,
             merge_evicted=self.merger.evicted,
             feed_published=self.feed.published,
