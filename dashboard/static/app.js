@@ -417,6 +417,7 @@ function redraw() {
 }
 
 function renderPanels() {
+  panels.renderBanner($('banner'), state.firing, serverNow(), state.ranks); // its "z now"
   panels.renderLegend($('legend'), app);
   panels.renderTableHead($('rank-head'), app);
   panels.renderTable($('rank-body'), app, serverNow());

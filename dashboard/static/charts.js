@@ -6,8 +6,14 @@
 // and detail inside it, so the slider still shows the whole run. Live points are appended to
 // both; the app redraws at most a few times a second with only the changed series.
 
+import {
+  bandFrom, constantValue, emptyBand, emptyLines, endedNonFinite, firstNonFinite, fmtConstant,
+  insertPoint, keepNewer, linesFrom, spliced, ema,
+} from './chartdata.js';
 import { tooltipHtml } from './tooltip.js';
 import { fmt, lowerBound, median, num } from './util.js';
+
+export { ema }; // the page's tests and tools import it from here
 
 const HEALTHY = { color: '#9aa5b1', width: 1, opacity: 0.75 };
 const DIVERGENT_COLORS = ['#d62728', '#ff7f0e', '#e377c2', '#8c564b', '#bcbd22', '#f59e0b'];
@@ -24,101 +30,6 @@ const EVENT_STYLE = {
   end: { color: '#6b7280', type: 'dashed' },
   restart: { color: '#ea580c', type: 'dashed' },
 };
-
-function emptyLines() {
-  return new Map(); // rank -> {steps: number[], values: number[]}
-}
-
-function emptyBand() {
-  return { steps: [], median: [], p5: [], p95: [], min: [], max: [] };
-}
-
-function insertPoint(line, step, value) {
-  const n = line.steps.length;
-  if (!n || step > line.steps[n - 1]) {
-    line.steps.push(step);
-    line.values.push(value);
-    return;
-  }
-  const i = lowerBound(line.steps, step);
-  if (line.steps[i] === step) line.values[i] = value; // a resend: newer wins
-  else {
-    line.steps.splice(i, 0, step);
-    line.values.splice(i, 0, value);
-  }
-}
-
-function linesFrom(series) {
-  const lines = emptyLines();
-  for (const [rank, data] of Object.entries(series || {})) {
-    // Array.from: plain arrays (live points are spliced in) from JSON lists or binary columns
-    lines.set(Number(rank), { steps: Array.from(data.step), values: Array.from(data.value, num) });
-  }
-  return lines;
-}
-
-function bandFrom(band) {
-  if (!band || !band.step) return emptyBand();
-  const pick = (k) => Array.from(band[k] || [], num);
-  return { steps: Array.from(band.step), median: pick('median'), p5: pick('p5'), p95: pick('p95'), min: pick('min'), max: pick('max') };
-}
-
-// The store lags the live stream by a flush or so: points already drawn past what a fresh read
-// returned are kept, not dropped (for every rank in rank mode; in band mode, drawn ranks only).
-function keepNewer(fresh, old, allRanks) {
-  const tail = (steps, after) => lowerBound(steps, after + 1);
-  for (const [rank, line] of old.lines) {
-    const got = fresh.lines.get(rank);
-    if (!got && !allRanks) continue;
-    const into = got || { steps: [], values: [] };
-    const last = into.steps.length ? into.steps[into.steps.length - 1] : -Infinity;
-    const i = tail(line.steps, last);
-    if (i >= line.steps.length) continue;
-    fresh.lines.set(rank, {
-      steps: into.steps.concat(line.steps.slice(i)),
-      values: into.values.concat(line.values.slice(i)),
-    });
-  }
-  const band = fresh.band;
-  const last = band.steps.length ? band.steps[band.steps.length - 1] : -Infinity;
-  const i = tail(old.band.steps, last);
-  for (const key of Object.keys(band)) band[key] = band[key].concat(old.band[key].slice(i));
-}
-
-// Base outside [start, end], detail inside: a zoomed window at finer resolution.
-function spliced(base, detail, start, end) {
-  if (!detail) return base;
-  const a = lowerBound(base.steps, start);
-  const b = lowerBound(base.steps, end + 1);
-  const out = {};
-  for (const key of Object.keys(base)) {
-    out[key] = base[key].slice(0, a).concat(detail[key] || [], base[key].slice(b));
-  }
-  return out;
-}
-
-// Exponential moving average, debiased like TensorBoard's so the start is not pulled to 0.
-export function ema(values, weight) {
-  const out = new Array(values.length);
-  let last = 0;
-  let n = 0;
-  for (let i = 0; i < values.length; i++) {
-    const v = values[i];
-    if (v === null || !Number.isFinite(v)) {
-      out[i] = v;
-      continue;
-    }
-    n += 1;
-    last = last * weight + (1 - weight) * v;
-    out[i] = last / (1 - weight ** n);
-  }
-  return out;
-}
-
-function fmtConstant(v) {
-  const a = Math.abs(v);
-  return a !== 0 && (a >= 1e4 || a < 1e-2) ? v.toExponential(1) : String(Number(v.toPrecision(4)));
-}
 
 export class MetricChart {
   constructor(metric, container, app) {
@@ -294,47 +205,22 @@ export class MetricChart {
 
   // The first non-finite value among the drawn ranks: the rank that went first. Markers go on
   // its line only; the other ranks' non-finite steps would pile up at the same step.
-  findFirstBad() {
-    let best = null;
-    for (const rank of this.drawnRanks()) {
-      const line = this.visibleLine(rank);
-      for (let i = 0; i < line.steps.length; i++) {
-        const v = line.values[i];
-        if (v === null || Number.isFinite(v)) continue;
-        const step = line.steps[i];
-        if (!best || step < best.step || (step === best.step && rank < best.rank)) best = { rank, step, value: v };
-        break;
-      }
-    }
-    return best;
+  drawnLines() {
+    return this.drawnRanks().map((rank) => [rank, this.visibleLine(rank)]);
   }
 
-  // Ranks whose last value is non-finite, the first-going rank first, then by rank.
+  findFirstBad() {
+    return firstNonFinite(this.drawnLines());
+  }
+
   endedBad() {
-    const out = [];
-    for (const rank of this.drawnRanks()) {
-      const line = this.visibleLine(rank);
-      const v = line.values[line.values.length - 1];
-      if (line.values.length && v !== null && !Number.isFinite(v)) out.push(rank);
-    }
-    const first = this.firstBad && this.firstBad.rank;
-    return out.sort((a, b) => (b === first) - (a === first) || a - b);
+    return endedNonFinite(this.drawnLines(), this.firstBad && this.firstBad.rank);
   }
 
   findConstant() {
-    let value = null;
-    const see = (values) => {
-      for (const v of values) {
-        if (v === null) continue;
-        if (!Number.isFinite(v)) return false;
-        if (value === null) value = v;
-        else if (v !== value) return false;
-      }
-      return true;
-    };
-    for (const rank of this.drawnRanks()) if (!see(this.visibleLine(rank).values)) return null;
-    if (this.mode === 'band' && !see(this.visibleBand().median)) return null;
-    return value;
+    const columns = this.drawnLines().map(([, line]) => line.values);
+    if (this.mode === 'band') columns.push(this.visibleBand().median);
+    return constantValue(columns);
   }
 
   markers(line, rank) {
@@ -499,7 +385,7 @@ export class MetricChart {
     // A log axis rounds out to whole decades by default: most of the height is empty. Fit it.
     if (this.app.state.log) {
       const room = (e) => Math.max(e.max / e.min, 1.0001) ** LOG_PAD;
-      return { ...base, type: 'log', min: (e) => e.min / room(e), max: (e) => e.max * room(e), axisLabel: { formatter: (v) => fmt(v) } };
+      return { ...base, type: 'log', min: (e) => e.min / room(e), max: (e) => e.max * room(e), axisLabel: { formatter: (v) => fmt(v), hideOverlap: true } };
     }
     // A little room above and below, so a line that sits on the extreme is not hidden by the axis;
     // never below 0 for a metric that cannot be negative.

@@ -88,12 +88,20 @@ def post(srv: Server, records: list[StepRecord]) -> None:
 
 
 def page_at(chromium: Browser, size: dict[str, int]) -> Watched:
-    return Watched(chromium.new_context(viewport=size).new_page())
+    w = Watched(chromium.new_context(viewport=size).new_page())
+    # A request cut short by leaving the page (ERR_ABORTED: the stream, on goto) is no fault.
+    w.page.on(
+        "requestfailed",
+        lambda r: "ERR_ABORTED" in str(r.failure) or w.errors.append(f"{r.url}: {r.failure}"),
+    )
+    return w
 
 
 def close(w: Watched) -> None:
+    shown = w.page.evaluate("() => document.getElementById('error').textContent")
     w.page.context.close()
     assert w.errors == [], f"errors on the page: {w.errors}"
+    assert not shown, f"the page says: {shown}"
 
 
 def fault_cells(page: Page) -> list[tuple[int, int]]:
@@ -182,7 +190,9 @@ def test_panels_follow_the_stream_to_one_step_and_name_each_z(
         close(w)
     w = page_at(browser, DESKTOP)
     page = open_run(w, server, run)
+    lags = []
     for hi in (40, 50, 60):  # the run goes on while the page is open: no reload, no timers
+        sent = time.monotonic()
         feed.steps(hi - 9, hi)
         want = f"at step {hi}"
         try:
@@ -194,6 +204,8 @@ def test_panels_follow_the_stream_to_one_step_and_name_each_z(
             )
         except Exception:
             raise AssertionError(f"panels at {step_tags(page)}, stream at {want}") from None
+        lags.append(time.monotonic() - sent)
+    print(f"every panel at the stream's step {', '.join(f'{x:.2f}' for x in lags)} s after it")
     banner = page.inner_text("#banner")
     assert "rank 2 · loss" in banner
     assert "z at first report" in banner and "z now" in banner
@@ -318,5 +330,6 @@ def test_units_zero_based_axes_constants_band_and_rank_errors(
     feed.steps(51, 55, lr=1e-4)  # the schedule moves: the line becomes a chart
     page.wait_for_function("() => !window.rankwatch.charts.get('lr').el.hidden")
     assert page.evaluate(AXIS_JS, "lr")["constantShown"] is False
+    heat_ready(page, 55)  # the heatmap follows the stream to the same step
     shoot(page, artifacts, "panels-lr-changed-desktop")
     close(w)

@@ -159,7 +159,7 @@ def test_bucket_series_empty() -> None:
 # --- the heatmap on the real 4-rank msrun traces (tests/fixtures) -------------------------------
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-FAULT_Z = 6.0  # the heatmap's darkest colour (dashboard/static/heatmap.js: "z ≥ 6")
+FAULT_Z = 6.0  # the heatmap's darkest grey, "|z| ≥ 6, not flagged" (red is for flagged cells only)
 
 
 def trace(name: str) -> dict[int, dict[str, list[Any]]]:
