@@ -7,9 +7,10 @@ heatmap cannot paint a rank far off where the detector's own z says it is not.
 
 A large z alone is not a fault: one step's jump can reach |z| of 6 on a healthy run, and the
 detector never flags it (a single step never confirms). So the grid also carries, per cell,
-whether the detector had a confirmed divergence of that rank active at that column
-(``RankScore.flagged``, after the column's CUSUM update), back to the column the divergence
-says it began at: the page paints the fault colour there and nowhere else.
+whether the detector had a confirmed divergence of that rank active at that column (its
+active divergences after the column's CUSUM update: what ``RankScore.flagged`` says), back to
+the column the divergence says it began at: the page paints the fault colour there and
+nowhere else.
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ def z_grid(
         result = detector.update(StepValues("", metric, col, values, len(values), True))
         for rank, value in z_map(result.scores).items():
             z[rank][col] = round(value, Z_DECIMALS) if math.isfinite(value) else math.nan
-        for rank, score in result.scores.items():
-            if score.flagged and rank in flagged:
-                flagged[rank][col] = True
+        for d in detector.active():  # what RankScore.flagged reads, without a score per rank
+            if d.rank in flagged:
+                flagged[d.rank][col] = True
         # A new flag names the column its divergence began at: the cells in between are the
         # evidence that confirmed it, and the alert says "since" that column.
         for d in result.new:

@@ -35,6 +35,7 @@ from .test_browser import (  # noqa: F401 - the fixtures, shared with the page's
     pytestmark,
     series,
     server,
+    show_tooltip,
     stored_up_to,
 )
 
@@ -213,6 +214,8 @@ def test_panels_follow_the_stream_to_one_step_and_name_each_z(
     assert "z now (loss)" in heads and "peak z (loss)" in heads
     peak = page.locator("#rank-body tr[data-rank='2'] td.zpeak").inner_text()
     assert float(peak) > 6
+    show_tooltip(page, "loss", 40, 1.0)
+    assert "z at step 40, against the drawn ranks" in page.inner_text(".tt-band")
     shoot(page, artifacts, "panels-live-step-60-desktop")
     close(w)
     w = page_at(browser, PHONE)
