@@ -555,6 +555,8 @@ class Monitor:
                 return
             self._closed = True
             self._active = False
+            if self._stall is not None:
+                self._stall.close()
             if self._sampler is not None:
                 self._sampler.close(SAMPLER_CLOSE_S)
             try:
@@ -564,8 +566,6 @@ class Monitor:
                 log.warning("rankwatch: could not record the end event: %r", exc)
             if self._sender is not None and not self._sender.close(CLOSE_TIMEOUT_S):
                 log.warning("rankwatch: sender did not stop within %.1f s", CLOSE_TIMEOUT_S)
-            if self._stall is not None:
-                self._stall.close()
             self._fd = None
             self._writer.close()
             hooks.forget(self)

@@ -91,12 +91,10 @@ class StallWatch:
             if seen is not None and last[0] > seen[0] and last[1] > seen[1]:
                 self._step_times.append((last[1] - seen[1]) / (last[0] - seen[0]))
             self._seen = last
-            if self.watchdog is not None:
-                self.watchdog.progress()
+            self._progress()
         if paused:
             self._pause_end = now
-            if self.watchdog is not None:  # no step is due: not stuck
-                self.watchdog.progress()
+            self._progress()  # no step is due: not stuck
             self.sampler.maybe_sample(now, None, None)  # keeps its call times true
             return None
         since = max(self._seen[1], self._pause_end) if self._seen is not None else None
@@ -105,14 +103,21 @@ class StallWatch:
         sample = self.sampler.maybe_sample(now, since, usual, step)
         return None if sample is None else sample.as_dict()
 
+    def _progress(self) -> None:
+        with _watchdog_lock:  # never re-armed once close() has run
+            if self.watchdog is not None:
+                self.watchdog.progress()
+
     def close(self) -> None:
+        """Disarm the watchdog (first thing in ``Monitor.close``: the wait for the sender must
+        not read as a stuck rank)."""
         global _watchdog_owner
-        if self.watchdog is not None:
-            with _watchdog_lock:
+        with _watchdog_lock:
+            if self.watchdog is not None:
                 self.watchdog.close()
+                self.watchdog = None
                 if _watchdog_owner is self:
                     _watchdog_owner = None
-            self.watchdog = None
 
 
 def _arm(owner: StallWatch, path: Path, dump_s: float) -> FaultWatchdog | None:

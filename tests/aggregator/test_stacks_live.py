@@ -166,6 +166,7 @@ def test_stalled_ranks_stacks_name_the_one_in_user_code(tmp_path: Path) -> None:
     lines = (tmp_path / "logs" / RUN / "rank1.jsonl").read_text().splitlines()
     stacks = [json.loads(line)["stack"] for line in lines if '"stack"' in line]
     assert stacks and stacks[-1]["where"] == "sleep"
+    assert all(s["step"] == 20 for s in stacks)  # sampled only once the steps stopped
 
 
 def _beat(seq: int, stack: Any) -> dict[str, Any]:
