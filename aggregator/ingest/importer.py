@@ -315,7 +315,7 @@ def _import_stacks(
         return ""
     add = getattr(sink, "add_stack", None)
     if add is None:
-        return f"{side.name}: not sent (a server takes stack files through --data imports only)"
+        return f"{side.name}: not imported (--url takes records only: import it with --data)"
     try:
         sample = read(side, step)
     except (OSError, ValueError) as exc:
