@@ -31,7 +31,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rankwatch.agent.wire.jsonsafe import JSON_TO_NONFINITE, NONFINITE_TO_JSON
-from rankwatch.agent.wire.records import DecodeError, Record, check_version, decode_record
+from rankwatch.agent.wire.records import (
+    DecodeError,
+    Heartbeat,
+    Record,
+    check_version,
+    decode_record,
+)
 from rankwatch.aggregator.seqs import SeqTracker
 from rankwatch.aggregator.store.db import Store, StoreError
 
@@ -405,6 +411,9 @@ class StoreSink:
         accept = self._seen.accept
         fresh = [r for r in records if accept(r.run, r.rank, r.seq, r.inc)]
         self.store.append(fresh)
+        for r in fresh:  # the heartbeat rows do not hold stacks: the rank's latest is kept aside
+            if type(r) is Heartbeat and r.stack is not None:
+                self.store.append_stack(r.run, r.rank, r.stack.as_dict())
         self.runs.update(r.run for r in fresh)
         self._pending += len(fresh)
         if self._pending >= self.flush_every:

@@ -52,3 +52,21 @@ def test_import_reads_the_watchdog_file_as_the_ranks_last_sample(tmp_path: Path)
     assert sample["frames"][0][0].endswith("rank.py")
     assert sample["note"].startswith("faulthandler dump")
     assert len(sample["signature"]) == 16
+
+
+def test_import_keeps_the_stack_samples_of_heartbeats(tmp_path: Path) -> None:
+    """A JSONL whose heartbeats carry stacks (a rank that stalled while its aggregator was away):
+    the latest becomes the rank's stack sample in the store."""
+    from rankwatch.agent.wire.records import Heartbeat, to_json_line
+    from rankwatch.agent.wire.stacks import Frame, StackSample
+
+    def beat(seq: int, line: int) -> str:
+        sample = StackSample("user", "ab" * 8, (Frame("job/train.py", line, "load"),), 7, seq)
+        return to_json_line(Heartbeat("beats", 1, seq, float(seq), 7, 5.0, 0, stack=sample))
+
+    (tmp_path / "beats").mkdir()
+    (tmp_path / "beats" / "rank1.jsonl").write_text(beat(1, 10) + beat(2, 11))
+    result = cli("import", str(tmp_path / "beats"), "--data", str(tmp_path / "data"))
+    assert result.returncode == 0, result.stderr
+    with Store(tmp_path / "data") as store:
+        assert store.stacks("beats")[1]["frames"] == [["job/train.py", 11, "load"]]
