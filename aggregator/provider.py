@@ -24,6 +24,7 @@ from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.divergence.zgrid import ZGrid, z_columns, z_grid
 from rankwatch.aggregator.feed import FeedClosed, Subscription, ranks_delta
 from rankwatch.aggregator.metrics import display_order, metric_info
+from rankwatch.aggregator.stacks import StackView, stack_view
 from rankwatch.aggregator.store.columns import BAND_KEYS, SeriesColumns
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ __all__ = [
     "SeriesColumns",
     "SeriesLists",
     "Snapshot",
+    "StackView",
     "StoredEvent",
     "StoredRun",
     "Subscription",
@@ -158,6 +160,10 @@ class DataProvider(Protocol):
         """Every incident of ``run`` (``Incident.as_dict()``), newest first, live or stored."""
         ...
 
+    def read_stacks(self, run: str) -> StackView:
+        """The latest stack sample of each rank of ``run`` (live or stored) and their groups."""
+        ...
+
     def snapshot(
         self, now: float | None = None, *, run: str | None = None, ranks: bool = True
     ) -> Snapshot:
@@ -236,6 +242,10 @@ class AggregatorProvider:
 
     def read_incidents(self, run: str) -> list[dict[str, Any]]:
         return self._agg.incidents_of(run)
+
+    def read_stacks(self, run: str) -> StackView:
+        agg = self._agg
+        return stack_view(run, agg.stacks.latest(run, agg.store.stacks(run)))
 
     def snapshot(
         self, now: float | None = None, *, run: str | None = None, ranks: bool = True

@@ -20,7 +20,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rankwatch.agent.wire.records import EventRecord, Record, StepBlock, StepRecord, unblock
+from rankwatch.agent.wire.records import (
+    EventRecord,
+    Heartbeat,
+    Record,
+    StepBlock,
+    StepRecord,
+    unblock,
+)
 from rankwatch.aggregator.alerts.rules import Alert, AlertEngine
 from rankwatch.aggregator.alerts.sinks.base import Sink
 from rankwatch.aggregator.alerts.sinks.console import ConsoleSink
@@ -57,6 +64,7 @@ from rankwatch.aggregator.settings import (
     tune_gc,
 )
 from rankwatch.aggregator.snapshot import RankInputs, rank_entries, rank_inputs, run_entry
+from rankwatch.aggregator.stacks import StackIntake
 from rankwatch.aggregator.store.db import Store, StoreError
 
 log = logging.getLogger("rankwatch.service")
@@ -91,6 +99,7 @@ class Aggregator:
         self._results: list[StepResult | QuietSteps] = []
         self._tick_steps: list[StepRecord | StepBlock] = []
         self._tick_events: list[EventRecord] = []
+        self.stacks = StackIntake()  # heartbeats' stack samples, drained by the tick
         self._health: tuple[int, float, dict[str, dict[int, RankHealth]]] | None = None
         # Latest values for the snapshot.
         self._values: dict[tuple[str, int], dict[str, float]] = {}
@@ -287,6 +296,8 @@ class Aggregator:
             observe(rec, now)
             if isinstance(rec, EventRecord):
                 self._tick_events.append(rec)
+            elif isinstance(rec, Heartbeat) and (rec.stack is not None or rec.stack_problem):
+                self.stacks.take(rec)
         for rec in newest.values():
             observe(rec, now)
         # scored together: runs of quiet steps cost a few numpy calls (divergence_batch.py)
@@ -322,6 +333,7 @@ class Aggregator:
                 resolved=[d for r in results if isinstance(r, StepResult) for d in r.resolved],
                 alerts=transitions,
                 health=changed,
+                stacks=self.stacks.drain(self.store),
             )
             steps, self._tick_steps = self._tick_steps, []
             events, self._tick_events = self._tick_events, []
@@ -482,6 +494,7 @@ class Aggregator:
             incidents_evicted=self.incidents.evicted,
             incidents_dropped_evidence=self.incidents.dropped_evidence,
             incidents_refused_stacks=self.incidents.refused_stacks,
+            **self.stacks.counters(),  # stack samples from heartbeats: received, refused, ...
             merge_late=self.merger.late,
             merge_evicted=self.merger.evicted,
             feed_published=self.feed.published,

@@ -285,6 +285,13 @@ def run_incidents(request: Request, run: str) -> StrictJSONResponse:
     return _json({"run": run, "incidents": provider.read_incidents(run)})
 
 
+@api.get("/runs/{run:run}/stacks", summary="Where stalled ranks are: stack samples, grouped")
+def run_stacks(request: Request, run: str) -> StrictJSONResponse:
+    provider = _provider(request)
+    _require_run(provider, run)
+    return _json(provider.read_stacks(run))
+
+
 @api.get("/alerts", summary="Alerts firing now and the recent history")
 def list_alerts(
     request: Request,
