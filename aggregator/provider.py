@@ -95,6 +95,14 @@ class LiveRun(_LiveRunBase, total=False):
     ranks: list[dict[str, Any]]
     ranks_seen: int
     metrics: list[str]
+    # With ``history=True``: the training's clock of the latest stored record, and, for stored
+    # runs without live state, ``history: true`` and their first time, records and the count of
+    # ranks whose records stop without an end or crash event.
+    record_time: float | None
+    history: bool
+    first_time: float | None
+    records: int | None
+    ended_without_event: int
 
 
 class Snapshot(TypedDict):
@@ -156,9 +164,15 @@ class DataProvider(Protocol):
         ...
 
     def snapshot(
-        self, now: float | None = None, *, run: str | None = None, ranks: bool = True
+        self,
+        now: float | None = None,
+        *,
+        run: str | None = None,
+        ranks: bool = True,
+        history: bool = False,
     ) -> Snapshot:
-        """The live state of every run (or of ``run``); ``ranks=False`` is cheap."""
+        """The live state of every run (or of ``run``); ``ranks=False`` is cheap. ``history``:
+        every stored run too, with its final state, newest first."""
         ...
 
     def alerts_firing(self) -> list[Alert]: ...
@@ -235,9 +249,15 @@ class AggregatorProvider:
         return self._agg.incidents_of(run)
 
     def snapshot(
-        self, now: float | None = None, *, run: str | None = None, ranks: bool = True
+        self,
+        now: float | None = None,
+        *,
+        run: str | None = None,
+        ranks: bool = True,
+        history: bool = False,
     ) -> Snapshot:
-        return self._agg.snapshot(now, run=run, ranks=ranks)  # type: ignore[return-value]
+        snap = self._agg.snapshot(now, run=run, ranks=ranks, history=history)
+        return snap  # type: ignore[return-value]
 
     def alerts_firing(self) -> list[Alert]:
         return self._agg.alerts.firing()

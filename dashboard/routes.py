@@ -121,8 +121,19 @@ def _alerted(provider: DataProvider, run: str) -> list[tuple[int | None, str | N
 def list_runs(request: Request) -> StrictJSONResponse:
     provider = _provider(request)
     now = time.time()
-    snapshot = provider.snapshot(now=now, ranks=False)
-    runs = views.merge_runs(provider.list_runs(), snapshot)
+    snapshot = provider.snapshot(now=now, ranks=False, history=True)
+    everyone = snapshot["runs"]
+    live = [r for r in everyone if not r.get("history")]
+    runs = views.merge_runs(provider.list_runs(), {**snapshot, "runs": live})
+    # The order and the final states are the snapshot's, so the page and `rankwatch status`
+    # list the same runs the same way; "state" stays "history" for a run without live state.
+    final = {r["run"]: r for r in everyone}
+    order = {r["run"]: i for i, r in enumerate(everyone)}
+    for row in runs:
+        entry = final.get(row["run"], {})
+        row["final_state"] = entry.get("state") if entry.get("history") else None
+        row["record_time"] = entry.get("record_time")
+    runs.sort(key=lambda r: order.get(r["run"], -1))
     return _json({"now": snapshot.get("now", now), "runs": runs})
 
 
@@ -287,9 +298,9 @@ def list_alerts(
     return _json({"firing": firing, "history": history})
 
 
-@api.get("/status", summary="The live snapshot: what `rankwatch status` prints")
+@api.get("/status", summary="Every run, live or stored, newest first: `rankwatch status`")
 def status(request: Request) -> StrictJSONResponse:
-    return _json(_provider(request).snapshot())
+    return _json(_provider(request).snapshot(history=True))
 
 
 @api.get("/stream", summary="Server-Sent Events: live increments (points, ranks, alerts ...)")

@@ -18,7 +18,8 @@ UNITS = {m.name: m.unit for m in KNOWN_METRICS if m.unit}
 # Bigger runs list only the ranks with something to say (not alive, divergent, records missing
 # or dropped): 4,096 rows of healthy ranks would scroll the one stalled rank out of sight.
 FOLD_RANKS = 64
-STATES = ("alive", "stalled", "lost", "crashed", "finished")  # the order of the counts line
+# the order of the counts line; "unknown": a stored rank whose records stop without a reason
+STATES = ("alive", "stalled", "lost", "crashed", "finished", "unknown")
 
 
 def _fmt_value(value: Any) -> str:
@@ -72,10 +73,8 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [fmt.format(*header).rstrip(), *(fmt.format(*r).rstrip() for r in rows)]
 
 
-def _has_news(r: Mapping[str, Any]) -> bool:
-    return bool(
-        r.get("state") != "alive" or r.get("divergent") or r.get("gaps") or r.get("dropped")
-    )
+def _has_news(r: Mapping[str, Any], usual: str = "alive") -> bool:
+    return bool(r.get("state") != usual or r.get("divergent") or r.get("gaps") or r.get("dropped"))
 
 
 def _counts(ranks: Sequence[Mapping[str, Any]]) -> str:
@@ -88,20 +87,32 @@ def _counts(ranks: Sequence[Mapping[str, Any]]) -> str:
 
 def render_run(run: Mapping[str, Any], now: float, all_ranks: bool = False) -> list[str]:
     ranks = list(run.get("ranks") or [])
-    head = (
-        f"run {run.get('run')}  [{run.get('state', '?')}]  world size {run.get('world_size', '?')}"
-    )
+    stored = bool(run.get("history"))
+    state = f"{run.get('state', '?')}{', stored' if stored else ''}"
+    head = f"run {run.get('run')}  [{state}]  world size {run.get('world_size', '?')}"
     if run.get("last_step") is not None:
         head += f"  last step {_fmt_value(run.get('last_step'))}"
-    if run.get("last_time") is not None:
-        head += f"  updated {_fmt_age(run.get('last_time'), now)} ago"
+    # The records' own time: an imported run's records arrived just now but say when the
+    # training wrote them.
+    last = run.get("record_time") if run.get("record_time") is not None else run.get("last_time")
+    if last is not None:
+        head += f"  last record {_fmt_age(last, now)} ago"
     lines = [head]
+    silent = run.get("ended_without_event") or 0
+    if stored and silent:
+        lines.append(
+            f"  {silent:,} of {run.get('ranks_seen') or len(ranks):,} ranks sent no end or crash "
+            "event: finished, killed or cut off, the store cannot tell"
+        )
     if not ranks:
+        if stored:
+            return [*lines, f"  {run.get('ranks_seen') or 0:,} ranks stored"]
         return [*lines, "  (no ranks heard from)"]
     lines.append("  " + _counts(ranks))
     everyone = len(ranks)
+    usual = "finished" if stored else "alive"  # what a rank of a stored / a live run says
     if not all_ranks and everyone > FOLD_RANKS:
-        ranks = [r for r in ranks if _has_news(r)]
+        ranks = [r for r in ranks if _has_news(r, usual)]
     metrics = _pick_metrics(ranks)
     header = ["rank", "state", "step", "seen", "host", "pid"]
     header += [m[:NAME_WIDTH] + (f" ({UNITS[m]})" if m in UNITS else "") for m in metrics]
@@ -132,11 +143,12 @@ def render_run(run: Mapping[str, Any], now: float, all_ranks: bool = False) -> l
         lines += ["  " + line for line in _table(header, rows)]
     if len(rows) < everyone:
         lines.append(
-            f"  ({everyone - len(rows):,} more ranks alive, not divergent, nothing missing: "
+            f"  ({everyone - len(rows):,} more ranks {usual}, not divergent, nothing missing: "
             "not listed; --all lists every rank)"
         )
     for r in ranks:
-        if r.get("message") and r.get("state") not in ("alive", None):
+        quiet = ("alive", None, usual, *(("unknown",) if stored else ()))  # said above
+        if r.get("message") and r.get("state") not in quiet:
             lines.append(f"  rank {r.get('rank')}: {r['message']}")
     for d in run.get("divergences") or []:
         lines.append(
