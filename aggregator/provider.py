@@ -16,6 +16,7 @@ thread pool.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import numpy as np
@@ -25,17 +26,21 @@ from rankwatch.aggregator.divergence.zgrid import z_columns
 from rankwatch.aggregator.feed import FeedClosed, Subscription, ranks_delta
 from rankwatch.aggregator.metrics import display_order
 from rankwatch.aggregator.store.columns import BAND_KEYS, SeriesColumns
+from rankwatch.aggregator.store.export import FORMATS as EXPORT_FORMATS
+from rankwatch.aggregator.store.export import ExportError, export_run
 
 if TYPE_CHECKING:
     from rankwatch.aggregator.service import Aggregator
 
 __all__ = [
     "BAND_KEYS",
+    "EXPORT_FORMATS",
     "AggregatorProvider",
     "Alert",
     "Band",
     "Counters",
     "DataProvider",
+    "ExportError",
     "FeedClosed",
     "LiveRun",
     "SeriesColumns",
@@ -175,6 +180,11 @@ class DataProvider(Protocol):
         every stored run too, with its final state, newest first."""
         ...
 
+    def export_run(self, run: str, out_path: Path, fmt: str) -> int:
+        """Write ``run``'s stored step rows to ``out_path`` as ``fmt`` (EXPORT_FORMATS); the
+        number of rows. ExportError for an unknown run or format."""
+        ...
+
     def alerts_firing(self) -> list[Alert]: ...
 
     def alerts_history(self, limit: int) -> list[Alert]:
@@ -258,6 +268,9 @@ class AggregatorProvider:
     ) -> Snapshot:
         snap = self._agg.snapshot(now, run=run, ranks=ranks, history=history)
         return snap  # type: ignore[return-value]
+
+    def export_run(self, run: str, out_path: Path, fmt: str) -> int:
+        return export_run(self._agg.store, run, out_path, fmt)
 
     def alerts_firing(self) -> list[Alert]:
         return self._agg.alerts.firing()

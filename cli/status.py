@@ -67,7 +67,7 @@ def request_json(
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.load(response)
     except urllib.error.HTTPError as exc:
-        detail = _detail(exc)
+        detail = detail_of(exc)
         exc.close()
         if exc.code in (401, 403):
             hint = "a valid --token" if token else f"a token: pass --token or set {TOKEN_ENV}"
@@ -83,7 +83,7 @@ def request_json(
         raise ApiError(f"{url}: the answer is not JSON (is this a rankwatch server?)") from None
 
 
-def _detail(exc: urllib.error.HTTPError) -> str:
+def detail_of(exc: urllib.error.HTTPError) -> str:
     try:
         body = json.loads(exc.read(65536) or b"{}")
     except (ValueError, OSError):

@@ -7,14 +7,25 @@ runs them in its thread pool and the event loop keeps serving the live stream me
 
 from __future__ import annotations
 
+import re
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from rankwatch.agent.wire import records
-from rankwatch.aggregator.provider import Alert, DataProvider, SeriesColumns, Snapshot
+from rankwatch.aggregator.provider import (
+    Alert,
+    DataProvider,
+    ExportError,
+    SeriesColumns,
+    Snapshot,
+)
+from starlette.background import BackgroundTask
 from starlette.convertors import Convertor, register_url_convertor
 
 from . import prom, seriesfmt, views
@@ -26,6 +37,7 @@ MAX_MAX_POINTS = 20_000
 DEFAULT_HEATMAP_BUCKETS = 120  # step columns of the divergence heatmap
 MAX_HEATMAP_BUCKETS = 600
 ALERT_HISTORY_LIMIT = 200
+EXPORT_MEDIA_TYPES = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet"}
 
 api = APIRouter(prefix="/api", tags=["api"])
 ops = APIRouter(tags=["operations"])
@@ -284,6 +296,44 @@ def run_incidents(request: Request, run: str) -> StrictJSONResponse:
     provider = _provider(request)
     _require_run(provider, run)
     return _json({"run": run, "incidents": provider.read_incidents(run)})
+
+
+@api.get("/runs/{run:run}/export", summary="A run's stored step rows as a CSV or Parquet file")
+def run_export(
+    request: Request,
+    run: str,
+    fmt: Annotated[
+        Literal["csv", "parquet"],
+        Query(alias="format", description="csv, or parquet (the long rows of `rankwatch export`)"),
+    ] = "csv",
+) -> FileResponse:
+    provider = _provider(request)
+    _require_run(provider, run)
+    # DuckDB writes the file (COPY) without the rows passing through Python; the response
+    # streams it and the directory goes once it is sent.
+    folder = Path(tempfile.mkdtemp(prefix="rankwatch-export-"))
+    path = folder / f"export.{fmt}"
+    try:
+        rows = provider.export_run(run, path, fmt)
+    except ExportError as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise HTTPException(status_code=404, detail=str(exc)) from None
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return FileResponse(
+        path,
+        media_type=EXPORT_MEDIA_TYPES[fmt],
+        filename=export_filename(run, fmt),
+        headers={"X-Rankwatch-Rows": str(rows)},
+        background=BackgroundTask(shutil.rmtree, folder, ignore_errors=True),
+    )
+
+
+def export_filename(run: str, fmt: str) -> str:
+    """A file name for ``run`` that any file system takes (a run name may hold anything)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", run).strip("._") or "run"
+    return f"{safe[:100]}.{fmt}"
 
 
 @api.get("/alerts", summary="Alerts firing now and the recent history")

@@ -1,0 +1,103 @@
+"""Stored runs through the real console script: `rankwatch import`, then `rankwatch serve` over
+the store (as after a restart), `rankwatch status` and `rankwatch export --url` against it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+
+from tests.cli.running import Server, cli
+
+DAY_S = 86_400.0
+
+
+def legacy_logs(folder: Path, model: str, t0: float, end: bool) -> None:
+    """The old callback's per-rank files: steps with timestamps, a last train_end line."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank in range(2):
+        lines = [
+            json.dumps({"step": s, "epoch": 0, "loss": 1.0 / s, "timestamp": t0 + s})
+            for s in range(1, 6)
+        ]
+        if end:
+            lines.append(json.dumps({"event": "train_end", "step": -1}))
+        (folder / f"{model}_rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_status_and_export_of_stored_runs_through_a_running_serve(
+    servers: Callable[..., Server], tmp_path: Path
+) -> None:
+    t0 = time.time() - DAY_S
+    legacy_logs(tmp_path / "logs", "gpt", t0, end=True)
+    legacy_logs(tmp_path / "logs", "bert", t0 + 3600, end=False)
+    data = tmp_path / "data"
+    imported = cli("import", str(tmp_path / "logs"), "--data", str(data))
+    assert imported.returncode == 0, imported.stderr
+
+    server = servers(data)
+    status = cli("status", "--url", server.url)
+    assert status.returncode == 0, status.stderr
+    text = status.stdout
+    assert "no runs yet" not in text
+    # newest first; the records' own time (a day ago), not the import's
+    assert text.index("run bert  [ended, stored]") < text.index("run gpt  [finished, stored]")
+    assert "run gpt  [finished, stored]  world size 2  last step 5  last record 24.0h ago" in text
+    assert "2 of 2 ranks sent no end or crash event: finished, killed or cut off" in text
+    snap = server.status()
+    assert [(r["run"], r["state"]) for r in snap["runs"]] == [("bert", "ended"), ("gpt", "finished")]
+    listed = json.loads(cli("status", "--url", server.url, "--json", "--run", "gpt").stdout)
+    assert [r["run"] for r in listed["runs"]] == ["gpt"]
+
+    out = tmp_path / "gpt.csv"
+    exported = cli("export", "--run", "gpt", "--url", server.url, "--out", str(out))
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stdout.startswith(f"wrote 10 rows of run 'gpt' to {out} (through {server.url}")
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert {(int(r["rank"]), int(r["step"])) for r in rows} == {
+        (rank, s) for rank in range(2) for s in range(1, 6)
+    }
+    assert {r["metric"] for r in rows} == {"loss"}
+    parquet = tmp_path / "gpt.parquet"
+    as_parquet = cli("export", "--run", "gpt", "--url", server.url, "--out", str(parquet))
+    assert as_parquet.returncode == 0, as_parquet.stderr
+    with duckdb.connect() as con:
+        count = con.execute(f"SELECT count(*), min(step) FROM '{parquet}'").fetchone()
+    assert count == (10, 1)
+    unknown = cli("export", "--run", "nope", "--url", server.url, "--out", str(out))
+    assert unknown.returncode == 2
+    assert f"HTTP 404: unknown run 'nope' (`rankwatch status --url {server.url}` lists" in (
+        unknown.stderr
+    )
+    assert not (tmp_path / "gpt.csv.part").exists()
+
+    locked = cli("export", "--run", "gpt", "--data", str(data), "--out", str(tmp_path / "x.csv"))
+    assert locked.returncode == 2
+    assert locked.stderr.startswith(
+        f"rankwatch export: a serve is running on this store ({data}): use --url http://HOST:PORT"
+    )
+    assert locked.stderr.count("\n") == 1  # one line
+
+    # a restarted serve over the same store lists the same runs the same way
+    assert server.stop() == 0
+    again = servers(data)
+    restarted = again.status()
+    assert [(r["run"], r["state"]) for r in restarted["runs"]] == [
+        ("bert", "ended"), ("gpt", "finished"),
+    ]  # fmt: skip
+    page = json.loads(cli_get(again.url + "/api/runs"))
+    assert [(r["run"], r["final_state"]) for r in page["runs"]] == [
+        ("bert", "ended"), ("gpt", "finished"),
+    ]  # fmt: skip
+
+
+def cli_get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return response.read().decode()
