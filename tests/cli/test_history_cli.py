@@ -48,8 +48,8 @@ def test_status_and_export_of_stored_runs_through_a_running_serve(
     assert text.index("run bert  [ended, stored]") < text.index("run gpt  [finished, stored]")
     assert "run gpt  [finished, stored]  world size 2  last step 5  last record 24.0h ago" in text
     assert "2 of 2 ranks sent no end or crash event: finished, killed or cut off" in text
-    snap = server.status()
-    assert [(r["run"], r["state"]) for r in snap["runs"]] == [("bert", "ended"), ("gpt", "finished")]
+    states = [(r["run"], r["state"]) for r in server.status()["runs"]]
+    assert states == [("bert", "ended"), ("gpt", "finished")]
     listed = json.loads(cli("status", "--url", server.url, "--json", "--run", "gpt").stdout)
     assert [r["run"] for r in listed["runs"]] == ["gpt"]
 
