@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 import numpy as np
 from rankwatch.agent.wire.records import Record, StepBlock
 from rankwatch.aggregator.alerts.rules import Alert
+from rankwatch.aggregator.compare import compare_medians, previous_run
 from rankwatch.aggregator.divergence.zgrid import z_columns
 from rankwatch.aggregator.feed import FeedClosed, Subscription, ranks_delta
 from rankwatch.aggregator.metrics import display_order
@@ -49,7 +50,9 @@ __all__ = [
     "StoredEvent",
     "StoredRun",
     "Subscription",
+    "compare_medians",
     "display_order",
+    "previous_run",
     "ranks_delta",
     "z_columns",
 ]

@@ -30,6 +30,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="a row for every rank (runs of more than 64 ranks otherwise list only the ranks "
         "that are not alive, divergent, or missing records)",
     )
+    parser.add_argument(
+        "--compare",
+        nargs="?",
+        const="",
+        metavar="REF",
+        help="with --run: its median per metric against run REF's at the same steps (without "
+        "REF: the previous run of the same job)",
+    )
     parser.add_argument("--token", help=f"API token, if the server wants one (or {TOKEN_ENV})")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds (default 10)")
     parser.set_defaults(func=run)
@@ -99,6 +107,8 @@ def token_of(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from rankwatch.aggregator.alerts.console import render_status
 
+    if args.compare is not None:
+        return compare(args)
     try:
         url = server_url(args.url) + "/api/status"
         snapshot = request_json(url, token_of(args), args.timeout)
@@ -119,6 +129,27 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(render_status(snapshot, args.run, snapshot.get("now"), args.all))
+    return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    from rankwatch.aggregator.alerts.console import render_compare
+
+    if args.run is None:
+        print("rankwatch status: --compare needs --run (the run to compare)", file=sys.stderr)
+        return 2
+    query = {"run": args.run, **({"ref": args.compare} if args.compare else {})}
+    try:
+        url = f"{server_url(args.url)}/api/run/compare?{urllib.parse.urlencode(query)}"
+        answer = request_json(url, token_of(args), args.timeout)
+    except ApiError as exc:
+        print(f"rankwatch status: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(answer, sys.stdout, indent=2, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        print(render_compare(answer))
     return 0
 
 

@@ -24,6 +24,8 @@ from rankwatch.aggregator.provider import (
     ExportError,
     SeriesColumns,
     Snapshot,
+    compare_medians,
+    previous_run,
 )
 from starlette.background import BackgroundTask
 from starlette.convertors import Convertor, register_url_convertor
@@ -296,6 +298,51 @@ def run_incidents(request: Request, run: str) -> StrictJSONResponse:
     provider = _provider(request)
     _require_run(provider, run)
     return _json({"run": run, "incidents": provider.read_incidents(run)})
+
+
+@api.get("/runs/{run:run}/compare", summary="A run's medians against a reference run's")
+def run_compare(
+    request: Request,
+    run: str,
+    ref: Annotated[
+        str | None,
+        Query(
+            max_length=records.MAX_NAME_CHARS,
+            description="the reference run; default: the previous run of the same job (the "
+            "script stem of a derived run name)",
+        ),
+    ] = None,
+) -> StrictJSONResponse:
+    provider = _provider(request)
+    _require_run(provider, run)
+    if ref is None:
+        found = previous_run(run, provider.list_runs())
+        if found is None:
+            raise HTTPException(
+                status_code=404,
+                detail=f"run {run!r} has no earlier run of the same job to compare with: "
+                "name one with ref=",
+            )
+        ref, stem = found
+        reason = f"the previous run of job {stem!r}"
+    else:
+        _require_run(provider, ref)
+        reason = "given"
+    mine, theirs = set(provider.list_metrics(run)), set(provider.list_metrics(ref))
+    metrics = []
+    for metric in views.order_metrics(mine & theirs):
+        bands = [provider.read_band(name, metric, max_points=MAX_MAX_POINTS) for name in (run, ref)]
+        metrics.append({"metric": metric, **compare_medians(*bands)})
+    return _json(
+        {
+            "run": run,
+            "ref": ref,
+            "ref_reason": reason,
+            "metrics": metrics,
+            "only_in_run": views.order_metrics(mine - theirs),
+            "only_in_ref": views.order_metrics(theirs - mine),
+        }
+    )
 
 
 @api.get("/runs/{run:run}/export", summary="A run's stored step rows as a CSV or Parquet file")

@@ -186,3 +186,38 @@ def incident_lines(runs: Sequence[Mapping[str, Any]]) -> list[str]:
                 out.append(f"  {affected} rank(s) affected after it; see `rankwatch status --run "
                            f"{r.get('run')}` or the dashboard for the timeline")  # fmt: skip
     return out
+
+
+def render_compare(comparison: Mapping[str, Any]) -> str:
+    """`rankwatch status --run R --compare [REF]`: per metric, the run's median across ranks
+    and the reference's at the same steps (evenly spaced ones, then the last common one)."""
+    run, ref = str(comparison.get("run")), str(comparison.get("ref"))
+    reason = comparison.get("ref_reason")
+    why = "" if reason in (None, "given") else f" ({reason})"
+    lines = [f"run {run} vs {ref}{why}: median across ranks at the same step"]
+    rows = []
+    for m in comparison.get("metrics") or []:
+        points = [*(m.get("points") or []), *([m["last"]] if m.get("last") else [])]
+        name = str(m.get("metric"))[:NAME_WIDTH]
+        if not points:
+            rows.append([name, "-", "-", "-", "no common step"])
+        for i, p in enumerate(points):
+            ratio = p.get("ratio")
+            rows.append(
+                [
+                    name,
+                    _fmt_value(p.get("step")) + (" (last)" if i == len(points) - 1 else ""),
+                    _fmt_value(p.get("run")),
+                    _fmt_value(p.get("ref")),
+                    "-" if ratio is None else f"{ratio:.3f}",
+                ]
+            )
+    if rows:
+        header = ["metric", "step", run[:24], ref[:24], "ratio"]
+        lines += ["  " + line for line in _table(header, rows)]
+    else:
+        lines.append("  no metric in common")
+    for key, whose in (("only_in_run", run), ("only_in_ref", ref)):
+        if comparison.get(key):
+            lines.append(f"  only {whose} has: {', '.join(map(str, comparison[key]))}")
+    return "\n".join(lines)

@@ -101,3 +101,47 @@ def cli_get(url: str) -> str:
 
     with urllib.request.urlopen(url, timeout=30) as response:
         return response.read().decode()
+
+
+def test_status_compares_a_run_with_the_previous_run_of_its_job(
+    servers: Callable[..., Server], tmp_path: Path
+) -> None:
+    t0 = time.time() - 2 * DAY_S
+    data = tmp_path / "data"
+    for name, t, scale in (("train-20261130-2130-aaaaaa", t0, 2.0),
+                           ("train-20261201-2130-bbbbbb", t0 + DAY_S, 1.0)):  # fmt: skip
+        logs = tmp_path / name
+        logs.mkdir()
+        for rank in range(2):
+            lines = [
+                json.dumps({"step": s, "loss": scale / s, "lr": 0.1, "timestamp": t + s})
+                for s in range(1, 21)
+            ]
+            (logs / f"m_rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+        result = cli("import", str(logs), "--data", str(data), "--run", name)
+        assert result.returncode == 0, result.stderr
+    server = servers(data)
+    newer = "train-20261201-2130-bbbbbb"
+    shown = cli("status", "--url", server.url, "--run", newer, "--compare")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == (
+        f"run {newer} vs train-20261130-2130-aaaaaa (the previous run of job 'train'): "
+        "median across ranks at the same step"
+    )
+    loss = [line.split() for line in lines if line.strip().startswith("loss")]
+    assert [row[1] for row in loss] == ["1", "7", "14", "20"]  # evenly spaced, then the last
+    assert loss[-1] == ["loss", "20", "(last)", "0.05", "0.1", "0.500"]
+    answer = json.loads(
+        cli("status", "--url", server.url, "--run", newer, "--compare", "--json").stdout
+    )
+    assert {m["metric"] for m in answer["metrics"]} == {"loss", "lr"}
+    assert answer["ref_reason"] == "the previous run of job 'train'"
+    first = "train-20261130-2130-aaaaaa"
+    alone = cli("status", "--url", server.url, "--run", first, "--compare")
+    assert alone.returncode == 2
+    assert f"run '{first}' has no earlier run of the same job to compare with" in alone.stderr
+    given = cli("status", "--url", server.url, "--run", first, "--compare", newer)
+    assert given.returncode == 0 and f"run {first} vs {newer}: median" in given.stdout
+    unknown = cli("status", "--url", server.url, "--run", first, "--compare", "nope")
+    assert unknown.returncode == 2 and "unknown run 'nope'" in unknown.stderr
