@@ -10,7 +10,7 @@ rebuilding thousands of stored ranks each time would cost more than everything e
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from rankwatch.aggregator.snapshot import stored_rank_entry, stored_run_entry
@@ -31,7 +31,7 @@ class StoredRuns:
 
     def entries(
         self,
-        summaries: list[Mapping[str, Any]],
+        summaries: Sequence[Mapping[str, Any]],
         skip: Collection[str],
         run: str | None = None,
         ranks: bool = True,

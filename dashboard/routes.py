@@ -141,10 +141,10 @@ def list_runs(request: Request) -> StrictJSONResponse:
     runs = views.merge_runs(provider.list_runs(), {**snapshot, "runs": live})
     # The order and the final states are the snapshot's, so the page and `rankwatch status`
     # list the same runs the same way; "state" stays "history" for a run without live state.
-    final = {r["run"]: r for r in everyone}
+    final: dict[str, Any] = {r["run"]: r for r in everyone}
     order = {r["run"]: i for i, r in enumerate(everyone)}
     for row in runs:
-        entry = final.get(row["run"], {})
+        entry: dict[str, Any] = final.get(row["run"]) or {}
         row["final_state"] = entry.get("state") if entry.get("history") else None
         row["record_time"] = entry.get("record_time")
     runs.sort(key=lambda r: order.get(r["run"], -1))

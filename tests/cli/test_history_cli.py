@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
 
-from tests.cli.running import Server, cli
+from tests.cli.running import RANKWATCH, Server, cli
 
 DAY_S = 86_400.0
 
@@ -145,3 +147,31 @@ def test_status_compares_a_run_with_the_previous_run_of_its_job(
     assert given.returncode == 0 and f"run {first} vs {newer}: median" in given.stdout
     unknown = cli("status", "--url", server.url, "--run", first, "--compare", "nope")
     assert unknown.returncode == 2 and "unknown run 'nope'" in unknown.stderr
+
+
+def test_the_demo_banner_export_commands_work_as_printed(
+    servers: Callable[..., Server], tmp_path: Path
+) -> None:
+    from rankwatch.demo.launcher import export_lines
+
+    run = "demo-20261201-205000"
+    data = tmp_path / "rankwatch data" / "demo"  # a space: the commands are quoted
+    legacy_logs(tmp_path / "logs", "m", time.time() - DAY_S, end=True)
+    assert cli("import", str(tmp_path / "logs"), "--data", str(data), "--run", run).returncode == 0
+    server = servers(data)
+    running, stopped = export_lines(run, server.url, data)
+    assert running.startswith(f"  export:     rankwatch export --run {run} --url {server.url}")
+    assert "once stopped: rankwatch export" in stopped
+
+    def command(line: str) -> list[str]:
+        words = shlex.split(line.split("rankwatch export", 1)[1].rstrip(")"))
+        return [RANKWATCH, "export", *words]
+
+    live = subprocess.run(command(running), cwd=tmp_path, capture_output=True, text=True)
+    assert live.returncode == 0, live.stderr
+    assert live.stdout.startswith(f"wrote 10 rows of run '{run}' to {run}.csv")
+    (tmp_path / f"{run}.csv").unlink()
+    assert server.stop() == 0
+    later = subprocess.run(command(stopped), cwd=tmp_path, capture_output=True, text=True)
+    assert later.returncode == 0, later.stderr
+    assert (tmp_path / f"{run}.csv").read_text().startswith("run,rank,step,epoch,time,metric")
