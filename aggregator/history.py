@@ -17,8 +17,19 @@ from rankwatch.aggregator.snapshot import stored_rank_entry, stored_run_entry
 from rankwatch.aggregator.store.db import Store, StoreError
 
 LIFE_EVENTS = ("start", "end", "crash")
+# Ranks of a stored run listed when every run is asked for (``/api/status``): a store of many
+# big runs would make an answer of millions of rank entries. The unfinished ones come first;
+# ``rank_states`` counts them all, and asking for the one run lists every rank.
+MAX_LISTED_RANKS = 64
 
 Signature = tuple[Any, ...]  # what of a run's summary changes when records are added
+
+
+def listed(ranks: list[dict[str, Any]], everyone: bool) -> list[dict[str, Any]]:
+    if everyone or len(ranks) <= MAX_LISTED_RANKS:
+        return list(ranks)
+    news = [r for r in ranks if r["state"] != "finished"]
+    return news[:MAX_LISTED_RANKS]
 
 
 class StoredRuns:
@@ -49,8 +60,10 @@ class StoredRuns:
                 break
             entry = dict(entry)
             if ranks:
-                entry["ranks"] = list(rank_entries)
-                del entry["ranks_seen"], entry["metrics"]
+                entry["ranks"] = listed(rank_entries, everyone=run is not None)
+                del entry["metrics"]
+                if len(entry["ranks"]) == len(rank_entries):
+                    del entry["ranks_seen"]
             out.append(entry)
         if run is None:  # forget the runs the store no longer lists
             with self._lock:

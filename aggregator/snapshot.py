@@ -5,6 +5,7 @@ entries without it (building them takes far longer than the copy)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -147,6 +148,7 @@ def stored_run_entry(
         "divergences": [],
         "incidents": [],
         "ranks_seen": len(ranks),
+        "rank_states": dict(Counter(r["state"] for r in ranks)),
         "metrics": sorted(metrics),
     }
 

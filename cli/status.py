@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         return compare(args)
     try:
         url = server_url(args.url) + "/api/status"
-        snapshot = request_json(url, token_of(args), args.timeout)
+        query = f"?{urllib.parse.urlencode({'run': args.run})}" if args.run is not None else ""
+        snapshot = request_json(url + query, token_of(args), args.timeout)
     except ApiError as exc:
         print(f"rankwatch status: {exc}", file=sys.stderr)
         return 2
@@ -122,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
         known = snapshot["runs"]
         snapshot = {**snapshot, "runs": [r for r in known if r.get("run") == args.run]}
         if not snapshot["runs"]:
+            try:  # the runs it could have been
+                known = request_json(url, token_of(args), args.timeout).get("runs") or []
+            except (ApiError, AttributeError):
+                known = []
             print(f"rankwatch status: {no_such_run(args.run, known)}", file=sys.stderr)
             return 1
     if args.json:

@@ -272,8 +272,10 @@ def run_divergence(request: Request, run: str) -> StrictJSONResponse:
 @api.get("/runs/{run:run}/ranks", summary="The rank table: health, last values, z-scores")
 def run_ranks(request: Request, run: str) -> StrictJSONResponse:
     provider = _provider(request)
-    snapshot, entry = _require_run(provider, run, ranks=True)
-    entry = entry or {}
+    _require_run(provider, run)
+    # history: a stored run's ranks too, with their final states
+    snapshot = provider.snapshot(run=run, ranks=True, history=True)
+    entry = views.find_run(snapshot, run) or {}
     return _json(
         {
             "run": run,
@@ -396,8 +398,18 @@ def list_alerts(
 
 
 @api.get("/status", summary="Every run, live or stored, newest first: `rankwatch status`")
-def status(request: Request) -> StrictJSONResponse:
-    return _json(_provider(request).snapshot(history=True))
+def status(
+    request: Request,
+    run: Annotated[
+        str | None,
+        Query(
+            max_length=records.MAX_NAME_CHARS,
+            description="only this run, with every rank (a stored run of many ranks lists "
+            "only its first 64 unfinished ones otherwise)",
+        ),
+    ] = None,
+) -> StrictJSONResponse:
+    return _json(_provider(request).snapshot(run=run, history=True))
 
 
 @api.get("/stream", summary="Server-Sent Events: live increments (points, ranks, alerts ...)")

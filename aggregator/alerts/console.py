@@ -77,8 +77,8 @@ def _has_news(r: Mapping[str, Any], usual: str = "alive") -> bool:
     return bool(r.get("state") != usual or r.get("divergent") or r.get("gaps") or r.get("dropped"))
 
 
-def _counts(ranks: Sequence[Mapping[str, Any]]) -> str:
-    states = Counter(str(r.get("state", "?")) for r in ranks)
+def _counts(ranks: Sequence[Mapping[str, Any]], counted: Mapping[str, int] | None = None) -> str:
+    states = Counter(counted) if counted else Counter(str(r.get("state", "?")) for r in ranks)
     order = [s for s in STATES if s in states] + sorted(set(states) - set(STATES))
     line = "ranks: " + ", ".join(f"{states[s]:,} {s}" for s in order)
     divergent = sum(bool(r.get("divergent")) for r in ranks)
@@ -108,8 +108,9 @@ def render_run(run: Mapping[str, Any], now: float, all_ranks: bool = False) -> l
         if stored:
             return [*lines, f"  {run.get('ranks_seen') or 0:,} ranks stored"]
         return [*lines, "  (no ranks heard from)"]
-    lines.append("  " + _counts(ranks))
-    everyone = len(ranks)
+    lines.append("  " + _counts(ranks, run.get("rank_states") if stored else None))
+    given = len(ranks)  # fewer than ranks_seen: the server listed only some (history.py)
+    everyone = max(given, int(run.get("ranks_seen") or 0))
     usual = "finished" if stored else "alive"  # what a rank of a stored / a live run says
     if not all_ranks and everyone > FOLD_RANKS:
         ranks = [r for r in ranks if _has_news(r, usual)]
@@ -141,7 +142,12 @@ def render_run(run: Mapping[str, Any], now: float, all_ranks: bool = False) -> l
         )
     if rows:
         lines += ["  " + line for line in _table(header, rows)]
-    if len(rows) < everyone:
+    if given < everyone:
+        lines.append(
+            f"  ({everyone - len(rows):,} more ranks not listed; --run {run.get('run')} --all "
+            "lists every rank)"
+        )
+    elif len(rows) < everyone:
         lines.append(
             f"  ({everyone - len(rows):,} more ranks {usual}, not divergent, nothing missing: "
             "not listed; --all lists every rank)"

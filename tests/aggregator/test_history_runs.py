@@ -3,6 +3,7 @@ restarted `serve` would, and the `rankwatch status` text a person reads."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -132,5 +133,35 @@ def test_legacy_train_end_imports_as_finished(tmp_path: Path) -> None:
         assert run["run"] == "gpt" and run["state"] == "ended"
         assert [r["state"] for r in run["ranks"]] == ["finished", "unknown"]
         assert run["record_time"] == t0 + 5
+    finally:
+        agg.store.close()
+
+
+def test_a_big_stored_run_lists_its_unfinished_ranks_first_and_counts_them_all(
+    tmp_path: Path,
+) -> None:
+    t0 = time.time() - DAY_S
+    records: list[Record] = []
+    for rank in range(100):
+        records += [dataclasses.replace(step("big", rank, s, t0 + s), world_size=100)
+                    for s in range(1, 4)]  # fmt: skip
+        if rank < 80:
+            records.append(
+                dataclasses.replace(event("big", rank, 4, t0 + 4, "end"), world_size=100)
+            )
+    agg = stored_then_reopened(tmp_path / "data", records)
+    try:
+        (every,) = agg.snapshot(history=True)["runs"]
+        assert every["rank_states"] == {"finished": 80, "unknown": 20}
+        assert [r["rank"] for r in every["ranks"]] == list(range(80, 100))  # at most 64
+        assert every["ranks_seen"] == 100
+        text = render_status({"runs": [every]}, now=t0 + DAY_S)
+        assert "  ranks: 80 finished, 20 unknown" in text
+        assert "  20 of 100 ranks sent no end or crash event" in text
+        assert "  (80 more ranks not listed; --run big --all lists every rank)" in text
+        (one,) = agg.snapshot(history=True, run="big")["runs"]
+        assert len(one["ranks"]) == 100 and "ranks_seen" not in one
+        folded = render_status({"runs": [one]}, now=t0 + DAY_S)
+        assert "  (80 more ranks finished, not divergent, nothing missing" in folded
     finally:
         agg.store.close()
