@@ -42,6 +42,7 @@ from rankwatch.aggregator.divergence.detector import (
 )
 from rankwatch.aggregator.feed import Feed, event_message, jsonable, points_messages
 from rankwatch.aggregator.health import HealthTracker, RankHealth
+from rankwatch.aggregator.history import StoredRuns
 from rankwatch.aggregator.incidents import IncidentChange, IncidentTracker
 from rankwatch.aggregator.ingest.receiver import Receiver
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
@@ -63,7 +64,13 @@ from rankwatch.aggregator.settings import (
     ServeConfig,
     tune_gc,
 )
-from rankwatch.aggregator.snapshot import RankInputs, rank_entries, rank_inputs, run_entry
+from rankwatch.aggregator.snapshot import (
+    RankInputs,
+    newest_first,
+    rank_entries,
+    rank_inputs,
+    run_entry,
+)
 from rankwatch.aggregator.stacks import StackIntake
 from rankwatch.aggregator.store.db import Store, StoreError
 
@@ -106,6 +113,7 @@ class Aggregator:
         self._z: dict[tuple[str, str], Mapping[int, RankScore]] = {}
         self._ranks_sent: dict[str, float] = {}
         self.resender = Resender()
+        self.stored_runs = StoredRuns(self.store)
         self._store_error: str | None = None
         self._store_retry_at = 0.0
         self.n = {
@@ -448,12 +456,21 @@ class Aggregator:
         )  # fmt: skip
 
     def snapshot(
-        self, now: float | None = None, *, run: str | None = None, ranks: bool = True
+        self,
+        now: float | None = None,
+        *,
+        run: str | None = None,
+        ranks: bool = True,
+        history: bool = False,
     ) -> dict[str, Any]:
         """Live state of every run the aggregator has heard from (or of ``run``), JSON-ready.
 
         ``ranks=False`` leaves out the per-rank entries (slow to build at thousands, under the
-        lock ingest needs) and gives ``ranks_seen`` and the live ``metrics`` names instead."""
+        lock ingest needs) and gives ``ranks_seen`` and the live ``metrics`` names instead.
+        ``history``: every stored run too, live or not (``history: true`` and its final state
+        for those without live state; history.py), newest first, and each live run's
+        ``record_time``, the time its latest stored record carries (the training's clock: an
+        import's records arrive now but were written long ago)."""
         now = time.time() if now is None else now
         inputs: dict[str, RankInputs] = {}
         with self._lock:
@@ -476,6 +493,13 @@ class Aggregator:
         for entry in runs:
             if entry["run"] in inputs:
                 entry["ranks"] = rank_entries(inputs[entry["run"]])
+        if history:
+            stored = self.store.runs()
+            record_times = {s["run"]: s["last_time"] for s in stored}
+            for entry in runs:
+                entry["record_time"] = record_times.get(entry["run"])
+            live = {entry["run"] for entry in runs}
+            runs = newest_first([*runs, *self.stored_runs.entries(stored, live, run, ranks)])
         return {"now": now, "runs": runs}
 
     def counters(self) -> dict[str, Any]:

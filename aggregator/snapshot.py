@@ -5,7 +5,8 @@ entries without it (building them takes far longer than the copy)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rankwatch.aggregator.divergence.types import Divergence, RankScore, z_map
@@ -75,3 +76,89 @@ def rank_entries(inputs: RankInputs) -> list[dict[str, Any]]:
         )
         for h, values, gaps in rows
     ]
+
+
+# --- history runs: stored, no live state (before this aggregator started, imported, retired) --
+
+# A stored rank's final state: its last life event says how it ended. Without one its records
+# just stop, and the store cannot tell a clean exit from a kill: "unknown" says so.
+STORED_RANK_STATES = {"end": "finished", "crash": "crashed"}
+UNKNOWN_END = "unknown"
+
+
+def stored_rank_entry(row: Mapping[str, Any], life: str | None) -> dict[str, Any]:
+    """A stored rank (a ``Store.ranks`` row) as a rank entry; ``life``: its last start, end or
+    crash event, if any. ``last_seen`` is the records' own time (the training's clock)."""
+    state = STORED_RANK_STATES.get(life or "", UNKNOWN_END) if row.get("ended") else UNKNOWN_END
+    step = row.get("last_step")
+    at = f" at step {step:,}" if isinstance(step, int) else ""
+    message = {
+        "finished": f"finished{at}",
+        "crashed": f"crashed{at}",
+    }.get(state, f"records stop{at} with no end or crash event")
+    return {
+        "rank": row["rank"],
+        "state": state,
+        "host": row.get("host") or "",
+        "pid": row.get("pid") or 0,
+        "world_size": row.get("world_size") or 0,
+        "last_step": step,
+        "last_seen": row.get("last_time"),
+        "first_seen": row.get("first_time"),
+        "records": row.get("records"),
+        "message": message,
+        "divergent": [],
+        "z": {},
+        "values": {},
+        "dropped": 0,
+        "gaps": [],
+    }
+
+
+def stored_run_state(ranks: Sequence[Mapping[str, Any]], world_size: int) -> str:
+    """``crashed`` (any rank crashed), ``finished`` (every rank of the world finished), else
+    ``ended``: the records stop, and not every rank said why."""
+    states = {r["state"] for r in ranks}
+    if "crashed" in states:
+        return "crashed"
+    if states == {"finished"} and len(ranks) >= world_size:
+        return "finished"
+    return "ended"
+
+
+def stored_run_entry(
+    summary: Mapping[str, Any], ranks: Sequence[Mapping[str, Any]], metrics: Sequence[str]
+) -> dict[str, Any]:
+    """A stored run (a ``Store.runs`` row and its ranks' entries) as a snapshot run entry, with
+    ``history: true``, its ranks' states counted in ``ended_without_event`` when some ranks
+    gave no reason. ``last_time`` and ``record_time`` are the records' own time."""
+    world = int(summary.get("world_size") or 0) or len(ranks)
+    silent = sum(r["state"] == UNKNOWN_END for r in ranks)
+    return {
+        "run": summary["run"],
+        "state": stored_run_state(ranks, world),
+        "history": True,
+        "world_size": world,
+        "first_time": summary.get("first_time"),
+        "last_time": summary.get("last_time"),
+        "record_time": summary.get("last_time"),
+        "last_step": summary.get("last_step"),
+        "records": summary.get("records"),
+        "ended_without_event": silent,
+        "divergences": [],
+        "incidents": [],
+        "ranks_seen": len(ranks),
+        "rank_states": dict(Counter(r["state"] for r in ranks)),
+        "metrics": sorted(metrics),
+    }
+
+
+def newest_first(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The one run order of ``status``, ``/api/status`` and ``/api/runs``: latest record first
+    (ties by name, so the order is stable)."""
+
+    def key(r: Mapping[str, Any]) -> tuple[float, str]:
+        t = r.get("last_time")
+        return (-(float(t) if isinstance(t, (int, float)) else 0.0), str(r.get("run")))
+
+    return sorted(runs, key=key)

@@ -157,6 +157,7 @@ class _LegacyContext:
         self._path = path
         self._world: int | None = None
         self._mtime: float | None = None
+        self._last_time: float | None = None  # the latest timestamp a line of the file gave
 
     def world_size(self) -> int:
         """The ranks of this model whose files sit next to this one (max rank + 1)."""
@@ -174,6 +175,18 @@ class _LegacyContext:
             self._mtime = self._path.stat().st_mtime
         return self._mtime
 
+    def _time(self, raw: dict[str, Any]) -> Any:
+        """The line's timestamp; without one (the callback's last ``train_end`` line has
+        none), the file's latest so far: the file's mtime is when it was last copied as often
+        as when the training wrote it, and would date the end of a run to the import."""
+        given = raw.get("timestamp", raw.get("time"))
+        if given is None:
+            return self._last_time if self._last_time is not None else self.mtime()
+        t = _timestamp(given, 0.0)
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+            self._last_time = t if self._last_time is None else max(self._last_time, t)
+        return t
+
     def record(self, raw: dict[str, Any], lineno: int) -> Record:
         rank = raw.get("rank", self.file_rank)
         if rank is None:
@@ -182,7 +195,7 @@ class _LegacyContext:
             "run": self.run,
             "rank": rank,
             "seq": lineno,
-            "time": _timestamp(raw.get("timestamp", raw.get("time")), self.mtime()),
+            "time": self._time(raw),
             "world_size": raw.get("world_size", self.world_size()),
             "host": raw.get("host", ""),
             "pid": raw.get("pid", 0),
