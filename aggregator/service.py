@@ -1,7 +1,7 @@
 """The aggregator: every part wired in one place.
 
     receive -> decode -> dedupe (SeqTracker) -> restarts -> health -> store.append -> merge
-            -> divergence -> (tick) alerts -> console / webhooks -> live feed
+            -> divergence -> (tick) alerts -> incidents -> sinks (console, webhooks) -> live feed
 
 One service thread runs the receive loop and, every ``flush_interval_s``, a tick (expire partial
 steps, evaluate alerts, publish feed increments, ask agents to resend gaps). A second thread
@@ -13,6 +13,7 @@ live data and imports dedupe against each other. A lock makes ``add``, the tick 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -31,8 +32,10 @@ from rankwatch.agent.wire.records import (
 from rankwatch.aggregator.alerts.rules import Alert, AlertEngine
 from rankwatch.aggregator.alerts.sinks.base import Sink
 from rankwatch.aggregator.alerts.sinks.console import ConsoleSink
+from rankwatch.aggregator.alerts.sinks.fanout import deliver
 from rankwatch.aggregator.alerts.sinks.http import Webhooks
 from rankwatch.aggregator.alerts.sinks.words import alert_dict
+from rankwatch.aggregator.counters import service_counters
 from rankwatch.aggregator.dedupe import dedupe
 from rankwatch.aggregator.divergence.detector import (
     DivergenceDetector,
@@ -53,26 +56,19 @@ from rankwatch.aggregator.settings import (
     FLUSH_INTERVAL_S,
     HEALTH_EVERY_S,
     IMPORT_LIVE_WINDOW_S,
-    INGEST_COUNTERS,
     LIVE_RETENTION_S,
     MAX_FEED_POINTS,
     RANKS_REFRESH_S,
-    RECORD_COUNTERS,
     SINK_CLOSE_S,
     STOP_TIMEOUT_S,
     STORE_RETRY_S,
     ServeConfig,
     tune_gc,
 )
-from rankwatch.aggregator.snapshot import (
-    RankInputs,
-    newest_first,
-    rank_entries,
-    rank_inputs,
-    run_entry,
-)
+from rankwatch.aggregator.snapshot import RankInputs, build_snapshot, rank_entries, rank_inputs
 from rankwatch.aggregator.stacks import StackIntake
 from rankwatch.aggregator.store.db import Store, StoreError
+from rankwatch.aggregator.store.flusher import Flusher
 
 log = logging.getLogger("rankwatch.service")
 
@@ -98,7 +94,7 @@ class Aggregator:
         if cfg.console_alerts:
             self.sinks.append(ConsoleSink())
         self.receiver: Receiver | None = None
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()  # add, tick and the snapshot's copy hold it
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._started = False
@@ -109,15 +105,19 @@ class Aggregator:
         self.stacks = StackIntake()  # heartbeats' stack samples, drained by the tick
         self._health: tuple[int, float, dict[str, dict[int, RankHealth]]] | None = None
         # Latest values for the snapshot.
-        self._values: dict[tuple[str, int], dict[str, float]] = {}
+        self.values: dict[tuple[str, int], dict[str, float]] = {}  # latest per (run, rank)
         self._z: dict[tuple[str, str], Mapping[int, RankScore]] = {}
         self._ranks_sent: dict[str, float] = {}
         self.resender = Resender()
         self.stored_runs = StoredRuns(self.store)
-        self._store_error: str | None = None
-        self._store_retry_at = 0.0
+        self.flusher = Flusher(
+            self.store,
+            max(cfg.store_flush_s, cfg.flush_interval_s),
+            cfg.store_backlog_records,
+            STORE_RETRY_S,
+        )
         self.n = {
-            "received": 0, "accepted": 0, "duplicates": 0, "imported": 0, "store_errors": 0,
+            "received": 0, "accepted": 0, "duplicates": 0, "imported": 0,
             "resend_requests": 0, "sink_errors": 0, "feed_sampled_ticks": 0, "internal_errors": 0,
         }  # fmt: skip
         self._logged_errors: set[str] = set()
@@ -134,7 +134,8 @@ class Aggregator:
         self.receiver = Receiver(cfg.ingest_host, cfg.ingest_port, curve_dir=cfg.curve_dir)
         self._started = True
         self._stop.clear()
-        for name, target in (("ingest", self._ingest_loop), ("flush", self._flush_loop)):
+        flush = functools.partial(self.flusher.run, self._stop)
+        for name, target in (("ingest", self._ingest_loop), ("flush", flush)):
             thread = threading.Thread(target=target, name=f"rankwatch-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -197,41 +198,10 @@ class Aggregator:
             self._logged_errors.add(kind)
             log.exception("rankwatch: internal error (%s); ingest goes on, please report", kind)
 
-    def _flush_loop(self) -> None:
-        # The wait starts when a flush ends: a flush has a fixed cost, and starting
-        # them on a fixed period makes more, smaller ones under load (more aggregator CPU
-        # per record at 4,096 ranks, docs/benchmarks.md). Unless a backlog built up during
-        # the flush: a flush that big costs little per record, and waiting only grows it.
-        pause = max(self.config.store_flush_s, self.config.flush_interval_s)
-        wait = pause
-        while not self._stop.wait(wait):
-            flushed = self.flush_store()
-            backlog = flushed and self.store.pending() >= self.config.store_backlog_records
-            wait = 0.0 if backlog else pause
-
     def flush_store(self) -> bool:
-        """Write buffered records; on failure log once, count, and retry later."""
-        now = time.monotonic()
-        if self._store_error is not None and now < self._store_retry_at:
-            return False
-        try:
-            self.store.flush()
-        except StoreError as exc:
-            self.n["store_errors"] += 1
-            self._store_retry_at = now + STORE_RETRY_S
-            if self._store_error is None:
-                log.error(
-                    "rankwatch: cannot write the store (%s); the live view goes on and records "
-                    "stay in memory; retrying every %.0f s",
-                    exc,
-                    STORE_RETRY_S,
-                )
-            self._store_error = str(exc)
-            return False
-        if self._store_error is not None:
-            log.warning("rankwatch: the store is writable again; buffered records are stored")
-            self._store_error = None
-        return True
+        """Write buffered records now (the flush thread does it on its own); False when the
+        store refused them (they stay buffered, retried every ``STORE_RETRY_S``)."""
+        return self.flusher.flush()
 
     # --- the pipeline --------------------------------------------------------------------
 
@@ -248,7 +218,7 @@ class Aggregator:
 
         Imported records older than ``IMPORT_LIVE_WINDOW_S`` only go to the store."""
         now = time.time() if now is None else now
-        with self._lock:
+        with self.lock:
             made = self.restarts.restarts
             fresh, received = dedupe(as_blocks(records), self.seqs, self.restarts)
             made = self.restarts.restarts - made  # restart events: the aggregator's own records
@@ -277,7 +247,7 @@ class Aggregator:
         """Health, latest values, merge and divergence for accepted records."""
         observe = self.health.observe
         merge, merge_block = self.merger.add, self.merger.add_block
-        values = self._values
+        values = self.values
         tick_steps = self._tick_steps
         groups: list[StepValues | StepGrid] = []
         # Health only needs the newest step record of a rank in a batch; older ones are
@@ -328,7 +298,7 @@ class Aggregator:
     def tick(self, now: float | None = None) -> list[Alert]:
         """Periodic work; returns the alert transitions (the service thread calls it)."""
         now = time.time() if now is None else now
-        with self._lock:
+        with self.lock:
             for result in self.detector.update_many(self.merger.expire(now)):
                 self._take(result)
             health = self._health_snapshot(now)
@@ -356,12 +326,7 @@ class Aggregator:
             self._incident(change)
         for alert in transitions:
             self.feed.publish({"type": "alert", **alert_dict(alert)})
-            for sink in self.sinks:
-                try:
-                    sink.submit(alert)
-                except Exception:  # one broken sink must not stop the others or ingest
-                    self.n["sink_errors"] += 1
-                    log.exception("rankwatch: alert sink %s failed", sink.name)
+            self.n["sink_errors"] += deliver(self.sinks, alert)
         return transitions
 
     def _health_snapshot(self, now: float) -> dict[str, dict[int, RankHealth]]:
@@ -383,8 +348,8 @@ class Aggregator:
             if over and now - last > LIVE_RETENTION_S:
                 for part in (self.health, self.merger, self.detector, self.incidents):
                     part.forget(run)
-                for key in [k for k in self._values if k[0] == run]:
-                    del self._values[key]
+                for key in [k for k in self.values if k[0] == run]:
+                    del self.values[key]
                 for zkey in [k for k in self._z if k[0] == run]:
                     del self._z[zkey]
                 self._ranks_sent.pop(run, None)
@@ -410,20 +375,12 @@ class Aggregator:
         self.feed.publish(
             {"type": "incident", "run": body["run"], "change": change.change, "incident": body}
         )
-        for sink in self.sinks:
-            tell = getattr(sink, "submit_incident", None)
-            if tell is None:
-                continue
-            try:
-                tell(change)
-            except Exception:  # one broken sink must not stop the others or ingest
-                self.n["sink_errors"] += 1
-                log.exception("rankwatch: alert sink %s failed", sink.name)
+        self.n["sink_errors"] += deliver(self.sinks, change)
 
     def incidents_of(self, run: str) -> list[dict[str, Any]]:
         """Every incident of ``run``, newest first: as the tracker judges them now, and those
         only the store still holds (an earlier `serve`, a run retired from the live state)."""
-        with self._lock:
+        with self.lock:
             live = {inc.id: jsonable(inc.as_dict()) for inc in self.incidents.incidents(run)}
         stored = {inc["id"]: inc for inc in self.store.incidents(run)}
         merged = {**stored, **live}
@@ -447,11 +404,11 @@ class Aggregator:
     # --- reading -----------------------------------------------------------------------------
 
     def _rank_entries(self, run: str, ranks: dict[int, RankHealth]) -> list[dict[str, Any]]:
-        return rank_entries(self._rank_inputs(run, ranks))
+        return rank_entries(self.rank_inputs_of(run, ranks))
 
-    def _rank_inputs(self, run: str, ranks: dict[int, RankHealth]) -> RankInputs:
+    def rank_inputs_of(self, run: str, ranks: dict[int, RankHealth]) -> RankInputs:
         return rank_inputs(
-            run, ranks, self.detector.active(run), self._z, self._values, self.seqs.gaps,
+            run, ranks, self.detector.active(run), self._z, self.values, self.seqs.gaps,
             self.restarts.current,
         )  # fmt: skip
 
@@ -471,63 +428,8 @@ class Aggregator:
         for those without live state; history.py), newest first, and each live run's
         ``record_time``, the time its latest stored record carries (the training's clock: an
         import's records arrive now but were written long ago)."""
-        now = time.time() if now is None else now
-        inputs: dict[str, RankInputs] = {}
-        with self._lock:
-            health = self.health.snapshot(now, run)
-            runs = []
-            for name, states in health.items():
-                entry = run_entry(name, states, self.detector.active(name))
-                known = self.incidents.incidents(name)
-                entry["incidents"] = [jsonable(i.as_dict()) for i in known if i.state == "firing"]
-                entry["incidents_total"] = len(known)
-                if ranks:
-                    inputs[name] = self._rank_inputs(name, states)
-                else:
-                    entry["ranks_seen"] = len(states)
-                    values = self._values
-                    entry["metrics"] = sorted(
-                        {m for rank in states for m in values.get((name, rank), ())}
-                    )
-                runs.append(entry)
-        for entry in runs:
-            if entry["run"] in inputs:
-                entry["ranks"] = rank_entries(inputs[entry["run"]])
-        if history:
-            stored = self.store.runs()
-            record_times = {s["run"]: s["last_time"] for s in stored}
-            for entry in runs:
-                entry["record_time"] = record_times.get(entry["run"])
-            live = {entry["run"] for entry in runs}
-            runs = newest_first([*runs, *self.stored_runs.entries(stored, live, run, ranks)])
-        return {"now": now, "runs": runs}
+        return build_snapshot(self, time.time() if now is None else now, run, ranks, history)
 
     def counters(self) -> dict[str, Any]:
         """Flat-ish counters (Prometheus takes one level of nesting as a label)."""
-        rx = self.receiver.counters() if self.receiver is not None else {}
-        n = dict(self.n)
-        out: dict[str, Any] = {f"records_{k}": n.pop(k) for k in RECORD_COUNTERS}
-        out.update({f"ingest_{k}": rx.get(k, 0) for k in INGEST_COUNTERS})
-        out.update(n)  # resend_requests, store_errors, sink_errors, internal_errors, ...
-        out.update(
-            ingest_errors=rx.get("reasons", {}),
-            ingest_refused_by=rx.get("refused_by", {}),
-            control_sent=rx.get("control_sent", 0),
-            control_failed=rx.get("control_failed", 0),
-            rank_restarts=self.restarts.restarts,  # new incarnations of known ranks
-            incidents_evicted=self.incidents.evicted,
-            incidents_dropped_evidence=self.incidents.dropped_evidence,
-            incidents_refused_stacks=self.incidents.refused_stacks,
-            **self.stacks.counters(),  # stack samples from heartbeats: received, refused, ...
-            merge_late=self.merger.late,
-            merge_evicted=self.merger.evicted,
-            feed_published=self.feed.published,
-            feed_dropped=self.feed.dropped,
-            feed_subscribers=self.feed.subscribers,
-            store_failing=int(self._store_error is not None),
-            **self.store.counters(),  # records set aside, band settles that failed
-            webhooks=self.webhooks.counters(),
-            senders=rx.get("senders", {}),  # per run/rank: nested, so not a Prometheus label
-        )
-        return out
-
+        return service_counters(self)

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankwatch.aggregator.divergence.types import Divergence, RankScore, z_map
 from rankwatch.aggregator.feed import jsonable, rank_entry
 from rankwatch.aggregator.health import RankHealth, run_state
+
+if TYPE_CHECKING:
+    from rankwatch.aggregator.service import Aggregator
 
 MAX_GAPS_REPORTED = 20  # seq gaps per rank in the snapshot
 
@@ -162,3 +165,39 @@ def newest_first(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return (-(float(t) if isinstance(t, (int, float)) else 0.0), str(r.get("run")))
 
     return sorted(runs, key=key)
+
+
+def build_snapshot(
+    agg: Aggregator, now: float, run: str | None, ranks: bool, history: bool
+) -> dict[str, Any]:
+    """``Aggregator.snapshot``: the inputs copied under the service's lock, the entries built
+    without it."""
+    inputs: dict[str, RankInputs] = {}
+    with agg.lock:
+        health = agg.health.snapshot(now, run)
+        runs = []
+        for name, states in health.items():
+            entry = run_entry(name, states, agg.detector.active(name))
+            known = agg.incidents.incidents(name)
+            entry["incidents"] = [jsonable(i.as_dict()) for i in known if i.state == "firing"]
+            entry["incidents_total"] = len(known)
+            if ranks:
+                inputs[name] = agg.rank_inputs_of(name, states)
+            else:
+                entry["ranks_seen"] = len(states)
+                values = agg.values
+                entry["metrics"] = sorted(
+                    {m for rank in states for m in values.get((name, rank), ())}
+                )
+            runs.append(entry)
+    for entry in runs:
+        if entry["run"] in inputs:
+            entry["ranks"] = rank_entries(inputs[entry["run"]])
+    if history:
+        stored = agg.store.runs()
+        record_times = {s["run"]: s["last_time"] for s in stored}
+        for entry in runs:
+            entry["record_time"] = record_times.get(entry["run"])
+        live = {entry["run"] for entry in runs}
+        runs = newest_first([*runs, *agg.stored_runs.entries(stored, live, run, ranks)])
+    return {"now": now, "runs": runs}
