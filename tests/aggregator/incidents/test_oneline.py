@@ -42,6 +42,12 @@ CASES = [
         " Default/grad_reducer-DistributedGradReducer/AllReduce-op2",
         True,
     ),
+    (
+        "torchrun_demo_crash_peer_gloo.txt",
+        "RuntimeError: Got the following error when running the callback: RuntimeError:"
+        " [.../pair.cc:553] Connection closed by peer [127.0.0.1]:31647.",
+        True,
+    ),
     ("user_valueerror.txt", "ValueError: label 7 out of range for 5 classes", False),
     (
         "torch_cuda_oom.txt",
