@@ -69,3 +69,16 @@ def test_real_hang_peers_failing_in_allreduce_name_the_sleeping_rank() -> None:
     t.observe(T0 + 9, health=[term])
     (inc,) = t.incidents(RUN)
     assert (inc.cause, inc.culprits, inc.affected, inc.step) == ("hang", (2,), (0, 1, 3), 11)
+
+
+def test_a_hung_rank_first_seen_without_a_step_hangs_after_its_peers_last_step() -> None:
+    # As the service feeds it: rank 2's only health change so far is its first sight, before
+    # any step; ranks 0, 1, 3 then fail in the all-reduce after step 11. Until rank 2's own
+    # SIGTERM arrives, the incident must still say after which step it hung.
+    t = IncidentTracker()
+    deliver(t, [("health", health(r, step=None)) for r in range(4)])
+    text = crash_text("msrun_demo_hang_peer_allreduce.txt").removeprefix("crashed: builtins.")
+    t.observe(T0 + 8, health=[crashed(r, text, step=11, since=T0 + 8) for r in (0, 1, 3)])
+    (inc,) = t.incidents(RUN)
+    assert (inc.cause, inc.culprits, inc.step) == ("hang", (2,), 11)
+    assert "hung after step 11" in inc.summary, inc.summary
