@@ -159,11 +159,15 @@ def _hang(
         first_silence = min((f.time for f in silent if f.rank in named), default=None)
         if step is None:  # no stall seen: the step they stopped after
             # The health held for a rank is that of its last state change, which for a rank
-            # still "alive" may be its first sight, before any step. The peers cannot pass a
-            # collective it has not joined: the step they failed after is then the best known.
-            known = [s for r in culprits if (s := health[r].last_step) is not None]
-            floor = [f.step for f in collective if f.step is not None]
-            step = min(known or floor, default=None)
+            # still "alive" may be long ago (its first sight, before any step). The peers could
+            # not finish a step whose collectives it had not joined, so it got to at least the
+            # step before theirs; an older step is stale, and theirs is the better guess.
+            known = min(
+                (s for r in culprits if (s := health[r].last_step) is not None), default=None
+            )
+            peers = min((f.step for f in collective if f.step is not None), default=None)
+            stale = peers is not None and (known is None or known < peers - 1)
+            step = peers if stale else known
         if first_silence is not None and first_silence < collective[0].time:
             cause = "lost"
         return cause, culprits, "its peers failed in collectives waiting for it", step

@@ -7,6 +7,8 @@ their evidence without a job.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.divergence.types import Divergence
@@ -42,8 +44,7 @@ def divergence_alert(metric: str, state: str = "firing") -> Alert:
 def test_an_outlier_in_a_timing_metric_is_slowness(metric: str, cause: str) -> None:
     t = IncidentTracker()
     deliver(t, world(4))
-    d = data_time_outlier()
-    t.observe(T0 + 10, divergences=[Divergence(**{**d.__dict__, "metric": metric})])
+    t.observe(T0 + 10, divergences=[replace(data_time_outlier(), metric=metric)])
     t.observe(T0 + 10.5, alerts=[divergence_alert(metric)])
     (inc,) = t.incidents(RUN)
     assert (inc.cause, inc.culprits, inc.affected, inc.step) == (cause, (2,), (), SLOW_STEP)
@@ -71,14 +72,17 @@ def test_real_hang_peers_failing_in_allreduce_name_the_sleeping_rank() -> None:
     assert (inc.cause, inc.culprits, inc.affected, inc.step) == ("hang", (2,), (0, 1, 3), 11)
 
 
-def test_a_hung_rank_first_seen_without_a_step_hangs_after_its_peers_last_step() -> None:
-    # As the service feeds it: rank 2's only health change so far is its first sight, before
-    # any step; ranks 0, 1, 3 then fail in the all-reduce after step 11. Until rank 2's own
-    # SIGTERM arrives, the incident must still say after which step it hung.
+@pytest.mark.parametrize("held", [None, 4])
+def test_a_hung_rank_with_stale_health_hangs_after_its_peers_last_step(held: int | None) -> None:
+    # As the service feeds it: the health held for rank 2 is that of its last state change,
+    # its first sight (no step) or a change long before the fault (step 4 in a torchrun run);
+    # ranks 0, 1, 3 then fail in the all-reduce after step 11. Until rank 2's own SIGTERM
+    # arrives, the incident (and the message sent when it opens) must say step 11.
     t = IncidentTracker()
-    deliver(t, [("health", health(r, step=None)) for r in range(4)])
+    deliver(t, [("health", health(r, step=held if r == 2 else 11)) for r in range(4)])
     text = crash_text("msrun_demo_hang_peer_allreduce.txt").removeprefix("crashed: builtins.")
-    t.observe(T0 + 8, health=[crashed(r, text, step=11, since=T0 + 8) for r in (0, 1, 3)])
+    changes = t.observe(T0 + 8, health=[crashed(r, text, step=11, since=T0 + 8) for r in (0, 1, 3)])
     (inc,) = t.incidents(RUN)
     assert (inc.cause, inc.culprits, inc.step) == ("hang", (2,), 11)
-    assert "hung after step 11" in inc.summary, inc.summary
+    assert [c.change for c in changes] == ["opened"]
+    assert "hung after step 11" in changes[0].incident.summary, changes[0].incident.summary
