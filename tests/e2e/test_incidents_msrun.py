@@ -36,6 +36,8 @@ FAULT_RANK = 2
 FAULT_STEP = 12
 LOST_AFTER_S = 5.0
 OTHERS = tuple(r for r in range(RANKS) if r != FAULT_RANK)
+CAUSE_WORDS = {"nonfinite": "non-finite", "divergence": "diverged", "hang": "hung",
+               "crash": "crashed", "slow": "slow"}  # fmt: skip
 
 
 @dataclass
@@ -84,6 +86,7 @@ class Job:
     steps: dict[int, dict[int, float]]  # rank -> step -> record time
     states: dict[int, dict[str, Any]]
     log: Path
+    console: list[str]  # serve's [INCIDENT] / [UPDATED] / [RESOLVED] lines of this run
 
     def step_time(self, rank: int, step: int) -> float:
         return self.steps[rank][step]
@@ -99,6 +102,7 @@ class Job:
                 f"basis={inc['basis']!r} summary={inc['summary']!r}"
             )
             lines += [f"    {e['step']} r{e['rank']} {e['what'][:120]}" for e in inc["timeline"]]
+        lines += [f"  console: {line[:200]}" for line in self.console]
         return "\n".join(lines)
 
 
@@ -132,7 +136,13 @@ def watch_job(
     times: dict[int, dict[int, float]] = {}
     for rank, recs in read_jsonl(Path(env["RANKWATCH_LOG_DIR"]) / run).items():
         times[rank] = {r.step: r.time for r in recs if isinstance(r, records.StepRecord)}
-    job = Job(run, code, incidents, watcher, times, states, log)
+    console = [
+        line.split(" rankwatch ", 1)[-1]
+        for line in serve.log.read_text(errors="replace").splitlines()
+        if f"] {run}: " in line
+        and any(w in line for w in ("[INCIDENT]", "[UPDATED]", "[RESOLVED]"))
+    ]
+    job = Job(run, code, incidents, watcher, times, states, log, console)
     (tmp_path / "seen.json").write_text(json.dumps({"states": states, "incidents": incidents}))
     print(job.describe())
     return job
@@ -183,6 +193,16 @@ def assert_one_incident(job: Job, cause: str, fault_time: float) -> dict[str, An
     assert inc["culprits"] == [FAULT_RANK], job.describe()
     assert inc["cause"] == cause, job.describe()
     assert FAULT_RANK not in inc["affected"] + inc["terminated"], job.describe()
+    # The console said it once when it opened, with the culprit and cause, and never changed
+    # its mind (an [UPDATED] line means the culprit or the cause changed).
+    word = CAUSE_WORDS[cause]
+    opened = [
+        line
+        for line in job.console
+        if line.startswith(f"[INCIDENT] {job.run}: rank {FAULT_RANK} {word}:")
+    ]
+    assert len(opened) == 1, job.describe()
+    assert not [line for line in job.console if line.startswith("[UPDATED]")], job.describe()
     return inc
 
 
@@ -239,6 +259,8 @@ def test_hang_names_the_sleeping_rank(serve_factory: Any, tmp_path: Path) -> Non
     inc = assert_one_incident(job, "hang", fault_time)
     assert set(inc["affected"] + inc["terminated"]) == set(OTHERS), job.describe()
     assert FAULT_STEP - 1 in culprit_steps(inc), job.describe()
+    hung = [line for line in job.console if line.startswith("[INCIDENT]")]
+    assert f"hung after step {FAULT_STEP - 1} " in hung[0], job.describe()  # as first said
     open_delay(job, inc, fault_time)
 
 

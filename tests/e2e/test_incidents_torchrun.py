@@ -88,4 +88,6 @@ def test_torch_hang_names_the_sleeping_rank(serve_factory: Any, tmp_path: Path) 
     inc = assert_one_incident(job, "hang", fault_time)
     assert set(inc["affected"] + inc["terminated"]) == set(OTHERS), job.describe()
     assert FAULT_STEP - 1 in culprit_steps(inc), job.describe()
+    hung = [line for line in job.console if line.startswith("[INCIDENT]")]
+    assert f"hung after step {FAULT_STEP - 1} " in hung[0], job.describe()  # as first said
     open_delay(job, inc, fault_time)
