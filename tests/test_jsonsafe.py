@@ -34,7 +34,7 @@ from rankwatch.agent.wire.records import (
 )
 from rankwatch.aggregator import feed
 from rankwatch.aggregator.alerts.sinks.words import alert_dict
-from rankwatch.aggregator.ingest import importer
+from rankwatch.aggregator.ingest import legacy
 from rankwatch.dashboard import jsonenc, prom, seriesfmt
 
 FLOATS = [math.nan, math.inf, -math.inf, -0.0, 0.0, 1.5, 1e308, -1e308, 5e-324, 2.0**53 + 2]
@@ -137,8 +137,8 @@ def test_decoders_agree(string: str) -> None:
     assert isinstance(rec, StepRecord)
     got = {
         "records": rec.metrics["m"],
-        "importer": importer._number("m", string),
-        "importer, Python's repr as older tools wrote it": importer._number("m", repr(value)),
+        "importer": legacy._number("m", string),
+        "importer, Python's repr as older tools wrote it": legacy._number("m", repr(value)),
         "jsonenc": jsonenc.parse_finite(string),
     }
     for name, back in got.items():
