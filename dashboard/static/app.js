@@ -5,6 +5,7 @@
 import { MetricChart } from './charts.js';
 import { bindControls, syncControls } from './controls.js';
 import { Heatmap } from './heatmap.js';
+import * as incidents from './incidents.js';
 import * as panels from './panels.js';
 import { readUrl, writeUrl } from './urlstate.js';
 import { api, debounce, formatRanks, mergeRanks, runPath, throttle } from './util.js';
@@ -13,6 +14,8 @@ const REDRAW_INTERVAL_MS = 250; // at most 4 redraws a second, however fast poin
 const RUNS_POLL_MS = 3000;
 const RANKS_POLL_MS = 2000;
 const ALERTS_POLL_MS = 3000;
+const INCIDENTS_POLL_MS = 5000; // the stream pushes each change; this catches a missed one
+const INCIDENT_ZOOM_STEPS = 20; // steps either side of the fault step, as in the alerts' links
 const HEATMAP_REFRESH_MS = 4000; // while live; heatmaps of many ranks cost more to redraw
 const HEATMAP_REFRESH_MANY_MS = 12000;
 const MANY_RANKS = 64;
@@ -42,6 +45,7 @@ const state = {
   events: [],
   sort: { key: 'rank', dir: 1 },
   connected: false,
+  allRanks: false, // at phone width: every rank in the table, not only those that matter
 };
 const charts = new Map(); // metric -> MetricChart
 const firstDrawn = {}; // metric -> {step: Date.now() when the step was first drawn}
@@ -78,6 +82,10 @@ const app = {
     }
     return hi === lo ? [lo, hi + 1] : [lo, hi];
   },
+  // A rank's part in the run's incident (culprit, affected, terminated, or null), and the
+  // chart style that goes with it: the charts ask these before their divergent colours.
+  rankRole: incidents.rankRole,
+  roleStyle: (rank) => incidents.roleStyle(rank, state.selected),
   tableMetric() {
     return state.metrics.includes('loss') ? 'loss' : state.metrics[0] || 'loss';
   },
@@ -227,6 +235,44 @@ async function loadAlerts() {
   const resp = await api('/api/alerts', { run: state.run });
   state.firing = resp.firing;
   panels.renderBanner($('banner'), state.firing, serverNow());
+  renderAlertsToggle();
+}
+
+async function loadIncidents() {
+  if (!state.run) return;
+  const run = state.run;
+  const resp = await api(runPath(run, 'incidents'));
+  if (resp.run !== state.run || run !== state.run) return;
+  if (incidents.setIncidents(resp.incidents)) incidentsChanged();
+}
+
+// Roles changed: every chart restyles, the card, history, table and chips follow.
+function incidentsChanged() {
+  for (const c of charts.values()) c.needsFull = true;
+  scheduleRedraw();
+  renderIncidents();
+  renderPanels();
+}
+
+function renderIncidents() {
+  incidents.renderIncidentCard($('incident'), state.ranks, serverNow());
+  incidents.renderHistory($('incident-history'), serverNow());
+}
+
+function renderIncidentsOnTick() {
+  incidents.renderIncidentCard($('incident'), state.ranks, serverNow()); // rebuilt only on change
+  incidents.refreshAges($('incident-history'), serverNow());
+  renderAlertsToggle();
+}
+
+// With an incident on the card, the per-rank alert lines (one per rank and metric, in rank
+// order, so a NaN that spread starts with "rank 0") fold behind one button.
+function renderAlertsToggle() {
+  const toggle = $('alerts-toggle');
+  const n = state.firing.length;
+  toggle.hidden = !incidents.shown() || n === 0;
+  const open = document.body.classList.contains('alerts-open');
+  toggle.textContent = open ? `hide the ${n} alert lines` : `${n} ${n === 1 ? 'alert' : 'alerts'} firing: show them`;
 }
 
 async function loadEvents() {
@@ -265,6 +311,9 @@ async function selectRun(run, resetView = true) {
   charts.clear();
   heatmap.clear();
   Object.assign(state, { run, metrics: [], ranks: [], divergent: new Map(), firing: [], events: [] });
+  incidents.setIncidents([]);
+  incidents.focusIncident(null);
+  renderIncidents();
   if (resetView) Object.assign(state, { zoom: null, selected: new Set(), heatMetric: null });
   window.rankwatch.ready = false;
   writeUrl(state);
@@ -276,7 +325,7 @@ async function selectRun(run, resetView = true) {
   const attempt = (p) => p.catch(showError);
   await withLiveBuffer(async () => {
     await attempt(loadMetrics());
-    await Promise.all([loadRanks(), loadEvents(), loadAlerts(), reloadAllSeries()].map(attempt));
+    await Promise.all([loadRanks(), loadEvents(), loadAlerts(), loadIncidents(), reloadAllSeries()].map(attempt));
   });
   await attempt(loadHeatmap());
   for (const ms of CATCH_UP_MS) {
@@ -323,6 +372,7 @@ function setConnected(on) {
 
 const refreshRanksSoon = throttle(() => loadRanks().catch(showError), 1000);
 const refreshAlertsSoon = throttle(() => loadAlerts().catch(showError), 1000);
+const refreshIncidentsSoon = throttle(() => loadIncidents().catch(showError), 1000);
 const refreshEventsSoon = throttle(() => { loadEvents().catch(showError); loadRuns().catch(showError); }, 1000);
 const refreshMetricsSoon = throttle(async () => {
   const added = await loadMetrics();
@@ -367,6 +417,10 @@ function handle(msg) {
     case 'event':
       refreshEventsSoon();
       break;
+    case 'incident':
+      if (incidents.applyIncidentChange(msg)) incidentsChanged();
+      else refreshIncidentsSoon();
+      break;
     default:
       break;
   }
@@ -410,6 +464,11 @@ function renderPanels() {
   panels.renderLegend($('legend'), app);
   panels.renderTableHead($('rank-head'), app);
   panels.renderTable($('rank-body'), app, serverNow());
+  const minor = incidents.markRanks($('rank-body'), $('legend'), state.ranks, app.highlighted(), state.selected);
+  const toggle = $('all-ranks');
+  toggle.hidden = minor === 0;
+  toggle.textContent = state.allRanks ? 'show the ranks that matter' : `show all ${state.ranks.length} ranks`;
+  $('rank-table').classList.toggle('all', state.allRanks);
 }
 
 function renderHeatPicker() {
@@ -431,6 +490,41 @@ function heatMetric() {
 function tick() {
   panels.renderFreshness($('freshness'), $('run-state'), currentRun(), serverNow());
   panels.renderBanner($('banner'), state.firing, serverNow());
+  renderIncidentsOnTick();
+}
+
+function bindIncidentControls() {
+  $('incident').addEventListener('click', (e) => {
+    const action = e.target.closest('[data-action]')?.dataset.action;
+    const inc = incidents.shown();
+    if (action === 'timeline') {
+      incidents.toggleTimeline();
+      renderIncidents();
+    } else if (action === 'zoom' && inc) {
+      // The link the alert messages carry: the culprits selected, zoomed around the fault step.
+      const p = new URLSearchParams({ run: state.run, sel: formatRanks(new Set(inc.culprits)) });
+      p.set('zoom', `${Math.max(inc.step - INCIDENT_ZOOM_STEPS, 0)}-${inc.step + INCIDENT_ZOOM_STEPS}`);
+      window.location.hash = p.toString();
+    }
+  });
+  $('incident-history').addEventListener('click', (e) => {
+    const item = e.target.closest('li[data-incident]');
+    if (!item) return;
+    incidents.focusIncident(item.dataset.incident);
+    incidentsChanged();
+  });
+  $('all-ranks').addEventListener('click', () => {
+    state.allRanks = !state.allRanks;
+    renderPanels();
+  });
+  $('alerts-toggle').addEventListener('click', () => {
+    document.body.classList.toggle('alerts-open');
+    renderAlertsToggle();
+  });
+  $('controls-toggle').addEventListener('click', () => {
+    const open = document.body.classList.toggle('controls-open');
+    $('controls-toggle').setAttribute('aria-expanded', String(open));
+  });
 }
 
 function showError(err) {
@@ -472,11 +566,13 @@ async function main() {
     refetchZoom, selectionChanged, loadHeatmap, renderPanels, showError,
   });
   heatmap = new Heatmap($('heatmap'), app);
+  bindIncidentControls();
   setInterval(tick, 1000);
   setInterval(() => loadRuns().catch(showError), RUNS_POLL_MS);
   // The stream pushes the rank table and then its changes; poll only while it is down.
   setInterval(() => { if (!state.connected) loadRanks().catch(showError); }, RANKS_POLL_MS);
   setInterval(() => loadAlerts().catch(showError), ALERTS_POLL_MS);
+  setInterval(() => loadIncidents().catch(showError), INCIDENTS_POLL_MS);
   const resp = await api('/api/runs');
   if (typeof resp.now === 'number') state.serverOffset = resp.now - Date.now() / 1000;
   state.runs = resp.runs;
