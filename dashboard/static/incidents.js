@@ -234,7 +234,9 @@ export function renderIncidentCard(node, ranks, serverNow) {
   const affected = inc.affected || [];
   const terminated = inc.terminated || [];
   const spread = [];
-  spread.push(`${plural(affected.length, 'rank', 'ranks')} affected after it${affected.length ? `: ${rankList(affected)}` : ''}`);
+  spread.push(affected.length
+    ? `${plural(affected.length, 'rank', 'ranks')} affected after it: ${rankList(affected)}`
+    : 'no other rank affected');
   if (terminated.length) spread.push(`${plural(terminated.length, 'rank', 'ranks')} terminated by the launcher: ${rankList(terminated)}`);
   parts.push(el('div', { class: 'inc-affected' }, spread.join(' · ')));
   const msg = messageOf(inc, byNumber);
