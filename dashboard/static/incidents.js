@@ -8,6 +8,7 @@
 import { ago, el } from './util.js';
 
 const TIMELINE_SHOWN = 4; // rows before "show all": the culprit's evidence comes first
+const MESSAGE_LINE_MAX = 140; // characters of the crash line on the card; the rest on a click
 const RANKS_LISTED = 12; // "affected after it: 0, 1, 3" lists this many, then "+N more"
 const CAUSE_WORDS = {
   nonfinite: 'non-finite values', divergence: 'divergence', hang: 'hang', crash: 'crash',
@@ -189,15 +190,24 @@ function timeline(inc) {
   return box;
 }
 
+// Until the rank entry carries message_line: the exception line of a traceback (its last
+// "SomeError: ..." line), else the message's first line.
+function firstMeaningful(text) {
+  const lines = text.split('\n').map((l) => l.trim()).filter(Boolean);
+  const error = lines.filter((l) => /^[\w.]*(Error|Exception|Interrupt)\b/.test(l)).pop();
+  return error || lines[0] || text;
+}
+
 // The culprit's crash message: one line here, the whole text one click away.
 function messageOf(inc, ranksByNumber) {
   const rank = (inc.culprits || [])[0];
   const r = ranksByNumber.get(rank);
   if (!r || !r.message) return null;
   const full = String(r.message);
-  const line = r.message_line ? String(r.message_line) : full.split('\n').find((l) => l.trim()) || full;
+  const line = r.message_line ? String(r.message_line) : firstMeaningful(full);
   const box = el('details', { class: 'inc-message' });
-  box.append(el('summary', {}, `rank ${rank}: ${line}`), el('pre', {}, full));
+  const short = line.length > MESSAGE_LINE_MAX ? `${line.slice(0, MESSAGE_LINE_MAX)}…` : line;
+  box.append(el('summary', {}, `rank ${rank}: ${short}`), el('pre', {}, full));
   return box;
 }
 
