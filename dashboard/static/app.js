@@ -418,6 +418,7 @@ function handle(msg) {
       refreshEventsSoon();
       break;
     case 'incident':
+      if (msg.incident && msg.incident.run !== state.run) break;
       if (incidents.applyIncidentChange(msg)) incidentsChanged();
       else refreshIncidentsSoon();
       break;
