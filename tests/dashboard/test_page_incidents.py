@@ -301,3 +301,52 @@ def test_phone_table_shows_the_ranks_that_matter_and_markup_stays_text(
     finally:
         for agent in ranks:
             agent.close()
+
+
+ROLES_JS = """async () => {
+  const m = await import('/static/incidents.js');
+  const inc = (id, state, opened, culprits, affected, terminated = []) => ({
+    id, run: 'r', cause: 'nonfinite', culprits, affected, terminated, timeline: [], opened,
+    updated: opened, resolved: state === 'resolved' ? opened + 1 : null, state,
+    summary: id, basis: '', step: 1, evidence_count: 0});
+  const roles = () => [0, 1, 2, 3, 4, 5].map(m.rankRole);
+  const out = {};
+  const two = () => [
+    inc('r#2', 'resolved', 20, [3], [4]), inc('r#1', 'firing', 10, [0], [3, 1], [5])];
+  out.changed = m.setIncidents(two());
+  out.same = m.setIncidents(two());
+  out.shown = m.shown().id;  // the firing one, though older
+  out.roles = roles();
+  m.focusIncident('r#2');
+  out.focused = [m.shown().id, ...roles()];  // rank 3: culprit of the shown one wins
+  m.focusIncident(null);
+  const done = inc('r#1', 'resolved', 10, [0], [3, 1], [5]);
+  m.applyIncidentChange({type: 'incident', change: 'resolved', incident: done});
+  out.allResolved = [m.shown().id, ...roles()];  // the newest one stays on the card
+  out.selected = [m.roleStyle(4, new Set([4])), m.roleStyle(3, new Set([3])).kind];
+  return out;
+}"""
+
+
+def test_rank_roles_follow_the_shown_and_the_firing_incidents(
+    serving: Serving, browser: Browser
+) -> None:
+    w = page_at(browser, DESKTOP)
+    w.page.goto(serving.server.url)
+    out = w.page.evaluate(ROLES_JS)
+    assert out["changed"] is True and out["same"] is False
+    assert out["shown"] == "r#1"
+    assert out["roles"] == ["culprit", "affected", None, "affected", None, "terminated"]
+    assert out["focused"] == [
+        "r#2",
+        "culprit",
+        "affected",
+        None,
+        "culprit",
+        "affected",
+        "terminated",
+    ]
+    assert out["allResolved"] == ["r#2", None, None, None, "culprit", "affected", None]
+    assert out["selected"] == [None, "culprit"]  # a selected rank keeps blue, unless culprit
+    assert w.errors == []
+    w.page.context.close()
