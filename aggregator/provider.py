@@ -151,6 +151,10 @@ class DataProvider(Protocol):
 
     def read_events(self, run: str) -> list[StoredEvent]: ...
 
+    def read_incidents(self, run: str) -> list[dict[str, Any]]:
+        """Every incident of ``run`` (``Incident.as_dict()``), newest first, live or stored."""
+        ...
+
     def snapshot(
         self, now: float | None = None, *, run: str | None = None, ranks: bool = True
     ) -> Snapshot:
@@ -226,6 +230,9 @@ class AggregatorProvider:
 
     def read_events(self, run: str) -> list[StoredEvent]:
         return self._agg.store.events(run)  # type: ignore[return-value]
+
+    def read_incidents(self, run: str) -> list[dict[str, Any]]:
+        return self._agg.incidents_of(run)
 
     def snapshot(
         self, now: float | None = None, *, run: str | None = None, ranks: bool = True

@@ -13,111 +13,56 @@ live data and imports dedupe against each other. A lock makes ``add``, the tick 
 
 from __future__ import annotations
 
-import dataclasses
-import gc
 import logging
-import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rankwatch.agent.wire.addresses import DEFAULT_INGEST_PORT
 from rankwatch.agent.wire.records import EventRecord, Record, StepBlock, StepRecord, unblock
-from rankwatch.aggregator.alerts.config import AlertConfig
 from rankwatch.aggregator.alerts.rules import Alert, AlertEngine
 from rankwatch.aggregator.alerts.sinks.base import Sink
 from rankwatch.aggregator.alerts.sinks.console import ConsoleSink
-from rankwatch.aggregator.alerts.sinks.http import WebhookConfig, Webhooks
+from rankwatch.aggregator.alerts.sinks.http import Webhooks
 from rankwatch.aggregator.alerts.sinks.words import alert_dict
+from rankwatch.aggregator.dedupe import dedupe
 from rankwatch.aggregator.divergence.detector import (
-    DivergenceConfig,
     DivergenceDetector,
     QuietSteps,
     RankScore,
     StepResult,
 )
-from rankwatch.aggregator.feed import Feed, event_message, jsonable, points_messages, rank_entry
-from rankwatch.aggregator.health import (
-    DEFAULT_MIN_STALL_S,
-    HealthTracker,
-    RankHealth,
-    run_state,
-)
+from rankwatch.aggregator.feed import Feed, event_message, jsonable, points_messages
+from rankwatch.aggregator.health import HealthTracker, RankHealth
+from rankwatch.aggregator.incidents import IncidentChange, IncidentTracker
 from rankwatch.aggregator.ingest.receiver import Receiver
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
+from rankwatch.aggregator.resend import Resender
 from rankwatch.aggregator.restarts import Restarts
 from rankwatch.aggregator.seqs import SeqTracker
+from rankwatch.aggregator.settings import (
+    FLUSH_INTERVAL_S,
+    HEALTH_EVERY_S,
+    IMPORT_LIVE_WINDOW_S,
+    INGEST_COUNTERS,
+    LIVE_RETENTION_S,
+    MAX_FEED_POINTS,
+    RANKS_REFRESH_S,
+    RECORD_COUNTERS,
+    SINK_CLOSE_S,
+    STOP_TIMEOUT_S,
+    STORE_RETRY_S,
+    ServeConfig,
+    tune_gc,
+)
+from rankwatch.aggregator.snapshot import RankInputs, rank_entries, rank_inputs, run_entry
 from rankwatch.aggregator.store.db import Store, StoreError
 
 log = logging.getLogger("rankwatch.service")
 
-DEFAULT_DATA_DIR = "rankwatch_data"
-DEFAULT_PORT = 8670
-FLUSH_INTERVAL_S = 0.2  # tick period: live feed, divergence, health (dashboard latency)
-# Store flush period. A flush has a fixed CPU cost however few rows it writes (rollups, band), so
-# it runs less often than the tick; the live view never waits for it, and a rank's JSONL plus
-# resend cover what a killed aggregator had not flushed yet.
-STORE_FLUSH_S = 0.5
-STORE_BACKLOG_RECORDS = 100_000  # this many buffered after a flush: flush again at once
-STORE_RETRY_S = 5.0  # after a failed flush, wait this long before writing again
-HEALTH_EVERY_S = 1.0  # rank health is evaluated again at least this often (see tick)
-RANKS_REFRESH_S = 2.0  # rank tables are re-sent this often even without a state change
-RESEND_CHECK_S = 0.5  # how often seq gaps are looked for (a rank about to end has little time)
-RESEND_RETRY_S = 10.0  # a gap is asked for again after this long ...
-RESEND_MAX_TRIES = 3  # ... this many times, then left to `rankwatch import`
-MAX_FEED_POINTS = 20_000  # points per tick on the live feed; beyond, records are sampled
-MAX_GAPS_REPORTED = 20  # seq gaps per rank in the snapshot
-LIVE_RETENTION_S = 6 * 3600.0  # a run over (finished, crashed, lost) this long leaves the
-# live state; the store and the dashboard's run list keep it
-IMPORT_LIVE_WINDOW_S = 600.0  # imported records newer than this also update the live state
-STOP_TIMEOUT_S = 5.0
-SINK_CLOSE_S = 2.0  # all alert sinks together, at stop: a hung webhook is abandoned after it
-GC_THRESHOLDS = (20_000, 20, 20)  # young collections every 20,000 allocations (default 700)
-RECORD_COUNTERS = ("received", "accepted", "duplicates", "imported")
-INGEST_COUNTERS = ("messages", "records", "bad_messages", "bad_records", "connections",
-                   "disconnects", "refused", "handshake_incomplete", "routes_evicted",
-                   "peer_ranks_capped", "bytes", "frames_rejected", "backlog_dropped",
-                   "backlog_full", "backlog_bytes", "peer_buffer_bytes")  # fmt: skip
-
-
-@dataclasses.dataclass
-class ServeConfig:
-    data_dir: Path = Path(DEFAULT_DATA_DIR)
-    host: str = "127.0.0.1"  # dashboard
-    port: int = DEFAULT_PORT
-    ingest_host: str = "*"  # agents
-    ingest_port: int = DEFAULT_INGEST_PORT
-    token: str | None = None
-    alerts: AlertConfig = dataclasses.field(default_factory=AlertConfig)
-    divergence: DivergenceConfig = dataclasses.field(default_factory=DivergenceConfig)
-    webhooks: list[WebhookConfig] = dataclasses.field(default_factory=list)
-    flush_interval_s: float = FLUSH_INTERVAL_S
-    store_flush_s: float = STORE_FLUSH_S
-    store_backlog_records: int = STORE_BACKLOG_RECORDS
-    lost_after_s: float = 10.0
-    min_stall_s: float = DEFAULT_MIN_STALL_S  # a rank is stalled after no step for at least this
-    merge_grace_s: float = 5.0
-    console_alerts: bool = True
-    resend_gaps: bool = True  # ask agents to re-send missing seqs from their JSONL
-    curve_dir: Path | None = None  # CurveZMQ key files (`rankwatch keys`): encrypted ingest
-    allow_hosts: tuple[str, ...] = ()  # names the dashboard answers to besides IPs, localhost
-
-    def __repr__(self) -> str:  # never print the token
-        token = "set" if self.token else None
-        return f"ServeConfig(data_dir={self.data_dir!s}, port={self.port}, token={token})"
-
-
-def tune_gc() -> None:
-    """Set the collector up for ingest (process-wide; ``rankwatch serve`` calls it once the
-    aggregator is built). Ingest makes many short-lived objects: moving what start-up built
-    out of the collector's way and collecting less often saves much of the ingest thread's
-    CPU per record (figures: docs/benchmarks.md)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-
+__all__ = ["FLUSH_INTERVAL_S", "LIVE_RETENTION_S", "MAX_FEED_POINTS", "STORE_RETRY_S",
+           "Aggregator", "ServeConfig", "tune_gc"]  # fmt: skip
 
 class Aggregator:
     """See the module docstring. ``start()`` binds the ingest port; ``stop()`` flushes."""
@@ -132,6 +77,7 @@ class Aggregator:
         self.merger = StepMerger(grace_s=cfg.merge_grace_s)
         self.detector = DivergenceDetector(cfg.divergence)
         self.alerts = AlertEngine(cfg.alerts, cfg.divergence)
+        self.incidents = IncidentTracker()
         self.webhooks = Webhooks(cfg.webhooks)
         self.sinks: list[Sink] = list(self.webhooks.sinks)
         if cfg.console_alerts:
@@ -150,9 +96,7 @@ class Aggregator:
         self._values: dict[tuple[str, int], dict[str, float]] = {}
         self._z: dict[tuple[str, str], Mapping[int, RankScore]] = {}
         self._ranks_sent: dict[str, float] = {}
-        # (inc, lo), tries, last request
-        self._resend: dict[tuple[str, int], tuple[tuple[int, int], int, float]] = {}
-        self._next_resend_check = 0.0
+        self.resender = Resender()
         self._store_error: str | None = None
         self._store_retry_at = 0.0
         self.n = {
@@ -289,7 +233,7 @@ class Aggregator:
         now = time.time() if now is None else now
         with self._lock:
             made = self.restarts.restarts
-            fresh, received = self._dedupe(as_blocks(records))
+            fresh, received = dedupe(as_blocks(records), self.seqs, self.restarts)
             made = self.restarts.restarts - made  # restart events: the aggregator's own records
             accepted = sum(len(r) if type(r) is StepBlock else 1 for r in fresh) - made
             n = self.n
@@ -312,46 +256,6 @@ class Aggregator:
             n["accepted"] += accepted  # counted once processed (benchmarks wait on it)
         return accepted
 
-    def _dedupe(self, items: Sequence[Record | StepBlock]) -> tuple[list[Record | StepBlock], int]:
-        """The items not seen before (a block whole when all of it is new), each new
-        incarnation's steps preceded by its ``restart`` event, and how many records came in."""
-        accept, accept_many = self.seqs.accept, self.seqs.accept_many
-        fresh: list[Record | StepBlock] = []
-        received = 0
-        for item in items:
-            kind = type(item)
-            if kind is not StepBlock:
-                received += 1
-                if accept(item.run, item.rank, item.seq, item.inc):
-                    if kind is StepRecord:
-                        self._restart(item, fresh)  # type: ignore[arg-type]
-                    fresh.append(item)
-                continue
-            received += len(item)
-            new = accept_many(item.run, item.rank, item.seq, item.inc)  # type: ignore[union-attr]
-            if new is None:
-                self._restart(item, fresh)  # type: ignore[arg-type]
-                fresh.append(item)
-            else:  # a resend overlapping what arrived: keep the new records only
-                for i, ok in enumerate(new):
-                    if ok:
-                        rec = item.record(i)  # type: ignore[union-attr]
-                        self._restart(rec, fresh)
-                        fresh.append(rec)
-        return fresh, received
-
-    def _restart(self, item: StepRecord | StepBlock, fresh: list[Record | StepBlock]) -> None:
-        run, rank, inc = item.run, item.rank, item.inc
-        seen = self.restarts.seen(run, rank)
-        stored = () if seen else self.seqs.stored_before(run, rank, inc)
-        event = self.restarts.observe(item, stored)
-        if event is not None:
-            log.info(
-                "rankwatch: %s rank %d restarted (incarnation %s -> %d) at step %d",
-                run, rank, event.info["previous_inc"], inc, event.step,
-            )  # fmt: skip
-            fresh.append(event)
-
     def _live(self, fresh: list[Record | StepBlock], now: float) -> None:
         """Health, latest values, merge and divergence for accepted records."""
         observe = self.health.observe
@@ -364,26 +268,24 @@ class Aggregator:
         newest: dict[tuple[str, int], StepRecord] = {}
         for rec in fresh:
             key = (rec.run, rec.rank)
-            kind = type(rec)
-            if kind is StepRecord or kind is StepBlock:
+            if isinstance(rec, (StepRecord, StepBlock)):
                 last = values.get(key)
                 if last is None:
                     last = values[key] = {}
                 tick_steps.append(rec)
-                if kind is StepBlock:
-                    newest[key] = rec.record(-1)  # one metric set: its last values are the latest
-                    last.update(newest[key].metrics)
+                if isinstance(rec, StepBlock):
+                    step = newest[key] = rec.record(-1)  # one metric set: the last is the latest
                     groups += merge_block(rec, now)
                 else:
-                    newest[key] = rec
-                    last.update(rec.metrics)
+                    step = newest[key] = rec
                     groups += merge(rec, now)
+                last.update(step.metrics)
                 continue
             held = newest.pop(key, None)
             if held is not None:
                 observe(held, now)
             observe(rec, now)
-            if kind is EventRecord:
+            if isinstance(rec, EventRecord):
                 self._tick_events.append(rec)
         for rec in newest.values():
             observe(rec, now)
@@ -394,7 +296,7 @@ class Aggregator:
     def _take(self, result: StepResult | QuietSteps) -> None:
         self._results.append(result)
         # the latest scores; z is read from them only when shown
-        if type(result) is QuietSteps:
+        if isinstance(result, QuietSteps):
             self._z[(result.run, result.metric)] = result.last_scores()
             return
         if result.scores:
@@ -411,18 +313,27 @@ class Aggregator:
             for result in self.detector.update_many(self.merger.expire(now)):
                 self._take(result)
             health = self._health_snapshot(now)
+            changed = self.health.changes(now, health)  # once a tick: it moves on every call
             results, self._results = self._results, []
             transitions = self.alerts.evaluate(now, results=results, health=health)
+            incidents = self.incidents.observe(
+                now,
+                divergences=[d for r in results if isinstance(r, StepResult) for d in r.new],
+                resolved=[d for r in results if isinstance(r, StepResult) for d in r.resolved],
+                alerts=transitions,
+                health=changed,
+            )
             steps, self._tick_steps = self._tick_steps, []
             events, self._tick_events = self._tick_events, []
             if self.feed.has_subscribers:
                 self._publish_points(steps)
                 self._publish_events(events)
-                self._publish_ranks(health, now)
-            if self.config.resend_gaps and now >= self._next_resend_check:
-                self._next_resend_check = now + RESEND_CHECK_S
+                self._publish_ranks(health, {h.run for h, _ in changed}, now)
+            if self.config.resend_gaps:
                 self._request_resends(health, now)
             self._retire_runs(health, now)
+        for change in incidents:
+            self._incident(change)
         for alert in transitions:
             self.feed.publish({"type": "alert", **alert_dict(alert)})
             for sink in self.sinks:
@@ -450,11 +361,12 @@ class Aggregator:
             over = all(h.state.value in ("finished", "crashed", "lost") for h in ranks.values())
             last = max((h.last_seen for h in ranks.values()), default=now)
             if over and now - last > LIVE_RETENTION_S:
-                for part in (self.health, self.merger, self.detector):
+                for part in (self.health, self.merger, self.detector, self.incidents):
                     part.forget(run)
-                for table in (self._values, self._z):
-                    for key in [k for k in table if k[0] == run]:
-                        del table[key]
+                for key in [k for k in self._values if k[0] == run]:
+                    del self._values[key]
+                for zkey in [k for k in self._z if k[0] == run]:
+                    del self._z[zkey]
                 self._ranks_sent.pop(run, None)
 
     def _publish_points(self, steps: list[StepRecord | StepBlock]) -> None:
@@ -467,8 +379,39 @@ class Aggregator:
         for ev in events:
             self.feed.publish(event_message(ev))
 
-    def _publish_ranks(self, health: dict[str, dict[int, RankHealth]], now: float) -> None:
-        changed = {h.run for h, _ in self.health.changes(now, health)}
+    def _incident(self, change: IncidentChange) -> None:
+        """An incident opened, changed culprit or cause, or resolved: stored, on the live
+        stream, and told to the sinks that take incidents."""
+        body = jsonable(change.incident.as_dict())
+        try:
+            self.store.append_incident(body)
+        except StoreError as exc:  # only when closed: the process is stopping
+            log.error("rankwatch: incident not stored: %s", exc)
+        self.feed.publish(
+            {"type": "incident", "run": body["run"], "change": change.change, "incident": body}
+        )
+        for sink in self.sinks:
+            tell = getattr(sink, "submit_incident", None)
+            if tell is None:
+                continue
+            try:
+                tell(change)
+            except Exception:  # one broken sink must not stop the others or ingest
+                self.n["sink_errors"] += 1
+                log.exception("rankwatch: alert sink %s failed", sink.name)
+
+    def incidents_of(self, run: str) -> list[dict[str, Any]]:
+        """Every incident of ``run``, newest first: as the tracker judges them now, and those
+        only the store still holds (an earlier `serve`, a run retired from the live state)."""
+        with self._lock:
+            live = {inc.id: jsonable(inc.as_dict()) for inc in self.incidents.incidents(run)}
+        stored = {inc["id"]: inc for inc in self.store.incidents(run)}
+        merged = {**stored, **live}
+        return sorted(merged.values(), key=lambda i: (i.get("opened", 0.0), i["id"]), reverse=True)
+
+    def _publish_ranks(
+        self, health: dict[str, dict[int, RankHealth]], changed: set[str], now: float
+    ) -> None:
         for run, ranks in health.items():
             if run in changed or now - self._ranks_sent.get(run, 0.0) >= RANKS_REFRESH_S:
                 self._ranks_sent[run] = now
@@ -476,56 +419,21 @@ class Aggregator:
                 self.feed.publish({"type": "ranks", "run": run, "ranks": entries})
 
     def _request_resends(self, health: dict[str, dict[int, RankHealth]], now: float) -> None:
-        receiver = self.receiver
-        if receiver is None:
-            return
-        current = self.restarts.current
-        for run, ranks in health.items():
-            for rank in ranks:
-                # only the newest incarnation is connected; an earlier one's gaps are left to
-                # `rankwatch import` of its JSONL
-                inc = current(run, rank)
-                gaps = self.seqs.gaps(run, rank, limit=1, inc=inc)
-                key = (run, rank)
-                if not gaps:
-                    self._resend.pop(key, None)
-                    continue
-                lo = gaps[0][0]
-                prev, tries, last = self._resend.get(key, ((0, 0), 0, -math.inf))
-                same = prev == (inc, lo)
-                if same and (tries >= RESEND_MAX_TRIES or now - last < RESEND_RETRY_S):
-                    continue
-                tries = tries + 1 if same else 1
-                if receiver.request_resend(run, rank, lo, inc):
-                    self._resend[key] = ((inc, lo), tries, now)
-                    self.n["resend_requests"] += 1
-                    log.info(
-                        "rankwatch: asked %s rank %d to resend from seq %d (%d gap(s))",
-                        run, rank, lo, self.seqs.gap_count(run, rank, inc),
-                    )  # fmt: skip
+        if self.receiver is not None:
+            self.n["resend_requests"] += self.resender.request(
+                health, now, self.seqs, self.restarts.current, self.receiver.request_resend
+            )
 
     # --- reading -----------------------------------------------------------------------------
 
     def _rank_entries(self, run: str, ranks: dict[int, RankHealth]) -> list[dict[str, Any]]:
-        return _entries(self._rank_inputs(run, ranks))
+        return rank_entries(self._rank_inputs(run, ranks))
 
-    def _rank_inputs(self, run: str, ranks: dict[int, RankHealth]) -> _RankInputs:
-        """What the rank entries of ``run`` are made of, copied (under the lock) so that the
-        entries can be built without it: building them takes far longer than the copy."""
-        flagged: dict[int, set[str]] = {}
-        for d in self.detector.active(run):
-            flagged.setdefault(d.rank, set()).add(d.metric)
-        scores = {m: sc for (r, m), sc in self._z.items() if r == run}
-        values, gaps, current = self._values, self.seqs.gaps, self.restarts.current
-        rows = [
-            (
-                h,
-                dict(values.get((run, rank), ())),
-                gaps(run, rank, limit=MAX_GAPS_REPORTED, inc=current(run, rank)),
-            )
-            for rank, h in ranks.items()
-        ]
-        return flagged, scores, rows
+    def _rank_inputs(self, run: str, ranks: dict[int, RankHealth]) -> RankInputs:
+        return rank_inputs(
+            run, ranks, self.detector.active(run), self._z, self._values, self.seqs.gaps,
+            self.restarts.current,
+        )  # fmt: skip
 
     def snapshot(
         self, now: float | None = None, *, run: str | None = None, ranks: bool = True
@@ -535,20 +443,15 @@ class Aggregator:
         ``ranks=False`` leaves out the per-rank entries (slow to build at thousands, under the
         lock ingest needs) and gives ``ranks_seen`` and the live ``metrics`` names instead."""
         now = time.time() if now is None else now
-        inputs: dict[str, _RankInputs] = {}
+        inputs: dict[str, RankInputs] = {}
         with self._lock:
             health = self.health.snapshot(now, run)
             runs = []
             for name, states in health.items():
-                steps = [h.last_step for h in states.values() if h.last_step is not None]
-                entry: dict[str, Any] = {
-                    "run": name,
-                    "state": run_state(states.values()),
-                    "world_size": max((h.world_size for h in states.values()), default=0),
-                    "last_time": max((h.last_seen for h in states.values()), default=None),
-                    "last_step": max(steps, default=None),
-                    "divergences": [jsonable(d) for d in self.detector.active(name)],
-                }
+                entry = run_entry(name, states, self.detector.active(name))
+                known = self.incidents.incidents(name)
+                entry["incidents"] = [jsonable(i.as_dict()) for i in known if i.state == "firing"]
+                entry["incidents_total"] = len(known)
                 if ranks:
                     inputs[name] = self._rank_inputs(name, states)
                 else:
@@ -560,7 +463,7 @@ class Aggregator:
                 runs.append(entry)
         for entry in runs:
             if entry["run"] in inputs:
-                entry["ranks"] = _entries(inputs[entry["run"]])
+                entry["ranks"] = rank_entries(inputs[entry["run"]])
         return {"now": now, "runs": runs}
 
     def counters(self) -> dict[str, Any]:
@@ -576,6 +479,9 @@ class Aggregator:
             control_sent=rx.get("control_sent", 0),
             control_failed=rx.get("control_failed", 0),
             rank_restarts=self.restarts.restarts,  # new incarnations of known ranks
+            incidents_evicted=self.incidents.evicted,
+            incidents_dropped_evidence=self.incidents.dropped_evidence,
+            incidents_refused_stacks=self.incidents.refused_stacks,
             merge_late=self.merger.late,
             merge_evicted=self.merger.evicted,
             feed_published=self.feed.published,
@@ -588,29 +494,3 @@ class Aggregator:
         )
         return out
 
-
-_RankInputs = tuple[
-    dict[int, set[str]],  # rank -> metrics flagged
-    dict[str, Mapping[int, RankScore]],  # metric -> latest scores
-    list[tuple[RankHealth, dict[str, float], list[tuple[int, int]]]],  # health, values, gaps
-]
-
-
-def _entries(inputs: _RankInputs) -> list[dict[str, Any]]:
-    flagged, scores, rows = inputs
-    z_by_metric = {m: _z_map(sc) for m, sc in scores.items()}
-    return [
-        rank_entry(
-            h,
-            values,
-            {m: zs[h.rank] for m, zs in z_by_metric.items() if h.rank in zs},
-            sorted(flagged.get(h.rank, ())),
-            gaps,
-        )
-        for h, values, gaps in rows
-    ]
-
-
-def _z_map(scores: Mapping[int, RankScore]) -> dict[int, float]:
-    z_map = getattr(scores, "z_map", None)  # RankScores: rank -> z without objects
-    return z_map() if z_map is not None else {r: s.z for r, s in scores.items()}

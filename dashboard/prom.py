@@ -109,6 +109,12 @@ def render(snapshot: Mapping[str, Any], counters: Mapping[str, Any], firing: int
             {"run": name},
             help_text="Unix time of the newest record of the run.",
         )
+        out.add(
+            "rankwatch_run_incidents_open",
+            len(run.get("incidents") or ()),
+            {"run": name},
+            help_text="Incidents of the run that are open (firing) now.",
+        )
         for rank in run.get("ranks", []):
             labels = {"run": name, "rank": rank.get("rank")}
             state = rank.get("state")

@@ -268,6 +268,13 @@ def run_events(request: Request, run: str) -> StrictJSONResponse:
     return _json({"run": run, "events": events})
 
 
+@api.get("/runs/{run:run}/incidents", summary="A run's incidents: culprit, cause, timeline")
+def run_incidents(request: Request, run: str) -> StrictJSONResponse:
+    provider = _provider(request)
+    _require_run(provider, run)
+    return _json({"run": run, "incidents": provider.read_incidents(run)})
+
+
 @api.get("/alerts", summary="Alerts firing now and the recent history")
 def list_alerts(
     request: Request,

@@ -159,4 +159,18 @@ def render_status(
     if not runs:
         return f"no run named {run!r}" if run is not None else "no runs yet"
     blocks = ["\n".join(render_run(r, now, all_ranks)) for r in runs]
-    return "\n\n".join(blocks)
+    incidents = incident_lines(runs)
+    return "\n\n".join([*(["\n".join(incidents)] if incidents else []), *blocks])
+
+
+def incident_lines(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Open incidents before anything else: one line each, the culprit and the cause first."""
+    out = []
+    for r in runs:
+        for inc in r.get("incidents") or ():
+            out.append(f"INCIDENT {inc.get('id')}: {inc.get('summary')}")
+            affected = len(inc.get("affected") or ())
+            if affected:
+                out.append(f"  {affected} rank(s) affected after it; see `rankwatch status --run "
+                           f"{r.get('run')}` or the dashboard for the timeline")  # fmt: skip
+    return out

@@ -22,12 +22,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import duckdb
 import numpy as np
 from rankwatch.agent.wire.records import StepBlock, StepRecord
 from rankwatch.aggregator.store import band, reads, rollup, write
+from rankwatch.aggregator.store import incidents as stored_incidents
 from rankwatch.aggregator.store.buffer import Batch, Item
 from rankwatch.aggregator.store.rows import Mirror
 from rankwatch.aggregator.store.schema import (
@@ -82,6 +83,7 @@ class Store(reads.Reads):
         self._flush_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._buf = Batch()
+        self._incidents: list[tuple[str, str, float, str]] = []  # under _buf_lock
         self._closed = False
         # clock() of the last append per run and rank (this process only): the band frontier
         self._arrival: dict[str, dict[int, float]] = {}
@@ -155,6 +157,12 @@ class Store(reads.Reads):
                 runs[r] = now
             self._due.dirty.add(run)
 
+    def append_incident(self, incident: dict[str, Any]) -> None:
+        """Keep an incident's latest judgement (``Incident.as_dict()``) at the next flush."""
+        self._check_open()
+        with self._buf_lock:
+            self._incidents.append(stored_incidents.row(incident))
+
     def pending(self) -> int:
         """Records appended and not flushed yet. Counted outside the lock that ``append``
         (the ingest thread) needs: only the lists are copied under it."""
@@ -174,6 +182,14 @@ class Store(reads.Reads):
         with self._flush_lock:
             with self._buf_lock:
                 batch, self._buf = self._buf, Batch()
+                notes, self._incidents = self._incidents, []
+            if notes:
+                try:
+                    stored_incidents.insert(self._writer, notes)
+                except duckdb.Error as exc:
+                    with self._buf_lock:
+                        self._incidents[:0] = notes
+                    log.warning("rankwatch: incidents not stored yet (%s); retrying", exc)
             pending = [batch]
             while pending:
                 part = pending.pop(0)

@@ -22,6 +22,7 @@ import duckdb
 import numpy as np
 from rankwatch.agent.wire.records import Record
 from rankwatch.aggregator.store import columns, rollup
+from rankwatch.aggregator.store import incidents as stored_incidents
 from rankwatch.aggregator.store.columns import SeriesColumns
 from rankwatch.aggregator.store.rows import MetricStats, Mirror, read_records
 from rankwatch.aggregator.store.schema import StoreError
@@ -241,6 +242,11 @@ class Reads:
     def events(self, run: str) -> list[dict[str, Any]]:
         with self._query() as cur:
             return events(cur, run)
+
+    def incidents(self, run: str) -> list[dict[str, Any]]:
+        """The latest judgement of every incident of ``run`` the store holds, oldest first."""
+        with self._query() as cur:
+            return stored_incidents.read(cur, run)
 
     def heartbeats(self, run: str) -> list[dict[str, Any]]:
         """The latest heartbeat of each rank of ``run``."""

@@ -114,7 +114,9 @@ def test_kill_9_then_restart_loses_nothing_and_the_agent_reconnects(
     first = servers(data, ingest_port=port)
     script = tmp_path / "agent.py"
     script.write_text(AGENT)
-    steps = 400  # about 8 s of logging, across the kill and the restart
+    # about 16 s of logging: the kill, the restart (several seconds on a loaded machine) and the
+    # agent's reconnect (its back-off reaches 5 s) all happen while it still logs
+    steps = 800
     agent = subprocess.Popen(
         [sys.executable, str(script), str(port), str(tmp_path / "logs"), str(steps)]
     )

@@ -11,7 +11,11 @@ CLOSE_TIMEOUT_S = 2.0
 
 @runtime_checkable
 class Sink(Protocol):
-    """Where alert transitions go. ``submit`` never blocks ingest; ``close`` is bounded."""
+    """Where alert transitions go. ``submit`` never blocks ingest; ``close`` is bounded.
+
+    A sink that also takes incident transitions (one message when an incident opens, changes
+    culprit or cause, or resolves) has a ``submit_incident(change)`` method as well; the service
+    looks for it by name, so a sink without one keeps working unchanged."""
 
     @property
     def name(self) -> str:

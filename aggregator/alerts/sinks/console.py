@@ -9,6 +9,8 @@ from typing import Any, TextIO
 
 from rankwatch.aggregator.alerts.sinks.base import CLOSE_TIMEOUT_S
 from rankwatch.aggregator.alerts.sinks.words import alert_dict, alert_line
+from rankwatch.aggregator.incidents.model import IncidentChange
+from rankwatch.aggregator.incidents.words import title
 
 
 def format_alert(alert: Any) -> str:
@@ -29,8 +31,16 @@ class ConsoleSink:
         self.printed = 0
         self.failed = 0
 
+    def submit_incident(self, change: IncidentChange) -> None:
+        """One line a person reads first: what broke, on which rank, why."""
+        inc = change.incident
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(inc.updated))
+        self._write(f"{stamp} rankwatch {title(change)}: {inc.summary}")
+
     def submit(self, alert: Any) -> None:
-        line = format_alert(alert)
+        self._write(format_alert(alert))
+
+    def _write(self, line: str) -> None:
         stream = self._stream or sys.stderr
         with self._lock:
             try:

@@ -1,0 +1,95 @@
+"""Incidents through the wired aggregator: a NaN that the all-reduce spreads to every rank is
+one incident whose culprit is the rank that went first; it reaches the live feed, the API,
+`rankwatch status`, /metrics and the console, and it is still there after a restart."""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+from rankwatch.agent.wire.records import StepRecord
+from rankwatch.aggregator.alerts.console import render_status
+from rankwatch.aggregator.alerts.sinks.console import ConsoleSink
+from rankwatch.aggregator.provider import AggregatorProvider
+from rankwatch.aggregator.service import Aggregator, ServeConfig
+from rankwatch.dashboard.app import create_app
+
+BASE_URL = "http://127.0.0.1"  # the app answers to IP addresses and localhost
+WORLD = 4
+RUN = "nanjob"
+
+
+def step(rank: int, s: int, loss: float, t: float) -> StepRecord:
+    return StepRecord(
+        run=RUN, rank=rank, seq=s, time=t, world_size=WORLD, host=f"node{rank // 2}",
+        pid=100 + rank, step=s, epoch=0, metrics={"loss": loss},
+    )  # fmt: skip
+
+
+def feed_nan_spread(agg: Aggregator, culprit: int = 2, fault: int = 20, steps: int = 30) -> None:
+    """``culprit`` goes NaN at ``fault``; every rank is NaN from the next step (the all-reduce)."""
+    t0 = time.time() - steps
+    for s in range(1, steps + 1):
+        batch = []
+        for rank in range(WORLD):
+            bad = (rank == culprit and s >= fault) or s > fault
+            loss = math.nan if bad else 2.0 / (1 + 0.05 * s) + 0.01 * rank
+            batch.append(step(rank, s, loss, t0 + s + 0.001 * rank))
+        agg.add(batch, imported=False, now=t0 + s)
+        agg.tick(now=t0 + s + 0.5)
+
+
+def config(tmp_path: Path) -> ServeConfig:
+    return ServeConfig(data_dir=tmp_path / "data", console_alerts=False)
+
+
+def test_a_spread_nan_is_one_incident_with_the_first_rank_as_culprit(tmp_path: Path) -> None:
+    agg = Aggregator(config(tmp_path))
+    out = io.StringIO()
+    agg.sinks.append(ConsoleSink(out))
+    sub = agg.feed.subscribe()
+    feed_nan_spread(agg)
+    (inc,) = agg.incidents.incidents(RUN)
+    assert inc.cause == "nonfinite"
+    assert inc.culprits == (2,)
+    assert set(inc.affected) == {0, 1, 3}
+    assert inc.step == 20
+    assert any(e.step == 20 and e.rank == 2 for e in inc.timeline)
+    messages = sub.drain(100_000)
+    opened = [m for m in messages if m.get("type") == "incident" and m["change"] == "opened"]
+    assert opened and opened[0]["run"] == RUN and opened[0]["incident"]["culprits"] == [2]
+    console = out.getvalue()
+    assert "[INCIDENT] nanjob: rank 2" in console
+    assert console.count("[INCIDENT]") == 1  # one message for the fault, not one per rank
+
+    snapshot = agg.snapshot()
+    text = render_status(snapshot)
+    assert text.startswith(f"INCIDENT {inc.id}: {inc.summary}")
+    client = TestClient(create_app(AggregatorProvider(agg)), base_url=BASE_URL)
+    body = client.get("/api/run/incidents", params={"run": RUN}).json()
+    assert [i["culprits"] for i in body["incidents"]] == [[2]]
+    metrics = client.get("/metrics").text
+    assert f'rankwatch_run_incidents_open{{run="{RUN}"}} 1' in metrics
+    agg.stop()
+
+
+def test_incidents_outlive_the_process(tmp_path: Path) -> None:
+    agg = Aggregator(config(tmp_path))
+    feed_nan_spread(agg)
+    (inc,) = agg.incidents.incidents(RUN)
+    agg.flush_store()
+    agg.stop()
+
+    again = Aggregator(config(tmp_path))  # a new `serve` over the same store: no live state
+    try:
+        assert again.incidents.incidents(RUN) == []
+        (stored,) = again.incidents_of(RUN)
+        assert (stored["id"], stored["culprits"], stored["cause"]) == (inc.id, [2], "nonfinite")
+        client = TestClient(create_app(AggregatorProvider(again)), base_url=BASE_URL)
+        body = client.get(f"/api/runs/{RUN}/incidents").json()
+        assert [i["id"] for i in body["incidents"]] == [inc.id]
+    finally:
+        again.stop()
