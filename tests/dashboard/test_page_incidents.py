@@ -112,19 +112,24 @@ def page_at(browser: Browser, viewport: dict[str, int]) -> Watched:
     return Watched(browser.new_context(viewport=viewport).new_page())
 
 
-def open_run(w: Watched, server: Server, run: str) -> Page:
+def open_run(w: Watched, server: Server, run: str, card: bool = True) -> Page:
     w.page.goto(f"{server.url}/#run={quote(run, safe='')}")
     try:
         w.page.wait_for_function(
             "() => window.rankwatch && window.rankwatch.ready", timeout=READY_TIMEOUT_MS
         )
-        w.page.wait_for_function(
-            "() => !document.getElementById('incident').hidden", timeout=READY_TIMEOUT_MS
-        )
+        if card:
+            wait_for_card(w.page)
     except Exception:
         shown = w.page.evaluate("() => document.getElementById('error').textContent")
         raise AssertionError(f"no incident card; the page says: {shown!r}") from None
     return w.page
+
+
+def wait_for_card(page: Page) -> None:
+    page.wait_for_function(
+        "() => !document.getElementById('incident').hidden", timeout=READY_TIMEOUT_MS
+    )
 
 
 def incidents(server: Server, run: str) -> list[dict[str, Any]]:
@@ -135,9 +140,9 @@ def culprit_named(server: Server, run: str, culprit: int) -> list[dict[str, Any]
     return [i for i in incidents(server, run) if i["culprits"] == [culprit]]
 
 
-def nan_spread(ranks: list[Rank]) -> None:
+def nan_spread(ranks: list[Rank], steps: range) -> None:
     """Rank 2 non-finite at step 20; every rank non-finite from 21, as an all-reduce spreads it."""
-    for step in range(1, STEPS + 1):
+    for step in steps:
         for rank, agent in enumerate(ranks):
             loss = 2.0 / step + 0.3 + 0.01 * rank
             if step > FAULT_STEP or (rank == 2 and step == FAULT_STEP):
@@ -198,13 +203,24 @@ def test_nan_spread_names_the_culprit_on_desktop_and_phone(
     server = serving.server
     ranks = [Rank(server, run, rank, 4, tmp_path) for rank in range(4)]
     try:
-        nan_spread(ranks)
+        nan_spread(ranks, range(1, FAULT_STEP - 5))
+        server.wait_for("every rank at step 14", lambda: [
+            r["last_step"] for r in server.get("/api/run/ranks", run=run)["ranks"]
+        ] == [FAULT_STEP - 6] * 4)  # fmt: skip
+        assert incidents(server, run) == []
+        desk = page_at(browser, DESKTOP)
+        page = open_run(desk, server, run, card=False)
+        assert page.locator("#incident").is_hidden()  # a healthy run shows no card
+        page.evaluate("() => { window.__sameDocument = true; }")
+        nan_spread(ranks, range(FAULT_STEP - 5, STEPS + 1))
         inc = server.wait_for("an incident naming rank 2", lambda: culprit_named(server, run, 2))
         assert inc[0]["cause"] == "nonfinite" and sorted(inc[0]["affected"]) == [0, 1, 3]
         ranks_now = {r["rank"]: r for r in server.get("/api/run/ranks", run=run)["ranks"]}
-
-        desk = page_at(browser, DESKTOP)
-        page = open_run(desk, server, run)
+        wait_for_card(page)  # live, from the stream: no reload
+        page.wait_for_function(
+            "() => document.getElementById('incident').innerText.includes('3 ranks affected')"
+        )
+        assert page.evaluate("() => window.__sameDocument") is True
         text = card_text(page)
         assert "rank 2" in text and f"pid {ranks_now[2]['pid']}" in text
         assert str(ranks_now[2]["host"]) in text
