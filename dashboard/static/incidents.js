@@ -305,6 +305,9 @@ export function markRanks(tbody, legend, ranks, highlighted, selected) {
     const role = rankRole(rank);
     for (const r of ROLE_ORDER) node.classList.toggle(`role-${r}`, r === role);
     if (node.tagName !== 'TR') continue;
+    // The role in words too: a peer that "crashed" in a collective is not where to look.
+    node.querySelector('.role-tag')?.remove();
+    if (role && node.cells.length) node.cells[0].append(el('span', { class: 'role-tag' }, role));
     const r = byNumber.get(rank) || {};
     const matters = role !== null || highlighted.has(rank) || selected.has(rank) || !ALIVE.has(r.state);
     node.classList.toggle('minor', !matters);

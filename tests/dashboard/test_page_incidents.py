@@ -58,6 +58,7 @@ ROWS_JS = """() => Object.fromEntries(
   [...document.querySelectorAll('#rank-body tr[data-rank]')].map((tr) => [tr.dataset.rank, {
     cls: tr.className, color: getComputedStyle(tr.cells[0]).color,
     shown: tr.getBoundingClientRect().height > 0,
+    tag: (tr.querySelector('.role-tag') || {}).textContent || null,
     chip: (document.querySelector(`#legend [data-rank="${tr.dataset.rank}"]`) || {}).className,
   }]))"""
 
@@ -170,10 +171,12 @@ def check_colours(
         rows = page.evaluate(ROWS_JS)
         row = rows[str(culprit)]
         assert "role-culprit" in row["cls"] and row["color"] == RED, f"{where}: {row}"
+        assert row["tag"] == "culprit"
         assert "role-culprit" in row["chip"]
         for rank in affected:
             other = rows[str(rank)]
             assert "role-affected" in other["cls"], f"{where}: rank {rank}: {other}"
+            assert other["tag"] == "affected"
             assert other["color"] != RED, f"{where}: affected rank {rank} is red too"
             assert "role-affected" in other["chip"]
     loss = {s["name"]: s for s in page.evaluate(SERIES_JS, "loss")}
