@@ -243,14 +243,17 @@ async function loadIncidents() {
   const run = state.run;
   const resp = await api(runPath(run, 'incidents'));
   if (resp.run !== state.run || run !== state.run) return;
-  if (incidents.setIncidents(resp.incidents)) incidentsChanged();
+  const changed = incidents.setIncidents(resp.incidents);
+  if (changed) incidentsChanged(changed);
 }
 
-// Roles changed: every chart restyles, the card, history, table and chips follow.
-function incidentsChanged() {
+// The card and history follow every change; charts, table and chips only a change of roles
+// (an incident's evidence grows every step while it fires: that must not redraw 1,024 ranks).
+function incidentsChanged(changed) {
+  renderIncidents();
+  if (!changed.roles) return;
   for (const c of charts.values()) c.needsFull = true;
   scheduleRedraw();
-  renderIncidents();
   renderPanels();
 }
 
@@ -419,8 +422,11 @@ function handle(msg) {
       break;
     case 'incident':
       if (msg.incident && msg.incident.run !== state.run) break;
-      if (incidents.applyIncidentChange(msg)) incidentsChanged();
-      else refreshIncidentsSoon();
+      if (!msg.incident) refreshIncidentsSoon();
+      else {
+        const changed = incidents.applyIncidentChange(msg);
+        if (changed) incidentsChanged(changed);
+      }
       break;
     default:
       break;
@@ -511,8 +517,7 @@ function bindIncidentControls() {
   $('incident-history').addEventListener('click', (e) => {
     const item = e.target.closest('li[data-incident]');
     if (!item) return;
-    incidents.focusIncident(item.dataset.incident);
-    incidentsChanged();
+    incidentsChanged(incidents.focusIncident(item.dataset.incident));
   });
   $('all-ranks').addEventListener('click', () => {
     state.allRanks = !state.allRanks;

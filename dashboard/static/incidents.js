@@ -30,23 +30,21 @@ const model = {
   showAllTimeline: false,
 };
 
-// Returns whether anything changed, so a poll that finds the same incidents redraws nothing.
+// Returns what changed: null for nothing (a poll that finds the same incidents redraws
+// nothing), else {roles}: whether any rank's role changed (only then do charts restyle).
 export function setIncidents(list) {
   const fresh = Array.isArray(list) ? list.filter((i) => i && typeof i.id === 'string') : [];
-  if (JSON.stringify(fresh) === JSON.stringify(model.incidents)) return false;
+  if (JSON.stringify(fresh) === JSON.stringify(model.incidents)) return null;
   model.incidents = fresh;
-  recomputeRoles();
-  return true;
+  return { roles: recomputeRoles() };
 }
 
 // One change from the stream: the incident replaces the one with its id, or joins, newest first.
 export function applyIncidentChange(msg) {
   const inc = msg && msg.incident;
-  if (!inc || typeof inc.id !== 'string') return false;
+  if (!inc || typeof inc.id !== 'string') return null;
   const rest = model.incidents.filter((i) => i.id !== inc.id);
-  model.incidents = [inc, ...rest].sort((a, b) => (b.opened ?? 0) - (a.opened ?? 0));
-  recomputeRoles();
-  return true;
+  return setIncidents([inc, ...rest].sort((a, b) => (b.opened ?? 0) - (a.opened ?? 0)));
 }
 
 export function incidents() {
@@ -55,7 +53,7 @@ export function incidents() {
 
 export function focusIncident(id) {
   model.focused = id;
-  recomputeRoles();
+  return { roles: recomputeRoles() };
 }
 
 // The incident the card shows: the one picked in the history, else the newest firing one,
@@ -69,6 +67,7 @@ export function shown() {
 }
 
 // Ranks take their role from the shown incident and every other firing one; culprit wins.
+// Returns whether any rank's role changed.
 function recomputeRoles() {
   const roles = new Map();
   const from = [shown(), ...model.incidents.filter((i) => i.state === 'firing')].filter(Boolean);
@@ -78,7 +77,10 @@ function recomputeRoles() {
       for (const r of ranks || []) if (!roles.has(r)) roles.set(r, role);
     }
   }
+  const same = roles.size === model.roles.size
+    && [...roles].every(([rank, role]) => model.roles.get(rank) === role);
   model.roles = roles;
+  return !same;
 }
 
 export function rankRole(rank) {

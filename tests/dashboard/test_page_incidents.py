@@ -335,6 +335,9 @@ ROLES_JS = """async () => {
     inc('r#2', 'resolved', 20, [3], [4]), inc('r#1', 'firing', 10, [0], [3, 1], [5])];
   out.changed = m.setIncidents(two());
   out.same = m.setIncidents(two());
+  const more = two();
+  more[1].evidence_count = 9;
+  out.moreEvidence = m.setIncidents(more);  // the card changes, no rank's role does
   out.shown = m.shown().id;  // the firing one, though older
   out.roles = roles();
   m.focusIncident('r#2');
@@ -354,7 +357,8 @@ def test_rank_roles_follow_the_shown_and_the_firing_incidents(
     w = page_at(browser, DESKTOP)
     w.page.goto(serving.server.url)
     out = w.page.evaluate(ROLES_JS)
-    assert out["changed"] is True and out["same"] is False
+    assert out["changed"] == {"roles": True} and out["same"] is None
+    assert out["moreEvidence"] == {"roles": False}
     assert out["shown"] == "r#1"
     assert out["roles"] == ["culprit", "affected", None, "affected", None, "terminated"]
     assert out["focused"] == [
