@@ -302,17 +302,27 @@ const ALIVE = new Set(['alive', 'running', 'finished']);
 
 export function markRanks(tbody, legend, ranks, highlighted, selected) {
   const byNumber = new Map((ranks || []).map((r) => [r.rank, r]));
-  for (const node of [...tbody.querySelectorAll('tr[data-rank]'), ...legend.querySelectorAll('[data-rank]')]) {
+  let minor = 0;
+  // Rows and chips are built afresh before each call: only ranks with a role get classes, so
+  // 1,024 healthy rows cost a lookup each.
+  for (const node of legend.querySelectorAll('[data-rank]')) {
+    const role = rankRole(Number(node.dataset.rank));
+    if (role) node.classList.add(`role-${role}`);
+  }
+  for (const node of tbody.rows) {
     const rank = Number(node.dataset.rank);
     const role = rankRole(rank);
-    for (const r of ROLE_ORDER) node.classList.toggle(`role-${r}`, r === role);
-    if (node.tagName !== 'TR') continue;
-    // The role in words too: a peer that "crashed" in a collective is not where to look.
-    node.querySelector('.role-tag')?.remove();
-    if (role && node.cells.length) node.cells[0].append(el('span', { class: 'role-tag' }, role));
-    const r = byNumber.get(rank) || {};
-    const matters = role !== null || highlighted.has(rank) || selected.has(rank) || !ALIVE.has(r.state);
-    node.classList.toggle('minor', !matters);
+    if (role) {
+      node.classList.add(`role-${role}`);
+      // The role in words too: a peer that "crashed" in a collective is not where to look.
+      if (node.cells.length) node.cells[0].append(el('span', { class: 'role-tag' }, role));
+      continue;
+    }
+    const r = byNumber.get(rank);
+    if (!highlighted.has(rank) && !selected.has(rank) && ALIVE.has(r && r.state)) {
+      node.classList.add('minor');
+      minor += 1;
+    }
   }
-  return [...tbody.querySelectorAll('tr.minor')].length;
+  return minor;
 }
