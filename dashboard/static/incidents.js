@@ -5,11 +5,12 @@
 // Incidents come from GET /api/run/incidents (newest first) and the stream's "incident"
 // messages; the aggregator's words (summary, basis, timeline "what") are shown as text.
 
-import { ago, el } from './util.js';
+import { ago, el, formatRanks } from './util.js';
 
 const TIMELINE_SHOWN = 4; // rows before "show all": the culprit's evidence comes first
 const MESSAGE_LINE_MAX = 140; // characters of the crash line on the card; the rest on a click
-const RANKS_LISTED = 12; // "affected after it: 0, 1, 3" lists this many, then "+N more"
+const RANKS_LISTED = 12;
+const CULPRITS_NAMED = 4; // culprits shown each with host and pid; past it, one line of ranks // "affected after it: 0, 1, 3" lists this many, then "+N more"
 const CAUSE_WORDS = {
   nonfinite: 'non-finite values', divergence: 'divergence', hang: 'hang', crash: 'crash',
   lost: 'rank lost', slow: 'slow rank',
@@ -67,10 +68,13 @@ export function shown() {
 }
 
 // Ranks take their role from the shown incident and every other firing one; culprit wins.
+// An incident with more culprits than the card names ("every rank at once: no single
+// culprit") gives no roles: painting a thousand ranks red would point at none of them.
 // Returns whether any rank's role changed.
 function recomputeRoles() {
   const roles = new Map();
-  const from = [shown(), ...model.incidents.filter((i) => i.state === 'firing')].filter(Boolean);
+  const from = [shown(), ...model.incidents.filter((i) => i.state === 'firing')]
+    .filter((i) => i && (i.culprits || []).length <= CULPRITS_NAMED);
   for (const role of ROLE_ORDER) {
     for (const inc of from) {
       const ranks = role === 'culprit' ? inc.culprits : role === 'affected' ? inc.affected : inc.terminated;
@@ -136,7 +140,14 @@ function culpritLine(inc, ranksByNumber) {
     line.append(el('span', { class: 'inc-who' }, 'no culprit named yet'));
     return line;
   }
-  for (const rank of culprits.slice(0, RANKS_LISTED)) {
+  if (culprits.length > CULPRITS_NAMED) { // "no single culprit": a count, not a wall of red
+    const who = el('span', { class: 'inc-who' });
+    who.append(el('strong', {}, `${culprits.length} ranks`));
+    line.append(who);
+    line.append(el('span', { class: 'inc-where' }, ` ${formatRanks(new Set(culprits))}`));
+    return line;
+  }
+  for (const rank of culprits) {
     const r = ranksByNumber.get(rank) || {};
     const who = el('span', { class: 'inc-who' });
     who.append(el('strong', {}, `rank ${rank}`));
@@ -144,7 +155,6 @@ function culpritLine(inc, ranksByNumber) {
     if (where.length) who.append(el('span', { class: 'inc-where' }, ` ${where.join(' · ')}`));
     line.append(who);
   }
-  if (culprits.length > RANKS_LISTED) line.append(el('span', { class: 'inc-who' }, `+${culprits.length - RANKS_LISTED} more`));
   return line;
 }
 
@@ -225,7 +235,7 @@ export function renderIncidentCard(node, ranks, serverNow) {
     return;
   }
   const byNumber = new Map((ranks || []).map((r) => [r.rank, r]));
-  const about = (inc.culprits || []).slice(0, RANKS_LISTED).map((r) => {
+  const about = (inc.culprits || []).slice(0, CULPRITS_NAMED).map((r) => {
     const e = byNumber.get(r) || {};
     return [r, e.host, e.pid, e.message, e.message_line];
   });
@@ -239,7 +249,7 @@ export function renderIncidentCard(node, ranks, serverNow) {
   node.className = `incident card ${inc.state === 'firing' ? 'firing' : 'resolved'}`;
   const head = el('div', { class: 'inc-head' });
   head.append(
-    el('span', { class: 'inc-label' }, `${CAUSE_WORDS[inc.cause] ?? String(inc.cause)} · culprit`),
+    el('span', { class: 'inc-label' }, `${CAUSE_WORDS[inc.cause] ?? String(inc.cause)} · ${(inc.culprits || []).length > 1 ? 'culprits' : 'culprit'}`),
     culpritLine(inc, byNumber),
   );
   const parts = [head, el('p', { class: 'inc-summary' }, inc.summary ? `${inc.summary}.` : '')];

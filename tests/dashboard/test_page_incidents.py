@@ -347,6 +347,8 @@ ROLES_JS = """async () => {
   m.applyIncidentChange({type: 'incident', change: 'resolved', incident: done});
   out.allResolved = [m.shown().id, ...roles()];  // the newest one stays on the card
   out.selected = [m.roleStyle(4, new Set([4])), m.roleStyle(3, new Set([3])).kind];
+  m.setIncidents([inc('r#3', 'firing', 30, [0, 1, 2, 3, 4], [])]);  // no single culprit
+  out.everyRank = roles();
   return out;
 }"""
 
@@ -372,5 +374,6 @@ def test_rank_roles_follow_the_shown_and_the_firing_incidents(
     ]
     assert out["allResolved"] == ["r#2", None, None, None, "culprit", "affected", None]
     assert out["selected"] == [None, "culprit"]  # a selected rank keeps blue, unless culprit
+    assert out["everyRank"] == [None] * 6
     assert w.errors == []
     w.page.context.close()
