@@ -5,6 +5,7 @@
 import { MetricChart } from './charts.js';
 import { bindControls, syncControls } from './controls.js';
 import { Heatmap } from './heatmap.js';
+import { incidentView } from './incidentview.js';
 import * as incidents from './incidents.js';
 import * as panels from './panels.js';
 import { readUrl, writeUrl } from './urlstate.js';
@@ -15,7 +16,6 @@ const RUNS_POLL_MS = 3000;
 const RANKS_POLL_MS = 2000;
 const ALERTS_POLL_MS = 3000;
 const INCIDENTS_POLL_MS = 5000; // the stream pushes each change; this catches a missed one
-const INCIDENT_ZOOM_STEPS = 20; // steps either side of the fault step, as in the alerts' links
 const HEATMAP_REFRESH_MS = 4000; // while live; heatmaps of many ranks cost more to redraw
 const HEATMAP_REFRESH_MANY_MS = 12000;
 const MANY_RANKS = 64;
@@ -61,6 +61,7 @@ let lastHeatmap = 0;
 const lastCompact = new Map();
 
 const serverNow = () => Date.now() / 1000 + state.serverOffset;
+const incidentUi = incidentView({ state, serverNow, restyle });
 const currentRun = () => state.runs.find((r) => r.run === state.run) || null;
 
 // --- what the charts ask the app ---------------------------------------------------------
@@ -235,47 +236,7 @@ async function loadAlerts() {
   const resp = await api('/api/alerts', { run: state.run });
   state.firing = resp.firing;
   panels.renderBanner($('banner'), state.firing, serverNow());
-  renderAlertsToggle();
-}
-
-async function loadIncidents() {
-  if (!state.run) return;
-  const run = state.run;
-  const resp = await api(runPath(run, 'incidents'));
-  if (resp.run !== state.run || run !== state.run) return;
-  const changed = incidents.setIncidents(resp.incidents);
-  if (changed) incidentsChanged(changed);
-}
-
-// The card and history follow every change; charts, table and chips only a change of roles
-// (an incident's evidence grows every step while it fires: that must not redraw 1,024 ranks).
-function incidentsChanged(changed) {
-  renderIncidents();
-  if (!changed.roles) return;
-  for (const c of charts.values()) c.needsFull = true;
-  scheduleRedraw();
-  renderPanels();
-}
-
-function renderIncidents() {
-  incidents.renderIncidentCard($('incident'), state.ranks, serverNow());
-  incidents.renderHistory($('incident-history'), serverNow());
-}
-
-function renderIncidentsOnTick() {
-  incidents.renderIncidentCard($('incident'), state.ranks, serverNow()); // rebuilt only on change
-  incidents.refreshAges($('incident-history'), serverNow());
-  renderAlertsToggle();
-}
-
-// With an incident on the card, the per-rank alert lines (one per rank and metric, in rank
-// order, so a NaN that spread starts with "rank 0") fold behind one button.
-function renderAlertsToggle() {
-  const toggle = $('alerts-toggle');
-  const n = state.firing.length;
-  toggle.hidden = !incidents.shown() || n === 0;
-  const open = document.body.classList.contains('alerts-open');
-  toggle.textContent = open ? `hide the ${n} alert lines` : `${n} ${n === 1 ? 'alert' : 'alerts'} firing: show them`;
+  incidentUi.renderAlertsToggle();
 }
 
 async function loadEvents() {
@@ -314,9 +275,7 @@ async function selectRun(run, resetView = true) {
   charts.clear();
   heatmap.clear();
   Object.assign(state, { run, metrics: [], ranks: [], divergent: new Map(), firing: [], events: [] });
-  incidents.setIncidents([]);
-  incidents.focusIncident(null);
-  renderIncidents();
+  incidentUi.reset();
   if (resetView) Object.assign(state, { zoom: null, selected: new Set(), heatMetric: null });
   window.rankwatch.ready = false;
   writeUrl(state);
@@ -328,7 +287,7 @@ async function selectRun(run, resetView = true) {
   const attempt = (p) => p.catch(showError);
   await withLiveBuffer(async () => {
     await attempt(loadMetrics());
-    await Promise.all([loadRanks(), loadEvents(), loadAlerts(), loadIncidents(), reloadAllSeries()].map(attempt));
+    await Promise.all([loadRanks(), loadEvents(), loadAlerts(), incidentUi.load(), reloadAllSeries()].map(attempt));
   });
   await attempt(loadHeatmap());
   for (const ms of CATCH_UP_MS) {
@@ -375,7 +334,7 @@ function setConnected(on) {
 
 const refreshRanksSoon = throttle(() => loadRanks().catch(showError), 1000);
 const refreshAlertsSoon = throttle(() => loadAlerts().catch(showError), 1000);
-const refreshIncidentsSoon = throttle(() => loadIncidents().catch(showError), 1000);
+const refreshIncidentsSoon = throttle(() => incidentUi.load().catch(showError), 1000);
 const refreshEventsSoon = throttle(() => { loadEvents().catch(showError); loadRuns().catch(showError); }, 1000);
 const refreshMetricsSoon = throttle(async () => {
   const added = await loadMetrics();
@@ -422,11 +381,7 @@ function handle(msg) {
       break;
     case 'incident':
       if (msg.incident && msg.incident.run !== state.run) break;
-      if (!msg.incident) refreshIncidentsSoon();
-      else {
-        const changed = incidents.applyIncidentChange(msg);
-        if (changed) incidentsChanged(changed);
-      }
+      if (!incidentUi.onMessage(msg)) refreshIncidentsSoon();
       break;
     default:
       break;
@@ -467,6 +422,13 @@ function redraw() {
   }
 }
 
+// Ranks' roles changed: every chart restyles, the table and chips follow.
+function restyle() {
+  for (const c of charts.values()) c.needsFull = true;
+  scheduleRedraw();
+  renderPanels();
+}
+
 function renderPanels() {
   panels.renderLegend($('legend'), app);
   panels.renderTableHead($('rank-head'), app);
@@ -497,35 +459,13 @@ function heatMetric() {
 function tick() {
   panels.renderFreshness($('freshness'), $('run-state'), currentRun(), serverNow());
   panels.renderBanner($('banner'), state.firing, serverNow());
-  renderIncidentsOnTick();
+  incidentUi.tick();
 }
 
-function bindIncidentControls() {
-  $('incident').addEventListener('click', (e) => {
-    const action = e.target.closest('[data-action]')?.dataset.action;
-    const inc = incidents.shown();
-    if (action === 'timeline') {
-      incidents.toggleTimeline();
-      renderIncidents();
-    } else if (action === 'zoom' && inc) {
-      // The link the alert messages carry: the culprits selected, zoomed around the fault step.
-      const p = new URLSearchParams({ run: state.run, sel: formatRanks(new Set(inc.culprits)) });
-      p.set('zoom', `${Math.max(inc.step - INCIDENT_ZOOM_STEPS, 0)}-${inc.step + INCIDENT_ZOOM_STEPS}`);
-      window.location.hash = p.toString();
-    }
-  });
-  $('incident-history').addEventListener('click', (e) => {
-    const item = e.target.closest('li[data-incident]');
-    if (!item) return;
-    incidentsChanged(incidents.focusIncident(item.dataset.incident));
-  });
+function bindLayoutControls() {
   $('all-ranks').addEventListener('click', () => {
     state.allRanks = !state.allRanks;
     renderPanels();
-  });
-  $('alerts-toggle').addEventListener('click', () => {
-    document.body.classList.toggle('alerts-open');
-    renderAlertsToggle();
   });
   $('controls-toggle').addEventListener('click', () => {
     const open = document.body.classList.toggle('controls-open');
@@ -572,13 +512,14 @@ async function main() {
     refetchZoom, selectionChanged, loadHeatmap, renderPanels, showError,
   });
   heatmap = new Heatmap($('heatmap'), app);
-  bindIncidentControls();
+  incidentUi.bind();
+  bindLayoutControls();
   setInterval(tick, 1000);
   setInterval(() => loadRuns().catch(showError), RUNS_POLL_MS);
   // The stream pushes the rank table and then its changes; poll only while it is down.
   setInterval(() => { if (!state.connected) loadRanks().catch(showError); }, RANKS_POLL_MS);
   setInterval(() => loadAlerts().catch(showError), ALERTS_POLL_MS);
-  setInterval(() => loadIncidents().catch(showError), INCIDENTS_POLL_MS);
+  setInterval(() => incidentUi.load().catch(showError), INCIDENTS_POLL_MS);
   const resp = await api('/api/runs');
   if (typeof resp.now === 'number') state.serverOffset = resp.now - Date.now() / 1000;
   state.runs = resp.runs;
