@@ -240,7 +240,15 @@ def test_nan_spread_names_the_culprit_on_desktop_and_phone(
         )
         check_layout(page, "desktop")
         check_colours(page, 2, [0, 1, 3], "desktop")
+        # one alert per rank and metric folds behind one button while the card names the culprit
+        assert page.locator("#banner").is_hidden()
+        assert "alerts firing: show them" in page.inner_text("#alerts-toggle")
         page.screenshot(path=artifacts / "incident-desktop.png")
+        page.click("#alerts-toggle")
+        assert page.locator("#banner").is_visible()
+        page.click("#incident-history summary")
+        items = page.locator("#incident-history li").all_inner_texts()
+        assert len(items) == 1 and "rank 2" in items[0] and "FIRING" in items[0]
 
         phone = page_at(browser, PHONE)
         page = open_run(phone, server, run)
