@@ -220,9 +220,10 @@ class Monitor:
         try:
             now = _now()
             if type(step) is not int or not -(2**63) <= step < 2**63:
-                step = self._index(step, "step")
-                if step is None:
+                index = self._index(step, "step")
+                if index is None:
                     return
+                step = index
             if epoch is not None and type(epoch) is not int:
                 epoch = self._index(epoch, "epoch")
             if self._staged:

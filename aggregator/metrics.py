@@ -22,20 +22,32 @@ class KnownMetric:
     rel_floor: float | None = None
     pair_ratio: float | None = None
     abs_floor: float | None = None  # in the metric's own unit
+    nonnegative: bool = False  # a value below 0 is impossible: the chart's axis starts at 0
 
 
 KNOWN_METRICS: tuple[KnownMetric, ...] = (
-    KnownMetric("loss", "both", "", 0),
+    KnownMetric("loss", "both", "", 0, nonnegative=True),
     # Every rank follows the same schedule, so any difference is a bug: exact match, 0.01 %.
-    KnownMetric("lr", "both", "", 1, 1.0001, 0.9999, 1e-6, 1.0001),
-    KnownMetric("throughput", "low", "samples/s", 2),  # a fast rank is not a problem, a slow one is
-    KnownMetric("step_time", "high", "s", 3),
-    KnownMetric("grad_norm", "both", "", 4),
-    KnownMetric("loss_scale", "off", "", 5),  # dynamic; its changes are not a rank fault
+    KnownMetric("lr", "both", "", 1, 1.0001, 0.9999, 1e-6, 1.0001, nonnegative=True),
+    # A fast rank is not a problem, a slow one is.
+    KnownMetric("throughput", "low", "samples/s", 2, nonnegative=True),
+    KnownMetric("step_time", "high", "s", 3, nonnegative=True),
+    KnownMetric("grad_norm", "both", "", 4, nonnegative=True),
+    # Dynamic; its changes are not a rank fault.
+    KnownMetric("loss_scale", "off", "", 5, nonnegative=True),
     # Host time outside the step (data loading): a slow loader shows here and nowhere else in
     # synchronous data parallelism, where every rank waits for the slowest in the all-reduce.
     # Millisecond jitter is normal, so the scale never drops below 10 ms.
-    KnownMetric("data_time", "high", "s", None, high_ratio=2.0, rel_floor=0.25, abs_floor=0.01),
+    KnownMetric(
+        "data_time",
+        "high",
+        "s",
+        None,
+        high_ratio=2.0,
+        rel_floor=0.25,
+        abs_floor=0.01,
+        nonnegative=True,
+    ),
 )
 
 BY_NAME: dict[str, KnownMetric] = {m.name: m for m in KNOWN_METRICS}
@@ -45,3 +57,12 @@ def display_order() -> tuple[str, ...]:
     """The known metrics that have a place, in it."""
     placed = [m for m in KNOWN_METRICS if m.order is not None]
     return tuple(m.name for m in sorted(placed, key=lambda m: m.order or 0))
+
+
+def metric_info(name: str) -> dict[str, str | bool]:
+    """What the page needs to label a metric's chart: its unit ("" for none or unknown) and
+    whether its axis may go below 0 (an unknown metric may)."""
+    known = BY_NAME.get(name)
+    if known is None:
+        return {"unit": "", "nonnegative": False}
+    return {"unit": known.unit, "nonnegative": known.nonnegative}

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 import numpy as np
 from rankwatch.agent.wire.records import Record, StepBlock
 from rankwatch.aggregator.alerts.rules import Alert
-from rankwatch.aggregator.divergence.zgrid import z_columns
+from rankwatch.aggregator.divergence.zgrid import ZGrid, z_columns, z_grid
 from rankwatch.aggregator.feed import FeedClosed, Subscription, ranks_delta
-from rankwatch.aggregator.metrics import display_order
+from rankwatch.aggregator.metrics import display_order, metric_info
 from rankwatch.aggregator.store.columns import BAND_KEYS, SeriesColumns
 
 if TYPE_CHECKING:
@@ -44,9 +44,12 @@ __all__ = [
     "StoredEvent",
     "StoredRun",
     "Subscription",
+    "ZGrid",
     "display_order",
+    "metric_info",
     "ranks_delta",
     "z_columns",
+    "z_grid",
 ]
 
 Band = dict[str, np.ndarray]  # BAND_KEYS -> column: "step" int64, the statistics float64

@@ -14,7 +14,13 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from rankwatch.agent.wire import records
-from rankwatch.aggregator.provider import Alert, DataProvider, SeriesColumns, Snapshot
+from rankwatch.aggregator.provider import (
+    Alert,
+    DataProvider,
+    SeriesColumns,
+    Snapshot,
+    metric_info,
+)
 from starlette.convertors import Convertor, register_url_convertor
 
 from . import prom, seriesfmt, views
@@ -186,6 +192,7 @@ def run_series(
         "ranks_total": total or len(series),
         "selected": selected,
         "outliers": outliers,
+        **metric_info(metric),  # unit and nonnegative, for the chart's axis
     }
     if fmt == "bin":
         body = seriesfmt.encode(head, series, band, minmax)
@@ -209,8 +216,8 @@ def run_heatmap(
     _require_metric(provider, run, entry, metric)
     series = provider.read_series_lists(run, metric, start=start, end=end, max_points=buckets)
     steps, width, grid = views.bucket_series(series, buckets)
-    z = views.robust_z_columns(grid, len(steps), metric)
-    ranks = sorted(z)
+    cells = views.heat_grid(grid, len(steps), metric)
+    ranks = sorted(cells.z)
     return _json(
         {
             "run": run,
@@ -218,7 +225,10 @@ def run_heatmap(
             "steps": steps,
             "width": width,
             "ranks": ranks,
-            "z": [z[rank] for rank in ranks],
+            "z": [cells.z[rank] for rank in ranks],
+            # The detector's verdict per cell: the only cells the page paints as a fault.
+            "flagged": [cells.flagged[rank] for rank in ranks],
+            "last_step": steps[-1] + width - 1 if steps else None,
         }
     )
 

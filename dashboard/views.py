@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rankwatch.aggregator.provider import display_order, z_columns
+from rankwatch.aggregator.provider import ZGrid, display_order, z_columns, z_grid
 
 BAND_THRESHOLD_RANKS = 32  # above this many ranks a chart shows a band, not every line
 MAX_OUTLIER_RANKS = 24  # individual lines drawn in band mode besides the selected ranks
@@ -148,6 +148,13 @@ def robust_z_columns(
 ) -> dict[int, list[float | None]]:
     """The heatmap's cells: the detector's robust z of each column (``divergence.zgrid``)."""
     return z_columns(per_rank, columns, metric)
+
+
+def heat_grid(
+    per_rank: Mapping[int, Sequence[float | None]], columns: int, metric: str = ""
+) -> ZGrid:
+    """The heatmap's cells and, per cell, whether the detector had the rank flagged there."""
+    return z_grid(per_rank, columns, metric)
 
 
 def bucket_series(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -62,7 +63,7 @@ class CurveKeys(NamedTuple):
     server: bytes
 
 
-def curve_keys(directory: str | Path) -> CurveKeys:
+def curve_keys(directory: str | os.PathLike[str]) -> CurveKeys:
     """This agent's CurveZMQ keys from ``directory``; ``ValueError`` naming what is missing."""
     import zmq.auth  # only with curve: it pulls in asyncio
 

@@ -52,7 +52,7 @@ import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any
+from typing import Any, final
 
 import msgpack
 
@@ -163,6 +163,7 @@ class Heartbeat:
 Record = StepRecord | EventRecord | Heartbeat
 
 
+@final  # so that the hot paths' ``type(x) is StepBlock`` checks narrow for the type checker
 @dataclass(slots=True)
 class StepBlock:
     """Consecutive step records of one rank, column-wise: what an agent's batched frame holds
@@ -204,7 +205,7 @@ def to_wire(record: Record) -> dict[str, Any]:
     """The record as a plain map (msgpack-ready; NaN stays a float). Incarnation 0 (an agent
     without one) is left out, as such an agent writes it."""
     out: dict[str, Any] = {"kind": record.kind}
-    for name in record.__slots__:  # type: ignore[attr-defined]
+    for name in record.__slots__:
         if name != "kind":
             value = getattr(record, name)
             out[name] = dict(value) if isinstance(value, Mapping) else value
@@ -263,8 +264,7 @@ def frame_envelope(frame: bytes) -> tuple[int, list[Any]]:
         raise DecodeError("msgpack", f"not a msgpack frame: {exc}") from None
     if not isinstance(envelope, dict):
         raise DecodeError("envelope", f"frame is a {type(envelope).__name__}, expected a map")
-    version = envelope.get("v")
-    check_version(version)
+    version = check_version(envelope.get("v"))
     raws = envelope.get("records")
     if not isinstance(raws, list):
         raise DecodeError("envelope", "frame has no 'records' list")
@@ -351,7 +351,7 @@ def _inc_ok(inc: Any) -> bool:
     return type(inc) is int and 0 <= inc < _INT64_END
 
 
-def _all_type(column: tuple[Any, ...], kind: type) -> bool:
+def _all_type(column: Sequence[Any], kind: type) -> bool:
     """Every item of ``column`` is exactly of type ``kind`` (bool is not an int here)."""
     return set(map(type, column)) == {kind}
 
@@ -389,7 +389,8 @@ _block_fields = itemgetter(
 _getters: dict[tuple[str, ...], Any] = {}
 
 
-def check_version(version: Any) -> None:
+def check_version(version: Any) -> int:
+    """``version`` when it is a schema version this aggregator reads; else ``DecodeError``."""
     if type(version) is not int:
         raise DecodeError("envelope", f"schema version 'v' missing or not an int: {_show(version)}")
     if version > SCHEMA_VERSION:
@@ -400,6 +401,7 @@ def check_version(version: Any) -> None:
         )
     if version < 1:
         raise DecodeError("version", f"schema version {version} is not valid")
+    return version
 
 
 def decode_record(raw: Any) -> Record:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 WHERES = ("framework", "dataloader", "sleep", "user", "unknown")
 MAX_FRAMES = 16  # innermost frames kept in a sample
@@ -69,15 +69,17 @@ class StackSample:
         step, time, stalled = raw.get("step"), raw.get("time"), raw.get("stalled_s", 0.0)
         if step is not None and type(step) is not int:
             raise ValueError(f"stack sample: step must be an integer or null, got {step!r}")
-        if not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            for v in (time, stalled)
-        ):
+        if not (_finite(time) and _finite(stalled)):
             raise ValueError("stack sample: time and stalled_s must be finite numbers")
         return cls(
             where, printable(str(raw.get("signature", ""))[:SIGNATURE_MAX]), tuple(frames), step,
             float(time), float(stalled), printable(str(raw.get("note", ""))[:NOTE_MAX]),
         )  # fmt: skip
+
+
+def _finite(value: Any) -> TypeGuard[float]:
+    """A finite int or float (a bool is not a number here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def printable(text: str) -> str:

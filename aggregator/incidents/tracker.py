@@ -124,11 +124,11 @@ class IncidentTracker:
         for d in resolved:
             recoveries.append((d.run, d.rank, (_DIVERGENCE_KINDS.get(d.kind, "outlier"), d.metric)))
         for a in alerts:
-            for run, fact, recovery in _alert_items(a):
+            for run_name, fact, recovery in _alert_items(a):
                 if fact is not None:
-                    facts.append((run, fact))
+                    facts.append((run_name, fact))
                 if recovery is not None:
-                    recoveries.append((run, recovery[0], recovery[1]))
+                    recoveries.append((run_name, recovery[0], recovery[1]))
         touched: dict[int, tuple[_Run, _Open]] = {}
         for s in stacks:
             run = self._runs.get(s.run)
@@ -143,14 +143,16 @@ class IncidentTracker:
         window = self.config.window_s
         for run_name, fact in facts:
             run = self._run(run_name)
-            inc = run.open[-1] if run.open else None
+            newest = run.open[-1] if run.open else None
             # The common case of a burst first: a rank already part of the newest incident.
-            if not (
-                inc is not None
-                and fact.rank in inc.members
-                and fact.time - inc.last <= window
-                and inc.opened - fact.time <= window
+            if (
+                newest is not None
+                and fact.rank in newest.members
+                and fact.time - newest.last <= window
+                and newest.opened - fact.time <= window
             ):
+                inc = newest
+            else:
                 inc = self._route(run, run_name, fact)
             if (
                 len(inc.facts) >= EVIDENCE_MAX
@@ -162,7 +164,9 @@ class IncidentTracker:
             touched[id(inc)] = (run, inc)
         for run_name, rank, key in recoveries:
             run = self._runs.get(run_name)
-            for inc in run.open if run is not None else ():
+            if run is None:
+                continue
+            for inc in run.open:
                 if _recover(inc, rank, key):
                     touched[id(inc)] = (run, inc)
         changes: list[IncidentChange] = []

@@ -20,6 +20,7 @@ msgspec would skip such a field unread. Events take the schema's path for the sa
 from __future__ import annotations
 
 from operator import attrgetter
+from typing import final
 
 import msgspec
 from rankwatch.agent.wire import records
@@ -38,6 +39,7 @@ from rankwatch.agent.wire.records import (
 _INT64_END = 2**63
 
 
+@final  # so that ``type(r) is _Step`` (the hot loops) narrows for the type checker
 class _Step(msgspec.Struct, tag_field="kind", tag="step", forbid_unknown_fields=True):
     """A step record as the agent writes it. msgspec checks the types (bool is not an int;
     an int is taken for a float field and converted, as the schema's decoder does)."""
@@ -55,6 +57,7 @@ class _Step(msgspec.Struct, tag_field="kind", tag="step", forbid_unknown_fields=
     inc: int = 0
 
 
+@final
 class _Beat(msgspec.Struct, tag_field="kind", tag="heartbeat", forbid_unknown_fields=True):
     run: str
     rank: int
@@ -112,7 +115,7 @@ def _step_block(steps: list[_Step | _Beat]) -> StepBlock | None:
         return None
     if set(map(type, steps)) != {_Step}:
         return None
-    if set(map(_same, steps)) != {_same(first)}:  # type: ignore[arg-type]
+    if set(map(_same, steps)) != {_same(first)}:
         return None
     run, rank, world_size, host, pid, inc = _same(first)
     if not (
@@ -139,9 +142,10 @@ def _step_block(steps: list[_Step | _Beat]) -> StepBlock | None:
     )  # fmt: skip
 
 
-def _records(items: list[_Step | _Beat]) -> list[Record] | None:
-    """The records one by one, or None when one of them is not valid as it is."""
-    out: list[Record] = []
+def _records(items: list[_Step | _Beat]) -> list[Record | StepBlock] | None:
+    """The records one by one (no block among them), or None when one of them is not valid as
+    it is."""
+    out: list[Record | StepBlock] = []
     append = out.append
     for r in items:
         if not (

@@ -24,11 +24,12 @@ def columns(
     columns get their code in ``names`` (added when new)."""
     out: dict[str, np.ndarray] = {}
     for (col, kind), values in zip(LAYOUT[name], cols, strict=True):
-        if kind == "n":
-            values = [NULL_INT if v is None else v for v in values]
-        elif kind == "c":
-            values = _codes(list(values), {} if names is None else names)
-        out[col] = np.asarray(values, dtype=DTYPE[kind])
+        if kind == "c":  # int32 codes (DTYPE["c"]) already
+            out[col] = _codes(list(values), {} if names is None else names)
+        elif kind == "n":
+            out[col] = np.asarray([NULL_INT if v is None else v for v in values], dtype=DTYPE[kind])
+        else:
+            out[col] = np.asarray(values, dtype=DTYPE[kind])
     return out
 
 
@@ -195,12 +196,13 @@ class Batch:
 
 def _check_block(block: StepBlock) -> None:
     n = len(block.seq)
-    for name, col in (("time", block.time), ("step", block.step), ("epoch", block.epoch),
-                      *((f"metric {m!r}", v) for m, v in block.metrics.items())):  # fmt: skip
-        if len(col) != n:
+    lengths = {"time": len(block.time), "step": len(block.step), "epoch": len(block.epoch)}
+    lengths.update((f"metric {m!r}", len(v)) for m, v in block.metrics.items())
+    for name, length in lengths.items():
+        if length != n:
             raise ValueError(
                 f"StepBlock of run {block.run!r} rank {block.rank}: column {name} has "
-                f"{len(col)} entries for {n} records"
+                f"{length} entries for {n} records"
             )
 
 

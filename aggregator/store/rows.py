@@ -150,15 +150,15 @@ def select_sql(name: str, src: str, names: str = "raw_names") -> str:
 def read_records(con: duckdb.DuckDBPyConnection, run: str) -> Iterator[Record]:
     cur = con.cursor()
     try:
-        events = [
-            EventRecord(run, *row[:-2], info=json.loads(row[-2]), inc=row[-1])  # type: ignore[arg-type]
-            for row in cur.execute(
+        events: list[Record] = [
+            EventRecord(run, rank, seq, time, size, host, pid, event, step, json.loads(info), inc)
+            for rank, seq, time, size, host, pid, event, step, info, inc in cur.execute(
                 "SELECT rank, seq, time, world_size, host, pid, event, step, info, inc FROM events "
                 "WHERE run = ? ORDER BY rank, inc, seq",
                 [run],
             ).fetchall()
         ]
-        beats = [
+        beats: list[Record] = [
             Heartbeat(run, *row)
             for row in cur.execute(
                 "SELECT rank, seq, time, last_step, next_in, dropped, paused, inc FROM heartbeats "

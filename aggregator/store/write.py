@@ -82,7 +82,7 @@ def _insert_batch(
             "INSERT INTO steps " + select_sql("steps", "buf_steps"),
         ]
     # what the bookkeeping needs back, in one row: lists of structs
-    stats = (
+    stats_sql = (
         f"SELECT {_NAMES}[run + 1], {_NAMES}[metric + 1], n, lo, hi, ranks FROM ("
         "SELECT run, metric, count(*) AS n, min(step) AS lo, max(step) AS hi, "
         f"list(DISTINCT rank) AS ranks FROM buf_steps WHERE metric <> {NULL_CODE} "
@@ -93,7 +93,7 @@ def _insert_batch(
     lists = ", ".join(
         f"(SELECT list(t{order}) FROM ({q}) t)"
         for q, order in ((META_BATCH, " ORDER BY t.run, t.rank, t.seq"), (RANK_BATCH, ""),
-                         (stats, ""))
+                         (stats_sql, ""))
     )  # fmt: skip
     # DuckDB finds the numpy columns by their names in this frame (a replacement scan), so
     # no register()/unregister(): each of those is a GIL hand-over (~20 ms each with the
@@ -129,8 +129,8 @@ def _insert_batch(
         # As columns found by name, like raw_recs: an SQL VALUES list of 4,096 ranks took
         # ~0.3 s to parse, twice per flush.
         rank_names: dict[str, int] = {}
-        cols = [[getattr(r, f) for r in changed] for f in RANK_FIELDS]
-        raw_ranks = buffer_columns("ranks", cols, rank_names)
+        rank_cols = [[getattr(r, f) for r in changed] for f in RANK_FIELDS]
+        raw_ranks = buffer_columns("ranks", rank_cols, rank_names)
         raw_rank_names = names_columns(list(rank_names))
         rollup.run_script(cur, [
             "CREATE OR REPLACE TEMP TABLE rw_ranks AS "

@@ -16,7 +16,9 @@ const RUNS_POLL_MS = 3000;
 const RANKS_POLL_MS = 2000;
 const ALERTS_POLL_MS = 3000;
 const INCIDENTS_POLL_MS = 5000; // the stream pushes each change; this catches a missed one
-const HEATMAP_REFRESH_MS = 4000; // while live; heatmaps of many ranks cost more to redraw
+// The heatmap is re-read when the stream's step moves past the one it shows, at most this
+// often; heatmaps of many ranks cost more to redraw.
+const HEATMAP_REFRESH_MS = 1000;
 const HEATMAP_REFRESH_MANY_MS = 12000;
 const MANY_RANKS = 64;
 const ZOOM_REFETCH_DELAY_MS = 300;
@@ -235,7 +237,7 @@ async function loadAlerts() {
   if (!state.run) return;
   const resp = await api('/api/alerts', { run: state.run });
   state.firing = resp.firing;
-  panels.renderBanner($('banner'), state.firing, serverNow());
+  panels.renderBanner($('banner'), state.firing, serverNow(), state.ranks);
   incidentUi.renderAlertsToggle();
 }
 
@@ -254,8 +256,18 @@ async function loadHeatmap() {
   const params = { metric };
   if (state.zoom) Object.assign(params, { start: state.zoom.start, end: state.zoom.end });
   const resp = await api(runPath(state.run, 'heatmap'), params);
-  if (resp.run === state.run && resp.metric === heatMetric()) heatmap.load(resp);
+  if (resp.run !== state.run || resp.metric !== heatMetric()) return;
+  heatmap.load(resp);
+  renderPanels(); // the table's peak z comes from this read
+  // The store runs a flush behind the stream: read again until the heatmap reaches its step.
+  if (!state.zoom && heatmap.lastStep !== null && heatmap.lastStep < app.extent()[1]) refreshHeatmapSoon();
 }
+
+const refreshHeatmapSoon = throttle(() => {
+  const many = state.ranks.length > MANY_RANKS;
+  if (many && Date.now() - lastHeatmap < HEATMAP_REFRESH_MANY_MS) return;
+  loadHeatmap().catch(showError);
+}, HEATMAP_REFRESH_MS);
 
 async function loadRuns() {
   const resp = await api('/api/runs');
@@ -359,9 +371,7 @@ function handle(msg) {
       if (run) run.last_time = Math.max(run.last_time || 0, serverNow());
       maybeCompact(chart);
       scheduleRedraw();
-      if (Date.now() - lastHeatmap > (state.ranks.length > MANY_RANKS ? HEATMAP_REFRESH_MANY_MS : HEATMAP_REFRESH_MS)) {
-        loadHeatmap().catch(showError);
-      }
+      if (!state.zoom && msg.points?.some(([, step]) => step > (heatmap.lastStep ?? -Infinity))) refreshHeatmapSoon();
       break;
     }
     case 'ranks':
@@ -430,6 +440,7 @@ function restyle() {
 }
 
 function renderPanels() {
+  panels.renderBanner($('banner'), state.firing, serverNow(), state.ranks); // its "z now"
   panels.renderLegend($('legend'), app);
   panels.renderTableHead($('rank-head'), app);
   panels.renderTable($('rank-body'), app, serverNow());
@@ -458,7 +469,7 @@ function heatMetric() {
 
 function tick() {
   panels.renderFreshness($('freshness'), $('run-state'), currentRun(), serverNow());
-  panels.renderBanner($('banner'), state.firing, serverNow());
+  panels.renderBanner($('banner'), state.firing, serverNow(), state.ranks);
   incidentUi.tick();
 }
 

@@ -6,109 +6,30 @@
 // and detail inside it, so the slider still shows the whole run. Live points are appended to
 // both; the app redraws at most a few times a second with only the changed series.
 
+import {
+  bandFrom, constantValue, emptyBand, emptyLines, endedNonFinite, firstNonFinite, fmtConstant,
+  insertPoint, keepNewer, linesFrom, spliced, ema,
+} from './chartdata.js';
 import { tooltipHtml } from './tooltip.js';
-import { lowerBound, median, num } from './util.js';
+import { fmt, lowerBound, median, num } from './util.js';
+
+export { ema }; // the page's tests and tools import it from here
 
 const HEALTHY = { color: '#9aa5b1', width: 1, opacity: 0.75 };
 const DIVERGENT_COLORS = ['#d62728', '#ff7f0e', '#e377c2', '#8c564b', '#bcbd22', '#f59e0b'];
 const SELECTED_COLORS = ['#1f77b4', '#17becf', '#2ca02c', '#9467bd', '#0ea5e9', '#059669'];
 const MARKER_COLOR = '#7c3aed';
 const MAX_MARKERS = 20; // NaN/Inf markers per series: the first of each run of bad values
+// End labels of ranks that ended non-finite: such lines stop at one step, side by side, and
+// a second label already covers the first. Past this many, a count in the chart's title line.
+const MAX_NAN_LABELS = 1;
+const MIN_BAND_RANKS = 8; // below this a p5–p95 band is two of the ranks, not percentiles
+const LOG_PAD = 0.05; // a log axis fits the data: this share of its span as room below and above
 const EVENT_STYLE = {
   crash: { color: '#dc2626', type: 'solid' },
   end: { color: '#6b7280', type: 'dashed' },
   restart: { color: '#ea580c', type: 'dashed' },
 };
-
-function emptyLines() {
-  return new Map(); // rank -> {steps: number[], values: number[]}
-}
-
-function emptyBand() {
-  return { steps: [], median: [], p5: [], p95: [], min: [], max: [] };
-}
-
-function insertPoint(line, step, value) {
-  const n = line.steps.length;
-  if (!n || step > line.steps[n - 1]) {
-    line.steps.push(step);
-    line.values.push(value);
-    return;
-  }
-  const i = lowerBound(line.steps, step);
-  if (line.steps[i] === step) line.values[i] = value; // a resend: newer wins
-  else {
-    line.steps.splice(i, 0, step);
-    line.values.splice(i, 0, value);
-  }
-}
-
-function linesFrom(series) {
-  const lines = emptyLines();
-  for (const [rank, data] of Object.entries(series || {})) {
-    // Array.from: plain arrays (live points are spliced in) from JSON lists or binary columns
-    lines.set(Number(rank), { steps: Array.from(data.step), values: Array.from(data.value, num) });
-  }
-  return lines;
-}
-
-function bandFrom(band) {
-  if (!band || !band.step) return emptyBand();
-  const pick = (k) => Array.from(band[k] || [], num);
-  return { steps: Array.from(band.step), median: pick('median'), p5: pick('p5'), p95: pick('p95'), min: pick('min'), max: pick('max') };
-}
-
-// The store lags the live stream by a flush or so: points already drawn past what a fresh read
-// returned are kept, not dropped (for every rank in rank mode; in band mode, drawn ranks only).
-function keepNewer(fresh, old, allRanks) {
-  const tail = (steps, after) => lowerBound(steps, after + 1);
-  for (const [rank, line] of old.lines) {
-    const got = fresh.lines.get(rank);
-    if (!got && !allRanks) continue;
-    const into = got || { steps: [], values: [] };
-    const last = into.steps.length ? into.steps[into.steps.length - 1] : -Infinity;
-    const i = tail(line.steps, last);
-    if (i >= line.steps.length) continue;
-    fresh.lines.set(rank, {
-      steps: into.steps.concat(line.steps.slice(i)),
-      values: into.values.concat(line.values.slice(i)),
-    });
-  }
-  const band = fresh.band;
-  const last = band.steps.length ? band.steps[band.steps.length - 1] : -Infinity;
-  const i = tail(old.band.steps, last);
-  for (const key of Object.keys(band)) band[key] = band[key].concat(old.band[key].slice(i));
-}
-
-// Base outside [start, end], detail inside: a zoomed window at finer resolution.
-function spliced(base, detail, start, end) {
-  if (!detail) return base;
-  const a = lowerBound(base.steps, start);
-  const b = lowerBound(base.steps, end + 1);
-  const out = {};
-  for (const key of Object.keys(base)) {
-    out[key] = base[key].slice(0, a).concat(detail[key] || [], base[key].slice(b));
-  }
-  return out;
-}
-
-// Exponential moving average, debiased like TensorBoard's so the start is not pulled to 0.
-export function ema(values, weight) {
-  const out = new Array(values.length);
-  let last = 0;
-  let n = 0;
-  for (let i = 0; i < values.length; i++) {
-    const v = values[i];
-    if (v === null || !Number.isFinite(v)) {
-      out[i] = v;
-      continue;
-    }
-    n += 1;
-    last = last * weight + (1 - weight) * v;
-    out[i] = last / (1 - weight ** n);
-  }
-  return out;
-}
 
 export class MetricChart {
   constructor(metric, container, app) {
@@ -122,17 +43,29 @@ export class MetricChart {
     this.dirty = new Set(); // series ids with new data since the last draw
     this.needsFull = true;
     this.pendingSteps = new Set(); // steps appended live, not yet drawn (freshness hook)
+    this.unit = '';
+    this.nonnegative = false;
+    this.firstBad = null; // {rank, step}: the first non-finite value of any drawn rank
+    this.constant = null; // the one value of a series that never changed, or null
 
     this.card = document.createElement('section');
     this.card.className = 'card chart-card';
     const head = document.createElement('h2');
-    head.textContent = metric;
+    this.title = document.createElement('span');
+    this.title.textContent = metric;
     this.info = document.createElement('span');
     this.info.className = 'chart-info';
-    head.append(' ', this.info);
+    this.stepTag = document.createElement('span');
+    this.stepTag.className = 'chart-info step-tag';
+    head.append(this.title, ' ', this.info, this.stepTag);
     this.el = document.createElement('div');
     this.el.className = 'chart';
-    this.card.append(head, this.el);
+    // A series that never changed (lr on a flat schedule) is one line of text, not a panel:
+    // the chart comes back the moment a value differs.
+    this.constEl = document.createElement('p');
+    this.constEl.className = 'chart-constant';
+    this.constEl.hidden = true;
+    this.card.append(head, this.constEl, this.el);
     container.append(this.card);
     this.chart = echarts.init(this.el, null, { renderer: 'canvas' });
     this.chart.on('datazoom', (e) => {
@@ -154,6 +87,11 @@ export class MetricChart {
     this.mode = resp.mode;
     this.ranksTotal = resp.ranks_total;
     this.outliers = new Set(resp.outliers);
+    if (typeof resp.unit === 'string' && resp.unit !== this.unit) {
+      this.unit = resp.unit;
+      this.title.textContent = this.unit ? `${this.metric} (${this.unit})` : this.metric;
+    }
+    this.nonnegative = resp.nonnegative === true;
     const data = { lines: linesFrom(resp.series), band: bandFrom(resp.band) };
     if (window) this.detail = { start: window.start, end: window.end, ...data };
     else {
@@ -267,8 +205,30 @@ export class MetricChart {
     return v;
   }
 
-  markers(line) {
+  // The first non-finite value among the drawn ranks: the rank that went first. Markers go on
+  // its line only; the other ranks' non-finite steps would pile up at the same step.
+  drawnLines() {
+    return this.drawnRanks().map((rank) => [rank, this.visibleLine(rank)]);
+  }
+
+  findFirstBad() {
+    return firstNonFinite(this.drawnLines());
+  }
+
+  endedBad() {
+    return endedNonFinite(this.drawnLines(), this.firstBad && this.firstBad.rank);
+  }
+
+  findConstant() {
+    const columns = this.drawnLines().map(([, line]) => line.values);
+    if (this.mode === 'band') columns.push(this.visibleBand().median);
+    return constantValue(columns);
+  }
+
+  markers(line, rank) {
     const data = [];
+    const first = this.firstBad;
+    if (!first || first.rank !== rank) return { data };
     let lastFinite = null;
     for (let i = 0; i < line.steps.length && data.length < MAX_MARKERS; i++) {
       const v = line.values[i];
@@ -281,7 +241,15 @@ export class MetricChart {
       for (let j = i + 1; y === null && j < line.values.length; j++) if (Number.isFinite(line.values[j])) y = line.values[j];
       if (y === null || (this.app.state.log && y <= 0)) y = this.app.state.log ? 1 : 0;
       const label = Number.isNaN(v) ? 'NaN' : v > 0 ? '+Inf' : '-Inf';
-      data.push({ name: label, value: label, coord: [line.steps[i], y] });
+      const item = { name: label, value: label, coord: [line.steps[i], y] };
+      if (line.steps[i] === first.step) {
+        Object.assign(item, {
+          symbol: 'pin',
+          symbolSize: 46,
+          label: { show: true, position: 'top', color: MARKER_COLOR, fontWeight: 'bold', fontSize: 11, formatter: `first ${label}: rank ${rank}` },
+        });
+      }
+      data.push(item);
     }
     return {
       symbol: 'pin',
@@ -299,6 +267,8 @@ export class MetricChart {
     const line = this.visibleLine(rank);
     const shown = st.ema > 0 ? ema(line.values, st.ema) : line.values;
     const data = line.steps.map((s, i) => [s, this.yValue(shown[i])]);
+    const bad = this.endedBad();
+    const hideLabel = bad.indexOf(rank) >= MAX_NAN_LABELS;
     const out = [{
       id: `r:${rank}`,
       name: `rank ${rank}`,
@@ -312,14 +282,14 @@ export class MetricChart {
       lineStyle: { width: style.width, color: style.color, opacity: style.opacity, type: style.type || 'solid' },
       emphasis: { focus: 'none', lineStyle: { width: style.width + 1 } },
       endLabel: {
-        show: style.endLabel ?? style.kind !== 'healthy',
+        show: (style.endLabel ?? style.kind !== 'healthy') && !hideLabel,
         formatter: () => `rank ${rank}`,
         color: style.color,
         fontWeight: 'bold',
         distance: 4,
       },
       labelLayout: { moveOverlap: 'shiftY' },
-      markPoint: style.markers === false ? { data: [] } : this.markers(line),
+      markPoint: this.markers(line, rank),
     }];
     if (st.ema > 0) {
       out.push({
@@ -348,9 +318,12 @@ export class MetricChart {
       { id: `${id}:lo`, name, type: 'line', stack: id, data: pair(lo, hi).map(([s, a]) => [s, a]), showSymbol: false, silent: true, lineStyle: { opacity: 0 }, z: 0, tooltip: { show: false } },
       { id: `${id}:hi`, name, type: 'line', stack: id, data: pair(lo, hi).map(([s, , d]) => [s, d]), showSymbol: false, silent: true, lineStyle: { opacity: 0 }, areaStyle: { color }, z: 0, tooltip: { show: false } },
     ];
+    const percentiles = this.ranksTotal >= MIN_BAND_RANKS
+      ? stacked('band:p', 'p5–p95', 'p5', 'p95', 'rgba(100, 116, 139, 0.28)')
+      : [];
     return [
       ...stacked('band:mm', 'min–max', 'min', 'max', 'rgba(100, 116, 139, 0.13)'),
-      ...stacked('band:p', 'p5–p95', 'p5', 'p95', 'rgba(100, 116, 139, 0.28)'),
+      ...percentiles,
       {
         id: 'band:median',
         name: 'median',
@@ -404,15 +377,30 @@ export class MetricChart {
   }
 
   yAxis() {
-    const base = { scale: true, splitLine: { lineStyle: { color: '#eef0f3' } } };
-    // A little room above and below, so a line that sits on the extreme is not hidden by the axis.
-    return this.app.state.log ? { ...base, type: 'log' } : { ...base, type: 'value', boundaryGap: ['4%', '4%'] };
+    const base = {
+      scale: true,
+      splitLine: { lineStyle: { color: '#eef0f3' } },
+      name: this.unit,
+      nameGap: 6,
+      nameTextStyle: { align: 'left', color: '#6b7280' },
+    };
+    // A log axis rounds out to whole decades by default: most of the height is empty. Fit it.
+    if (this.app.state.log) {
+      const room = (e) => Math.max(e.max / e.min, 1.0001) ** LOG_PAD;
+      return { ...base, type: 'log', min: (e) => e.min / room(e), max: (e) => e.max * room(e), axisLabel: { formatter: (v) => fmt(v), hideOverlap: true } };
+    }
+    // A little room above and below, so a line that sits on the extreme is not hidden by the axis;
+    // never below 0 for a metric that cannot be negative.
+    const axis = { ...base, type: 'value', boundaryGap: ['4%', '4%'] };
+    // null: ECharts' own rounded minimum, which is only replaced where it would go below 0.
+    if (this.nonnegative) axis.min = (e) => (e.min - 0.04 * (e.max - e.min) < 0 ? 0 : null);
+    return axis;
   }
 
   fullOption() {
     return {
       animation: false,
-      grid: { left: 58, right: 64, top: 16, bottom: 48 },
+      grid: { left: 58, right: 64, top: this.unit ? 26 : 16, bottom: 48 },
       tooltip: { trigger: 'axis', confine: true, formatter: (p) => this.tooltip(p), axisPointer: { type: 'line', snap: true }, transitionDuration: 0 },
       xAxis: this.xAxis(),
       yAxis: this.yAxis(),
@@ -423,6 +411,24 @@ export class MetricChart {
 
   // Draw what changed; returns the steps that became visible (for the freshness hook).
   render() {
+    const firstBad = this.findFirstBad();
+    const badKey = (b) => (b ? `${b.rank}@${b.step}` : '');
+    if (badKey(firstBad) !== badKey(this.firstBad)) this.needsFull = true;
+    this.firstBad = firstBad;
+    const endedKey = this.endedBad().join(',');
+    if (endedKey !== this.endedKey) this.needsFull = true; // end labels come and go
+    this.endedKey = endedKey;
+    const constant = this.findConstant();
+    if (constant !== this.constant) {
+      this.constant = constant;
+      this.constEl.hidden = constant === null;
+      this.constEl.textContent = constant === null ? '' : `${this.metric} ${fmtConstant(constant)}${this.unit ? ` ${this.unit}` : ''}, constant`;
+      const wasHidden = this.el.hidden;
+      this.el.hidden = constant !== null;
+      this.card.classList.toggle('is-constant', constant !== null);
+      if (wasHidden && !this.el.hidden) this.chart.resize();
+      this.needsFull = true;
+    }
     if (this.needsFull) {
       this.chart.setOption(this.fullOption(), { replaceMerge: ['series'], lazyUpdate: false });
       this.needsFull = false;
@@ -442,9 +448,16 @@ export class MetricChart {
     const shown = [...this.pendingSteps];
     this.pendingSteps.clear();
     const drawn = this.drawnRanks().length;
-    this.info.textContent = this.mode === 'band'
-      ? `${this.ranksTotal} ranks: median, p5–p95, min–max; ${drawn} drawn one by one`
-      : `${drawn} ranks`;
+    const parts = [];
+    if (this.mode !== 'band') parts.push(`${drawn} ranks`);
+    else if (this.ranksTotal >= MIN_BAND_RANKS) parts.push(`${this.ranksTotal} ranks: median, p5–p95, min–max`);
+    else parts.push(`band: ${this.ranksTotal} ranks, p5–p95 not meaningful; median and min–max`);
+    if (this.mode === 'band' && drawn) parts.push(`${drawn} drawn one by one`);
+    const hidden = this.endedBad().length - MAX_NAN_LABELS;
+    if (hidden > 0) parts.push(`+${hidden} ranks NaN`);
+    this.info.textContent = parts.join('; ');
+    const [, hi] = this.stepExtent();
+    this.stepTag.textContent = Number.isFinite(hi) ? `at step ${hi}` : '';
     return shown;
   }
 

@@ -5,7 +5,7 @@
 //       selectionChanged, loadHeatmap, renderPanels, showError}
 
 import { readUrl, writeUrl } from './urlstate.js';
-import { debounce, formatRanks, parseRanks } from './util.js';
+import { checkRanks, debounce, formatRanks, parseRanks } from './util.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -30,11 +30,23 @@ export function bindControls(ctx) {
     writeUrl(ctx.state);
     ctx.reloadAllSeries().catch(ctx.showError);
   });
+  const selectError = document.createElement('span');
+  selectError.id = 'select-error';
+  selectError.className = 'select-error';
+  selectError.setAttribute('role', 'alert');
+  selectError.hidden = true;
+  $('select-input').after(selectError);
   $('select-input').addEventListener('change', (e) => {
-    ctx.state.selected = parseRanks(e.target.value);
+    const known = new Set(ctx.state.ranks.map((r) => r.rank));
+    const { ranks, errors } = checkRanks(e.target.value, known);
+    selectError.hidden = !errors.length;
+    selectError.textContent = errors.length ? `not selected: ${errors.join('; ')}` : '';
+    e.target.setAttribute('aria-invalid', errors.length ? 'true' : 'false');
+    ctx.state.selected = ranks;
     ctx.selectionChanged();
   });
   $('clear-sel').addEventListener('click', () => {
+    selectError.hidden = true;
     ctx.state.selected = new Set();
     ctx.selectionChanged();
   });

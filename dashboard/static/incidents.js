@@ -19,8 +19,8 @@ const CAUSE_WORDS = {
 // NaN that spread to every rank still shows the one rank it started on.
 const ROLE_STYLES = {
   culprit: { kind: 'culprit', color: '#d62728', width: 3.2, opacity: 1, z: 8, endLabel: true },
-  affected: { kind: 'affected', color: '#d9a06b', width: 1.4, opacity: 0.9, z: 4, type: 'dashed', endLabel: false, markers: false },
-  terminated: { kind: 'terminated', color: '#a8a29e', width: 1.2, opacity: 0.8, z: 3, type: 'dotted', endLabel: false, markers: false },
+  affected: { kind: 'affected', color: '#d9a06b', width: 1.4, opacity: 0.9, z: 4, type: 'dashed', endLabel: false },
+  terminated: { kind: 'terminated', color: '#a8a29e', width: 1.2, opacity: 0.8, z: 3, type: 'dotted', endLabel: false },
 };
 const ROLE_ORDER = ['culprit', 'affected', 'terminated'];
 

@@ -2,6 +2,7 @@
 // All text goes in through textContent (util.el): a run called "<img src=x onerror=...>"
 // is shown as those characters, never parsed.
 
+import { peaks } from './heatmap.js';
 import { ago, el, fmt, fmtZ, num } from './util.js';
 
 const STALE_AFTER_S = 30; // "last record" turns red past this while the run is not finished
@@ -38,7 +39,19 @@ export function renderFreshness(node, stateNode, run, serverNow) {
   stateNode.className = `pill state-${String(run.state ?? 'unknown').replace(/[^a-z]/g, '')}`;
 }
 
-function alertLine(alert, serverNow) {
+// An alert's message carries the z of the step it was first reported at ("(z=14.2)"); the
+// table shows the z of the latest step. Say which is which, and add the z now beside it.
+function labelZ(message) {
+  return String(message).replace(/\(z=([^)]+)\)/g, '(z at first report $1)');
+}
+
+function zNow(alert, ranks) {
+  if (alert.rank === null || alert.rank === undefined || !alert.metric) return null;
+  const r = (ranks || []).find((x) => x.rank === alert.rank);
+  return r ? num((r.z || {})[alert.metric]) : null;
+}
+
+function alertLine(alert, serverNow, ranks) {
   let who = 'run';
   if (alert.rank !== null && alert.rank !== undefined) who = `rank ${alert.rank}`;
   else if (Array.isArray(alert.ranks) && alert.ranks.length) {
@@ -53,19 +66,24 @@ function alertLine(alert, serverNow) {
   line.append(
     el('strong', {}, `${who}${what}`),
     el('span', { class: 'since' }, since.length ? ` since ${since.join(', ')}` : ''),
-    el('span', { class: 'msg' }, alert.message ? ` — ${alert.message}` : ''),
+    el('span', { class: 'msg' }, alert.message ? ` — ${labelZ(alert.message)}` : ''),
   );
+  const now = zNow(alert, ranks);
+  if (now !== null) line.append(el('span', { class: 'znow' }, ` · z now ${fmtZ(now)}`));
   return line;
 }
 
-export function renderBanner(node, firing, serverNow) {
+export function renderBanner(node, firing, serverNow, ranks = []) {
   if (!firing.length) {
     node.hidden = true;
     node.replaceChildren();
     return;
   }
   node.hidden = false;
-  const lines = firing.slice(0, BANNER_MAX_ALERTS).map((a) => alertLine(a, serverNow));
+  // The alert that began first leads: in a NaN storm that is the rank that went first.
+  const since = (a) => a.since_step ?? Infinity;
+  const ordered = [...firing].sort((a, b) => since(a) - since(b) || (a.rank ?? -1) - (b.rank ?? -1));
+  const lines = ordered.slice(0, BANNER_MAX_ALERTS).map((a) => alertLine(a, serverNow, ranks));
   if (firing.length > BANNER_MAX_ALERTS) lines.push(el('div', { class: 'more' }, `+${firing.length - BANNER_MAX_ALERTS} more alerts`));
   node.replaceChildren(...lines);
 }
@@ -89,13 +107,21 @@ export function renderLegend(node, app) {
   node.replaceChildren(...chips, note);
 }
 
+// The largest |z| of the rank in the heatmap's last read of this metric (null: not read).
+function peakZ(rank, metric) {
+  const p = peaks.get(metric);
+  const best = p && p.get(rank);
+  return best ? best.z : null;
+}
+
 const COLUMNS = [
   { key: 'rank', label: 'rank', get: (r) => r.rank },
   { key: 'host', label: 'host', get: (r) => r.host ?? '' },
   { key: 'state', label: 'state', get: (r) => r.state ?? '' },
   { key: 'last_step', label: 'last step', get: (r) => r.last_step },
   { key: 'loss', label: 'last loss', get: (r, m) => num((r.values || {})[m]) },
-  { key: 'z', label: 'z', get: (r, m) => num((r.z || {})[m]) },
+  { key: 'z', label: 'z now', get: (r, m) => num((r.z || {})[m]) },
+  { key: 'peak', label: 'peak z', get: (r, m) => peakZ(r.rank, m) },
   { key: 'throughput', label: 'throughput', get: (r) => num(r.throughput) },
   { key: 'last_seen', label: 'last seen', get: (r) => r.last_seen },
 ];
@@ -104,7 +130,11 @@ export function renderTableHead(thead, app) {
   const st = app.state;
   const row = el('tr');
   for (const col of COLUMNS) {
-    const label = col.key === 'loss' ? `last ${app.tableMetric()}` : col.key === 'z' ? `z (${app.tableMetric()})` : col.label;
+    const m = app.tableMetric();
+    let label = col.label;
+    if (col.key === 'loss') label = `last ${m}`;
+    else if (col.key === 'z') label = `z now (${m})`;
+    else if (col.key === 'peak') label = `peak z (${m})`;
     const th = el('th', { scope: 'col' }, label);
     th.dataset.key = col.key;
     if (st.sort.key === col.key) th.classList.add(st.sort.dir > 0 ? 'asc' : 'desc');
@@ -122,7 +152,7 @@ export function renderTable(tbody, app, serverNow) {
   // z sorts by distance from the others, whichever side; missing values always go last.
   const key = (r) => {
     const v = col.get(r, metric);
-    return col.key === 'z' && typeof v === 'number' ? Math.abs(v) : v;
+    return (col.key === 'z' || col.key === 'peak') && typeof v === 'number' ? Math.abs(v) : v;
   };
   const rows = st.ranks.map((r) => [key(r), r]).sort(([va, a], [vb, b]) => {
     if (missing(va) || missing(vb)) return missing(va) - missing(vb) || a.rank - b.rank;
@@ -137,6 +167,8 @@ export function renderTable(tbody, app, serverNow) {
     if (highlighted.has(r.rank)) tr.classList.add('divergent');
     if (st.selected.has(r.rank)) tr.classList.add('selected');
     const z = num((r.z || {})[metric]);
+    const peak = peakZ(r.rank, metric);
+    const flagged = (r.divergent || []).includes(metric);
     const cells = [
       r.rank,
       r.host ?? '',
@@ -144,17 +176,36 @@ export function renderTable(tbody, app, serverNow) {
       r.last_step ?? '–',
       fmt(num((r.values || {})[metric])),
       fmtZ(z),
+      fmtZ(peak),
       fmt(num(r.throughput)),
       r.last_seen ? `${ago(serverNow - r.last_seen)} ago` : '–',
     ];
     cells.forEach((text, i) => {
       const td = el('td', {}, text);
       if (i === 2) td.className = `state-${String(r.state ?? '').replace(/[^a-z]/g, '')}`;
-      if (i === 5 && z !== null && Math.abs(z) >= 3) td.className = 'zbad';
+      // Red says what the detector says: this rank is flagged on this metric. A large z it
+      // never confirmed (one step's jump) stays plain, as on the heatmap.
+      if (i === 5 && flagged) td.className = 'zbad';
+      if (i === 6) td.className = 'zpeak';
       tr.append(td);
     });
     if (r.message) tr.title = String(r.message);
     frag.append(tr);
   }
   tbody.replaceChildren(frag);
+  renderTableStep(tbody, st.ranks);
+}
+
+// "at step N" beside the table's title: the newest step any rank reported, the step the
+// charts and the heatmap say they are at, so a person sees the panels agree.
+function renderTableStep(tbody, ranks) {
+  const head = tbody.closest('.card')?.querySelector('h2');
+  if (!head) return;
+  let tag = head.querySelector('.step-tag');
+  if (!tag) {
+    tag = el('span', { class: 'chart-info step-tag', id: 'table-step' });
+    head.append(tag);
+  }
+  const steps = ranks.map((r) => r.last_step).filter((s) => typeof s === 'number');
+  tag.textContent = steps.length ? `at step ${Math.max(...steps)}` : '';
 }

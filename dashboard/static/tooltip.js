@@ -36,6 +36,9 @@ export function tooltipHtml(chart, params) {
   rows.sort((a, b) => (Number.isFinite(b.v) ? b.v : Infinity) - (Number.isFinite(a.v) ? a.v : Infinity));
   const lines = [`<div class="tt-head">${esc(chart.metric)} · step ${esc(step)}</div>`];
   if (bandText) lines.push(`<div class="tt-band">${esc(bandText)}</div>`);
+  // Which z this is: the banner's is the z at first report, the table's the z now.
+  const against = chart.mode === 'band' && bandText ? 'the band' : 'the drawn ranks';
+  lines.push(`<div class="tt-band">z at step ${esc(step)}, against ${esc(against)}</div>`);
   let shownRows = rows;
   let skipped = 0;
   if (rows.length > TOOLTIP_MAX_ROWS) {

@@ -55,6 +55,40 @@ export function parseRanks(text) {
   return out;
 }
 
+// A typed selection, checked: {ranks, errors}. Each error names the part that was wrong, so
+// "foo, 99" on a 4-rank run says so rather than silently selecting 99 or nothing.
+export function checkRanks(text, known) {
+  const ranks = new Set();
+  const errors = [];
+  const have = known && known.size ? known : null;
+  const span = have ? `${Math.min(...have)}–${Math.max(...have)}` : '';
+  for (const raw of String(text || '').split(',')) {
+    const part = raw.trim();
+    if (!part) continue;
+    const m = part.match(/^(\d+)(?:\s*-\s*(\d+))?$/);
+    if (!m) {
+      errors.push(`"${part.slice(0, 20)}" is not a rank or a range like 8-11`);
+      continue;
+    }
+    const lo = Number(m[1]);
+    const hi = m[2] === undefined ? lo : Number(m[2]);
+    if (hi < lo || hi - lo >= 4096) {
+      errors.push(`"${part.slice(0, 20)}" is not a valid range`);
+      continue;
+    }
+    const missing = [];
+    for (let r = lo; r <= hi; r++) {
+      if (have && !have.has(r)) missing.push(r);
+      else ranks.add(r);
+    }
+    if (missing.length) {
+      const which = missing.length === 1 ? `rank ${missing[0]}` : `ranks ${formatRanks(new Set(missing))}`;
+      errors.push(`${which} not in this run (ranks ${span})`);
+    }
+  }
+  return { ranks, errors };
+}
+
 export function formatRanks(set) {
   const sorted = [...set].sort((a, b) => a - b);
   const parts = [];

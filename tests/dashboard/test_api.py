@@ -179,6 +179,13 @@ def test_heatmap_finds_the_bad_rank(client: TestClient, aggregator: Any, recs: R
     assert min(z[2][late]) > 3
     for rank in (0, 1, 3):
         assert max(abs(v) for v in z[rank][late]) < 3
+    # The fault colour's cells: the detector's flag, rank 2 from step 20 on, no one else.
+    flagged = dict(zip(body["ranks"], body["flagged"], strict=True))
+    assert [s for s, f in zip(body["steps"], flagged[2], strict=True) if f] == list(range(20, 61))
+    assert not any(any(flagged[rank]) for rank in (0, 1, 3))
+    assert body["last_step"] == 60
+    series = client.get("/api/runs/msrun4/series", params={"metric": "loss"}).json()
+    assert (series["unit"], series["nonnegative"]) == ("", True)
 
 
 def test_divergence_ranks_and_alerts_name_rank_2(

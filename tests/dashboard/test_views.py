@@ -159,7 +159,7 @@ def test_bucket_series_empty() -> None:
 # --- the heatmap on the real 4-rank msrun traces (tests/fixtures) -------------------------------
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-FAULT_Z = 6.0  # the heatmap's darkest colour (dashboard/static/heatmap.js: "z ≥ 6")
+FAULT_Z = 6.0  # the heatmap's darkest grey, "|z| ≥ 6, not flagged" (red is for flagged cells only)
 
 
 def trace(name: str) -> dict[int, dict[str, list[Any]]]:
@@ -223,3 +223,41 @@ def test_the_bad_card_is_a_dark_row_and_no_healthy_rank_is() -> None:
         # A healthy rank is never a dark row. A single dark cell is a real one-step excursion,
         # which the detector scores the same and, unconfirmed, never flags.
         assert len(dark) <= 1, (rank, dark)
+
+
+def heat_flags(name: str) -> set[tuple[int, int]]:
+    """The (step, rank) cells GET /api/runs/{run}/heatmap marks ``flagged`` (fault-coloured)."""
+    steps, _, grid = views.bucket_series(trace(name), 120)
+    cells = views.heat_grid(grid, len(steps), "loss")
+    return {
+        (step, rank)
+        for rank, row in cells.flagged.items()
+        for step, flag in zip(steps, row, strict=True)
+        if flag
+    }
+
+
+def test_a_healthy_run_has_no_fault_cell_though_one_step_jumps_far() -> None:
+    steps, z = heatmap("msrun4_clean.csv")
+    far = {(s, r) for r, row in z.items() for s, c in zip(steps, row, strict=True) if c and c >= 6}
+    assert far, "the clean trace has one-step jumps of |z| >= 6 (ranks 0 and 1)"
+    assert heat_flags("msrun4_clean.csv") == set()
+
+
+def test_only_the_bad_rank_is_fault_coloured_from_its_divergence_on() -> None:
+    name = "msrun4_rank2_labels_shifted_from_step20.csv"
+    flags = heat_flags(name)
+    _, detected = detector_z(name)
+    assert detected == 1  # the detector's one report: rank 2, since step 20
+    assert {r for _, r in flags} == {2}
+    assert sorted(s for s, _ in flags) == list(range(20, 61))
+
+
+def test_known_metrics_carry_units_and_nonnegative() -> None:
+    from rankwatch.aggregator.metrics import metric_info
+
+    assert metric_info("throughput") == {"unit": "samples/s", "nonnegative": True}
+    assert metric_info("step_time") == {"unit": "s", "nonnegative": True}
+    assert metric_info("data_time") == {"unit": "s", "nonnegative": True}
+    assert metric_info("loss") == {"unit": "", "nonnegative": True}
+    assert metric_info("my_custom") == {"unit": "", "nonnegative": False}
