@@ -241,6 +241,7 @@ def test_nan_spread_names_the_culprit_on_desktop_and_phone(
         check_layout(page, "desktop")
         check_colours(page, 2, [0, 1, 3], "desktop")
         # one alert per rank and metric folds behind one button while the card names the culprit
+        page.locator("#alerts-toggle").wait_for(state="visible")
         assert page.locator("#banner").is_hidden()
         assert "alerts firing: show them" in page.inner_text("#alerts-toggle")
         page.screenshot(path=artifacts / "incident-desktop.png")
