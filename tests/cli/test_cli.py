@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -92,13 +93,17 @@ def test_serve_status_and_import_over_http(servers: Callable[..., Server], tmp_p
 
 AGENT = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     from rankwatch.agent.monitor import Monitor
 
-    port, log_dir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    port, log_dir, steps, restarted = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     mon = Monitor(run="survivor", rank=0, world_size=1, addr=f"127.0.0.1:{port}",
                   log_dir=log_dir, heartbeat_s=0.5)
     for s in range(1, steps + 1):
+        if s == steps - 50:  # the last steps go to the restarted aggregator, however slow
+            deadline = time.monotonic() + 60
+            while not os.path.exists(restarted) and time.monotonic() < deadline:
+                time.sleep(0.05)
         mon.log(s, loss=1.0 / s)
         time.sleep(0.02)
     mon.close()
@@ -114,21 +119,21 @@ def test_kill_9_then_restart_loses_nothing_and_the_agent_reconnects(
     first = servers(data, ingest_port=port)
     script = tmp_path / "agent.py"
     script.write_text(AGENT)
-    # about 16 s of logging: the kill, the restart (several seconds on a loaded machine) and the
-    # agent's reconnect (its back-off reaches 5 s) all happen while it still logs
-    steps = 800
+    steps = 400  # about 8 s of logging, across the kill and the restart
+    restarted = tmp_path / "restarted"
     agent = subprocess.Popen(
-        [sys.executable, str(script), str(port), str(tmp_path / "logs"), str(steps)]
+        [sys.executable, str(script), str(port), str(tmp_path / "logs"), str(steps), str(restarted)]
     )
     try:
         wait_until(lambda: (r := first.status()["runs"]) and r[0]["last_step"] >= 60)
-        time.sleep(0.5)  # a few flushes reach the disk
+        wait_until(lambda: _records_stored(first, "survivor") >= 60, 30)  # flushed to the disk
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait(10)
         before = _stored_steps(data, tmp_path / "before.csv")
         assert len(before) >= 50  # what was flushed survived the kill
         second = servers(data, ingest_port=port)
-        assert agent.wait(60) == 0
+        restarted.touch()
+        assert agent.wait(90) == 0
         wait_until(lambda: (r := second.status()["runs"]) and r[0]["state"] == "finished")
         # Records lost in flight are asked for again (resend from the agent's JSONL).
         wait_until(lambda: second.status()["runs"][0]["ranks"][0]["gaps"] == [], 30)
@@ -140,6 +145,12 @@ def test_kill_9_then_restart_loses_nothing_and_the_agent_reconnects(
     after = _stored_steps(data, tmp_path / "after.csv")
     assert after == list(range(1, steps + 1))
     assert before == after[: len(before)]
+
+
+def _records_stored(server: Server, run: str) -> int:
+    with urllib.request.urlopen(f"{server.url}/api/runs", timeout=10) as response:
+        runs = json.load(response).get("runs") or []
+    return next((r.get("records") or 0 for r in runs if r.get("run") == run), 0)
 
 
 def _stored_steps(data: Path, out: Path) -> list[int]:

@@ -14,6 +14,7 @@ import pytest
 from rankwatch.agent.wire import records
 from rankwatch.agent.wire.records import StepRecord
 from rankwatch.aggregator.alerts.console import readable
+from rankwatch.aggregator.service import IMPORT_LIVE_WINDOW_S
 from rankwatch.cli import completion
 from rankwatch.cli.main import build_parser, subcommands
 
@@ -131,8 +132,11 @@ def test_a_served_store_a_missing_run_and_readable_numbers(
     data = tmp_path / "data"
     server = servers(data)
     now = time.time()
+    # Well inside the window in which an import updates the live state (which status reads):
+    # at its edge, a slow start of the first import left that run out of the snapshot.
+    assert IMPORT_LIVE_WINDOW_S > 400
     for i, run in enumerate(("oldest", "older", "newer", "newest", "latest", "last")):
-        path = jsonl(tmp_path / run / "rank0.jsonl", run, range(1, 3), now - 600 + 60 * i,
+        path = jsonl(tmp_path / run / "rank0.jsonl", run, range(1, 3), now - 300 + 30 * i,
                      throughput=13750.0, step_time=0.25)  # fmt: skip
         assert cli("import", str(path), "--url", server.url).returncode == 0
 
