@@ -39,6 +39,9 @@ from . import hooks, identity
 from .fallback import JsonlWriter, jsonl_path
 from .sender import STEP, Sender
 from .sources import Sampler, Source, resolve
+from .stacks import MIN_STALL_S, SAMPLE_INTERVAL_S
+from .stall import StallWatch
+from .stall import stack_dump_s as stack_dump_s_of
 from .values import NotANumber, check_name, plain, to_float
 from .wire.curve import CURVE_DIR_ENV, curve_keys
 from .wire.jsonsafe import NONFINITE_TO_JSON, json_value
@@ -89,6 +92,11 @@ class Monitor:
     ``serve --curve`` (see ``wire.curve.curve_keys``).
     ``sources`` (or ``RANKWATCH_SOURCES``): metric sources polled off the training thread, as
     ``Source`` objects or built-in names such as ``"process"`` (see ``sources``); none by default.
+    While the rank does not step for ``stall_min_s`` (and 3 usual step times), its heartbeats
+    carry where the main thread is, at most every ``stall_interval_s`` (``stacks.StallSampler``);
+    ``stack_dump_s`` (or ``RANKWATCH_STACK_DUMP_S``, default 600, 0: off) without a step,
+    ``faulthandler`` writes every thread's stack to ``rank<k>.stacks.txt`` beside the JSONL
+    (with an aggregator address: the sender thread pushes the timer back while steps come).
     """
 
     def __init__(
@@ -105,6 +113,9 @@ class Monitor:
         enabled: bool = True,
         curve_dir: str | os.PathLike[str] | None = None,
         sources: Iterable[Source | str] | None = None,
+        stack_dump_s: float | None = None,
+        stall_min_s: float = MIN_STALL_S,
+        stall_interval_s: float = SAMPLE_INTERVAL_S,
     ) -> None:
         self._active = False  # log() and event() do nothing until the end of construction
         self._closed = True
@@ -138,6 +149,8 @@ class Monitor:
         self._sampler: Sampler | None = None
         self._sampled: dict[str, int] = {}  # source name -> the step its last sample went to
         registry = resolve(sources)  # also RANKWATCH_SOURCES
+        dump_s = stack_dump_s_of(stack_dump_s)
+        self._stall: StallWatch | None = None
         self.incarnation = 0
         if enabled and os.environ.get("MS_ROLE") == "MS_SCHED":
             log.info("rankwatch: MindSpore scheduler process (MS_ROLE=MS_SCHED): monitor disabled")
@@ -172,6 +185,10 @@ class Monitor:
         if self.incarnation:
             self._base["inc"] = self.incarnation
         if self.addr is not None:
+            self._stall = StallWatch(
+                threading.main_thread().ident or 0, self.jsonl_path, period_s=self.heartbeat_s,
+                dump_s=dump_s, min_stall_s=stall_min_s, interval_s=stall_interval_s,
+            )  # fmt: skip
             self._queue = deque()
             step_base = {"kind": "step", **self._base}
             self._sender = Sender(
@@ -189,6 +206,8 @@ class Monitor:
             except RuntimeError as exc:  # no thread to be had: JSONL only
                 log.warning("rankwatch: cannot start the sender thread (%s); JSONL only", exc)
                 self._queue = self._sender = None
+                self._stall.close()
+                self._stall = None
         else:
             global _said_jsonl_only
             if not _said_jsonl_only:
@@ -427,6 +446,14 @@ class Monitor:
         wire["seq"] = next(self._seq)
         wire.update(time=time.time(), last_step=self._last_step, next_in=next_in)
         wire.update(dropped=self._dropped, paused=paused)
+        if self._stall is not None:
+            try:
+                stack = self._stall.beat(wire["time"], self._prev, paused is not None)
+            except Exception as exc:  # a bug here must not cost the heartbeat or the thread
+                self._warn_once("stall", "rankwatch: stack sampling failed: %r", exc)
+                stack = None
+            if stack is not None:
+                wire["stack"] = stack
         line = json.dumps({"v": SCHEMA_VERSION, **wire}, separators=_COMPACT)
         self._writer.write((line + "\n").encode("utf-8", "replace"))
         return wire
@@ -529,6 +556,8 @@ class Monitor:
                 return
             self._closed = True
             self._active = False
+            if self._stall is not None:
+                self._stall.close()
             if self._sampler is not None:
                 self._sampler.close(SAMPLER_CLOSE_S)
             try:

@@ -65,7 +65,7 @@ _SLEEP = re.compile(r"\bsleep\s*\(")
 
 __all__ = [
     "FaultWatchdog", "Frame", "StackSample", "StallSampler", "ThreadStack", "parse_faulthandler",
-    "stacks_path", "summarise",
+    "sample_of_dump", "stacks_path", "summarise",
 ]  # fmt: skip
 
 
@@ -248,6 +248,32 @@ def parse_faulthandler(text: str, max_dumps: int = PARSE_MAX_DUMPS) -> list[Thre
     flush()
     last = max((t.dump for t in threads), default=0)
     return [t for t in threads if t.dump > last - max_dumps]
+
+
+def sample_of_dump(
+    threads: list[ThreadStack], time: float = 0.0, step: int | None = None
+) -> StackSample | None:
+    """The main thread of the last dump in ``threads`` (``parse_faulthandler``) as a sample, or
+    None when there is none. faulthandler lists the newest thread first, so the main thread is
+    the last of its dump. File names are already short here: the standard library is told by
+    its ``python3.X/`` folder, and a sleep cannot be told from other user code (no source)."""
+    if not threads:
+        return None
+    last = max(t.dump for t in threads)
+    main = [t for t in threads if t.dump == last][-1]
+    frames = main.frames[:MAX_FRAMES]
+    own = [f for f in main.frames if not _STDLIB_SHORT.match(f.file)]
+    where = "unknown" if not main.frames else "user"
+    if own:
+        if any(d in own[0].file for d in DATALOADERS):
+            where = "dataloader"
+        elif _owner(own[0].file) is not None:
+            where = "framework"
+    note = f"faulthandler dump {last + 1} of the stacks file" + (" (cut)" if main.truncated else "")
+    return StackSample(where, _signature(frames), frames, step, time, 0.0, note)
+
+
+_STDLIB_SHORT = re.compile(r"^(<frozen|python3\.\d+/|lib/python3)")
 
 
 # --- internals ------------------------------------------------------------------------------

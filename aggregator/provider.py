@@ -16,37 +16,47 @@ thread pool.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import numpy as np
 from rankwatch.agent.wire.records import Record, StepBlock
 from rankwatch.aggregator.alerts.rules import Alert
+from rankwatch.aggregator.compare import compare_medians, previous_run
 from rankwatch.aggregator.divergence.zgrid import ZGrid, z_columns, z_grid
 from rankwatch.aggregator.feed import FeedClosed, Subscription, ranks_delta
 from rankwatch.aggregator.metrics import display_order, metric_info
+from rankwatch.aggregator.stacks import StackView, stack_view
 from rankwatch.aggregator.store.columns import BAND_KEYS, SeriesColumns
+from rankwatch.aggregator.store.export import FORMATS as EXPORT_FORMATS
+from rankwatch.aggregator.store.export import ExportError, export_run
 
 if TYPE_CHECKING:
     from rankwatch.aggregator.service import Aggregator
 
 __all__ = [
     "BAND_KEYS",
+    "EXPORT_FORMATS",
     "AggregatorProvider",
     "Alert",
     "Band",
     "Counters",
     "DataProvider",
+    "ExportError",
     "FeedClosed",
     "LiveRun",
     "SeriesColumns",
     "SeriesLists",
     "Snapshot",
+    "StackView",
     "StoredEvent",
     "StoredRun",
     "Subscription",
     "ZGrid",
+    "compare_medians",
     "display_order",
     "metric_info",
+    "previous_run",
     "ranks_delta",
     "z_columns",
     "z_grid",
@@ -98,6 +108,14 @@ class LiveRun(_LiveRunBase, total=False):
     ranks: list[dict[str, Any]]
     ranks_seen: int
     metrics: list[str]
+    # With ``history=True``: the training's clock of the latest stored record, and, for stored
+    # runs without live state, ``history: true`` and their first time, records and the count of
+    # ranks whose records stop without an end or crash event.
+    record_time: float | None
+    history: bool
+    first_time: float | None
+    records: int | None
+    ended_without_event: int
 
 
 class Snapshot(TypedDict):
@@ -158,10 +176,25 @@ class DataProvider(Protocol):
         """Every incident of ``run`` (``Incident.as_dict()``), newest first, live or stored."""
         ...
 
+    def read_stacks(self, run: str) -> StackView:
+        """The latest stack sample of each rank of ``run`` (live or stored) and their groups."""
+        ...
+
     def snapshot(
-        self, now: float | None = None, *, run: str | None = None, ranks: bool = True
+        self,
+        now: float | None = None,
+        *,
+        run: str | None = None,
+        ranks: bool = True,
+        history: bool = False,
     ) -> Snapshot:
-        """The live state of every run (or of ``run``); ``ranks=False`` is cheap."""
+        """The live state of every run (or of ``run``); ``ranks=False`` is cheap. ``history``:
+        every stored run too, with its final state, newest first."""
+        ...
+
+    def export_run(self, run: str, out_path: Path, fmt: str) -> int:
+        """Write ``run``'s stored step rows to ``out_path`` as ``fmt`` (EXPORT_FORMATS); the
+        number of rows. ExportError for an unknown run or format."""
         ...
 
     def alerts_firing(self) -> list[Alert]: ...
@@ -237,10 +270,23 @@ class AggregatorProvider:
     def read_incidents(self, run: str) -> list[dict[str, Any]]:
         return self._agg.incidents_of(run)
 
+    def read_stacks(self, run: str) -> StackView:
+        agg = self._agg
+        return stack_view(run, agg.stacks.latest(run, agg.store.stacks(run)))
+
     def snapshot(
-        self, now: float | None = None, *, run: str | None = None, ranks: bool = True
+        self,
+        now: float | None = None,
+        *,
+        run: str | None = None,
+        ranks: bool = True,
+        history: bool = False,
     ) -> Snapshot:
-        return self._agg.snapshot(now, run=run, ranks=ranks)  # type: ignore[return-value]
+        snap = self._agg.snapshot(now, run=run, ranks=ranks, history=history)
+        return snap  # type: ignore[return-value]
+
+    def export_run(self, run: str, out_path: Path, fmt: str) -> int:
+        return export_run(self._agg.store, run, out_path, fmt)
 
     def alerts_firing(self) -> list[Alert]:
         return self._agg.alerts.firing()

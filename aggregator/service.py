@@ -1,7 +1,7 @@
 """The aggregator: every part wired in one place.
 
     receive -> decode -> dedupe (SeqTracker) -> restarts -> health -> store.append -> merge
-            -> divergence -> (tick) alerts -> console / webhooks -> live feed
+            -> divergence -> (tick) alerts -> incidents -> sinks (console, webhooks) -> live feed
 
 One service thread runs the receive loop and, every ``flush_interval_s``, a tick (expire partial
 steps, evaluate alerts, publish feed increments, ask agents to resend gaps). A second thread
@@ -13,6 +13,7 @@ live data and imports dedupe against each other. A lock makes ``add``, the tick 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -20,12 +21,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rankwatch.agent.wire.records import EventRecord, Record, StepBlock, StepRecord, unblock
+from rankwatch.agent.wire.records import (
+    EventRecord,
+    Heartbeat,
+    Record,
+    StepBlock,
+    StepRecord,
+    unblock,
+)
 from rankwatch.aggregator.alerts.rules import Alert, AlertEngine
 from rankwatch.aggregator.alerts.sinks.base import Sink
 from rankwatch.aggregator.alerts.sinks.console import ConsoleSink
+from rankwatch.aggregator.alerts.sinks.fanout import deliver
 from rankwatch.aggregator.alerts.sinks.http import Webhooks
 from rankwatch.aggregator.alerts.sinks.words import alert_dict
+from rankwatch.aggregator.counters import service_counters
 from rankwatch.aggregator.dedupe import dedupe
 from rankwatch.aggregator.divergence.detector import (
     DivergenceDetector,
@@ -35,6 +45,7 @@ from rankwatch.aggregator.divergence.detector import (
 )
 from rankwatch.aggregator.feed import Feed, event_message, jsonable, points_messages
 from rankwatch.aggregator.health import HealthTracker, RankHealth
+from rankwatch.aggregator.history import StoredRuns
 from rankwatch.aggregator.incidents import IncidentChange, IncidentTracker
 from rankwatch.aggregator.ingest.receiver import Receiver
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
@@ -45,19 +56,19 @@ from rankwatch.aggregator.settings import (
     FLUSH_INTERVAL_S,
     HEALTH_EVERY_S,
     IMPORT_LIVE_WINDOW_S,
-    INGEST_COUNTERS,
     LIVE_RETENTION_S,
     MAX_FEED_POINTS,
     RANKS_REFRESH_S,
-    RECORD_COUNTERS,
     SINK_CLOSE_S,
     STOP_TIMEOUT_S,
     STORE_RETRY_S,
     ServeConfig,
     tune_gc,
 )
-from rankwatch.aggregator.snapshot import RankInputs, rank_entries, rank_inputs, run_entry
+from rankwatch.aggregator.snapshot import RankInputs, build_snapshot, rank_entries, rank_inputs
+from rankwatch.aggregator.stacks import StackIntake
 from rankwatch.aggregator.store.db import Store, StoreError
+from rankwatch.aggregator.store.flusher import Flusher
 
 log = logging.getLogger("rankwatch.service")
 
@@ -83,7 +94,7 @@ class Aggregator:
         if cfg.console_alerts:
             self.sinks.append(ConsoleSink())
         self.receiver: Receiver | None = None
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()  # add, tick and the snapshot's copy hold it
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._started = False
@@ -91,16 +102,22 @@ class Aggregator:
         self._results: list[StepResult | QuietSteps] = []
         self._tick_steps: list[StepRecord | StepBlock] = []
         self._tick_events: list[EventRecord] = []
+        self.stacks = StackIntake()  # heartbeats' stack samples, drained by the tick
         self._health: tuple[int, float, dict[str, dict[int, RankHealth]]] | None = None
         # Latest values for the snapshot.
-        self._values: dict[tuple[str, int], dict[str, float]] = {}
+        self.values: dict[tuple[str, int], dict[str, float]] = {}  # latest per (run, rank)
         self._z: dict[tuple[str, str], Mapping[int, RankScore]] = {}
         self._ranks_sent: dict[str, float] = {}
         self.resender = Resender()
-        self._store_error: str | None = None
-        self._store_retry_at = 0.0
+        self.stored_runs = StoredRuns(self.store)
+        self.flusher = Flusher(
+            self.store,
+            max(cfg.store_flush_s, cfg.flush_interval_s),
+            cfg.store_backlog_records,
+            STORE_RETRY_S,
+        )
         self.n = {
-            "received": 0, "accepted": 0, "duplicates": 0, "imported": 0, "store_errors": 0,
+            "received": 0, "accepted": 0, "duplicates": 0, "imported": 0,
             "resend_requests": 0, "sink_errors": 0, "feed_sampled_ticks": 0, "internal_errors": 0,
         }  # fmt: skip
         self._logged_errors: set[str] = set()
@@ -117,7 +134,8 @@ class Aggregator:
         self.receiver = Receiver(cfg.ingest_host, cfg.ingest_port, curve_dir=cfg.curve_dir)
         self._started = True
         self._stop.clear()
-        for name, target in (("ingest", self._ingest_loop), ("flush", self._flush_loop)):
+        flush = functools.partial(self.flusher.run, self._stop)
+        for name, target in (("ingest", self._ingest_loop), ("flush", flush)):
             thread = threading.Thread(target=target, name=f"rankwatch-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -180,41 +198,10 @@ class Aggregator:
             self._logged_errors.add(kind)
             log.exception("rankwatch: internal error (%s); ingest goes on, please report", kind)
 
-    def _flush_loop(self) -> None:
-        # The wait starts when a flush ends: a flush has a fixed cost, and starting
-        # them on a fixed period makes more, smaller ones under load (more aggregator CPU
-        # per record at 4,096 ranks, docs/benchmarks.md). Unless a backlog built up during
-        # the flush: a flush that big costs little per record, and waiting only grows it.
-        pause = max(self.config.store_flush_s, self.config.flush_interval_s)
-        wait = pause
-        while not self._stop.wait(wait):
-            flushed = self.flush_store()
-            backlog = flushed and self.store.pending() >= self.config.store_backlog_records
-            wait = 0.0 if backlog else pause
-
     def flush_store(self) -> bool:
-        """Write buffered records; on failure log once, count, and retry later."""
-        now = time.monotonic()
-        if self._store_error is not None and now < self._store_retry_at:
-            return False
-        try:
-            self.store.flush()
-        except StoreError as exc:
-            self.n["store_errors"] += 1
-            self._store_retry_at = now + STORE_RETRY_S
-            if self._store_error is None:
-                log.error(
-                    "rankwatch: cannot write the store (%s); the live view goes on and records "
-                    "stay in memory; retrying every %.0f s",
-                    exc,
-                    STORE_RETRY_S,
-                )
-            self._store_error = str(exc)
-            return False
-        if self._store_error is not None:
-            log.warning("rankwatch: the store is writable again; buffered records are stored")
-            self._store_error = None
-        return True
+        """Write buffered records now (the flush thread does it on its own); False when the
+        store refused them (they stay buffered, retried every ``STORE_RETRY_S``)."""
+        return self.flusher.flush()
 
     # --- the pipeline --------------------------------------------------------------------
 
@@ -231,7 +218,7 @@ class Aggregator:
 
         Imported records older than ``IMPORT_LIVE_WINDOW_S`` only go to the store."""
         now = time.time() if now is None else now
-        with self._lock:
+        with self.lock:
             made = self.restarts.restarts
             fresh, received = dedupe(as_blocks(records), self.seqs, self.restarts)
             made = self.restarts.restarts - made  # restart events: the aggregator's own records
@@ -260,7 +247,7 @@ class Aggregator:
         """Health, latest values, merge and divergence for accepted records."""
         observe = self.health.observe
         merge, merge_block = self.merger.add, self.merger.add_block
-        values = self._values
+        values = self.values
         tick_steps = self._tick_steps
         groups: list[StepValues | StepGrid] = []
         # Health only needs the newest step record of a rank in a batch; older ones are
@@ -287,6 +274,8 @@ class Aggregator:
             observe(rec, now)
             if isinstance(rec, EventRecord):
                 self._tick_events.append(rec)
+            elif isinstance(rec, Heartbeat) and (rec.stack is not None or rec.stack_problem):
+                self.stacks.take(rec)
         for rec in newest.values():
             observe(rec, now)
         # scored together: runs of quiet steps cost a few numpy calls (divergence_batch.py)
@@ -309,7 +298,7 @@ class Aggregator:
     def tick(self, now: float | None = None) -> list[Alert]:
         """Periodic work; returns the alert transitions (the service thread calls it)."""
         now = time.time() if now is None else now
-        with self._lock:
+        with self.lock:
             for result in self.detector.update_many(self.merger.expire(now)):
                 self._take(result)
             health = self._health_snapshot(now)
@@ -322,6 +311,7 @@ class Aggregator:
                 resolved=[d for r in results if isinstance(r, StepResult) for d in r.resolved],
                 alerts=transitions,
                 health=changed,
+                stacks=self.stacks.drain(self.store),
             )
             steps, self._tick_steps = self._tick_steps, []
             events, self._tick_events = self._tick_events, []
@@ -336,12 +326,7 @@ class Aggregator:
             self._incident(change)
         for alert in transitions:
             self.feed.publish({"type": "alert", **alert_dict(alert)})
-            for sink in self.sinks:
-                try:
-                    sink.submit(alert)
-                except Exception:  # one broken sink must not stop the others or ingest
-                    self.n["sink_errors"] += 1
-                    log.exception("rankwatch: alert sink %s failed", sink.name)
+            self.n["sink_errors"] += deliver(self.sinks, alert)
         return transitions
 
     def _health_snapshot(self, now: float) -> dict[str, dict[int, RankHealth]]:
@@ -363,8 +348,8 @@ class Aggregator:
             if over and now - last > LIVE_RETENTION_S:
                 for part in (self.health, self.merger, self.detector, self.incidents):
                     part.forget(run)
-                for key in [k for k in self._values if k[0] == run]:
-                    del self._values[key]
+                for key in [k for k in self.values if k[0] == run]:
+                    del self.values[key]
                 for zkey in [k for k in self._z if k[0] == run]:
                     del self._z[zkey]
                 self._ranks_sent.pop(run, None)
@@ -390,20 +375,12 @@ class Aggregator:
         self.feed.publish(
             {"type": "incident", "run": body["run"], "change": change.change, "incident": body}
         )
-        for sink in self.sinks:
-            tell = getattr(sink, "submit_incident", None)
-            if tell is None:
-                continue
-            try:
-                tell(change)
-            except Exception:  # one broken sink must not stop the others or ingest
-                self.n["sink_errors"] += 1
-                log.exception("rankwatch: alert sink %s failed", sink.name)
+        self.n["sink_errors"] += deliver(self.sinks, change)
 
     def incidents_of(self, run: str) -> list[dict[str, Any]]:
         """Every incident of ``run``, newest first: as the tracker judges them now, and those
         only the store still holds (an earlier `serve`, a run retired from the live state)."""
-        with self._lock:
+        with self.lock:
             live = {inc.id: jsonable(inc.as_dict()) for inc in self.incidents.incidents(run)}
         stored = {inc["id"]: inc for inc in self.store.incidents(run)}
         merged = {**stored, **live}
@@ -427,70 +404,32 @@ class Aggregator:
     # --- reading -----------------------------------------------------------------------------
 
     def _rank_entries(self, run: str, ranks: dict[int, RankHealth]) -> list[dict[str, Any]]:
-        return rank_entries(self._rank_inputs(run, ranks))
+        return rank_entries(self.rank_inputs_of(run, ranks))
 
-    def _rank_inputs(self, run: str, ranks: dict[int, RankHealth]) -> RankInputs:
+    def rank_inputs_of(self, run: str, ranks: dict[int, RankHealth]) -> RankInputs:
         return rank_inputs(
-            run, ranks, self.detector.active(run), self._z, self._values, self.seqs.gaps,
+            run, ranks, self.detector.active(run), self._z, self.values, self.seqs.gaps,
             self.restarts.current,
         )  # fmt: skip
 
     def snapshot(
-        self, now: float | None = None, *, run: str | None = None, ranks: bool = True
+        self,
+        now: float | None = None,
+        *,
+        run: str | None = None,
+        ranks: bool = True,
+        history: bool = False,
     ) -> dict[str, Any]:
         """Live state of every run the aggregator has heard from (or of ``run``), JSON-ready.
 
         ``ranks=False`` leaves out the per-rank entries (slow to build at thousands, under the
-        lock ingest needs) and gives ``ranks_seen`` and the live ``metrics`` names instead."""
-        now = time.time() if now is None else now
-        inputs: dict[str, RankInputs] = {}
-        with self._lock:
-            health = self.health.snapshot(now, run)
-            runs = []
-            for name, states in health.items():
-                entry = run_entry(name, states, self.detector.active(name))
-                known = self.incidents.incidents(name)
-                entry["incidents"] = [jsonable(i.as_dict()) for i in known if i.state == "firing"]
-                entry["incidents_total"] = len(known)
-                if ranks:
-                    inputs[name] = self._rank_inputs(name, states)
-                else:
-                    entry["ranks_seen"] = len(states)
-                    values = self._values
-                    entry["metrics"] = sorted(
-                        {m for rank in states for m in values.get((name, rank), ())}
-                    )
-                runs.append(entry)
-        for entry in runs:
-            if entry["run"] in inputs:
-                entry["ranks"] = rank_entries(inputs[entry["run"]])
-        return {"now": now, "runs": runs}
+        lock ingest needs) and gives ``ranks_seen`` and the live ``metrics`` names instead.
+        ``history``: every stored run too, live or not (``history: true`` and its final state
+        for those without live state; history.py), newest first, and each live run's
+        ``record_time``, the time its latest stored record carries (the training's clock: an
+        import's records arrive now but were written long ago)."""
+        return build_snapshot(self, time.time() if now is None else now, run, ranks, history)
 
     def counters(self) -> dict[str, Any]:
         """Flat-ish counters (Prometheus takes one level of nesting as a label)."""
-        rx = self.receiver.counters() if self.receiver is not None else {}
-        n = dict(self.n)
-        out: dict[str, Any] = {f"records_{k}": n.pop(k) for k in RECORD_COUNTERS}
-        out.update({f"ingest_{k}": rx.get(k, 0) for k in INGEST_COUNTERS})
-        out.update(n)  # resend_requests, store_errors, sink_errors, internal_errors, ...
-        out.update(
-            ingest_errors=rx.get("reasons", {}),
-            ingest_refused_by=rx.get("refused_by", {}),
-            control_sent=rx.get("control_sent", 0),
-            control_failed=rx.get("control_failed", 0),
-            rank_restarts=self.restarts.restarts,  # new incarnations of known ranks
-            incidents_evicted=self.incidents.evicted,
-            incidents_dropped_evidence=self.incidents.dropped_evidence,
-            incidents_refused_stacks=self.incidents.refused_stacks,
-            merge_late=self.merger.late,
-            merge_evicted=self.merger.evicted,
-            feed_published=self.feed.published,
-            feed_dropped=self.feed.dropped,
-            feed_subscribers=self.feed.subscribers,
-            store_failing=int(self._store_error is not None),
-            **self.store.counters(),  # records set aside, band settles that failed
-            webhooks=self.webhooks.counters(),
-            senders=rx.get("senders", {}),  # per run/rank: nested, so not a Prometheus label
-        )
-        return out
-
+        return service_counters(self)

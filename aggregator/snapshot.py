@@ -5,12 +5,16 @@ entries without it (building them takes far longer than the copy)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rankwatch.aggregator.divergence.types import Divergence, RankScore, z_map
 from rankwatch.aggregator.feed import jsonable, rank_entry
 from rankwatch.aggregator.health import RankHealth, run_state
+
+if TYPE_CHECKING:
+    from rankwatch.aggregator.service import Aggregator
 
 MAX_GAPS_REPORTED = 20  # seq gaps per rank in the snapshot
 
@@ -75,3 +79,125 @@ def rank_entries(inputs: RankInputs) -> list[dict[str, Any]]:
         )
         for h, values, gaps in rows
     ]
+
+
+# --- history runs: stored, no live state (before this aggregator started, imported, retired) --
+
+# A stored rank's final state: its last life event says how it ended. Without one its records
+# just stop, and the store cannot tell a clean exit from a kill: "unknown" says so.
+STORED_RANK_STATES = {"end": "finished", "crash": "crashed"}
+UNKNOWN_END = "unknown"
+
+
+def stored_rank_entry(row: Mapping[str, Any], life: str | None) -> dict[str, Any]:
+    """A stored rank (a ``Store.ranks`` row) as a rank entry; ``life``: its last start, end or
+    crash event, if any. ``last_seen`` is the records' own time (the training's clock)."""
+    state = STORED_RANK_STATES.get(life or "", UNKNOWN_END) if row.get("ended") else UNKNOWN_END
+    step = row.get("last_step")
+    at = f" at step {step:,}" if isinstance(step, int) else ""
+    message = {
+        "finished": f"finished{at}",
+        "crashed": f"crashed{at}",
+    }.get(state, f"records stop{at} with no end or crash event")
+    return {
+        "rank": row["rank"],
+        "state": state,
+        "host": row.get("host") or "",
+        "pid": row.get("pid") or 0,
+        "world_size": row.get("world_size") or 0,
+        "last_step": step,
+        "last_seen": row.get("last_time"),
+        "first_seen": row.get("first_time"),
+        "records": row.get("records"),
+        "message": message,
+        "divergent": [],
+        "z": {},
+        "values": {},
+        "dropped": 0,
+        "gaps": [],
+    }
+
+
+def stored_run_state(ranks: Sequence[Mapping[str, Any]], world_size: int) -> str:
+    """``crashed`` (any rank crashed), ``finished`` (every rank of the world finished), else
+    ``ended``: the records stop, and not every rank said why."""
+    states = {r["state"] for r in ranks}
+    if "crashed" in states:
+        return "crashed"
+    if states == {"finished"} and len(ranks) >= world_size:
+        return "finished"
+    return "ended"
+
+
+def stored_run_entry(
+    summary: Mapping[str, Any], ranks: Sequence[Mapping[str, Any]], metrics: Sequence[str]
+) -> dict[str, Any]:
+    """A stored run (a ``Store.runs`` row and its ranks' entries) as a snapshot run entry, with
+    ``history: true``, its ranks' states counted in ``ended_without_event`` when some ranks
+    gave no reason. ``last_time`` and ``record_time`` are the records' own time."""
+    world = int(summary.get("world_size") or 0) or len(ranks)
+    silent = sum(r["state"] == UNKNOWN_END for r in ranks)
+    return {
+        "run": summary["run"],
+        "state": stored_run_state(ranks, world),
+        "history": True,
+        "world_size": world,
+        "first_time": summary.get("first_time"),
+        "last_time": summary.get("last_time"),
+        "record_time": summary.get("last_time"),
+        "last_step": summary.get("last_step"),
+        "records": summary.get("records"),
+        "ended_without_event": silent,
+        "divergences": [],
+        "incidents": [],
+        "ranks_seen": len(ranks),
+        "rank_states": dict(Counter(r["state"] for r in ranks)),
+        "metrics": sorted(metrics),
+    }
+
+
+def newest_first(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The one run order of ``status``, ``/api/status`` and ``/api/runs``: latest record first
+    (ties by name, so the order is stable)."""
+
+    def key(r: Mapping[str, Any]) -> tuple[float, str]:
+        t = r.get("last_time")
+        return (-(float(t) if isinstance(t, (int, float)) else 0.0), str(r.get("run")))
+
+    return sorted(runs, key=key)
+
+
+def build_snapshot(
+    agg: Aggregator, now: float, run: str | None, ranks: bool, history: bool
+) -> dict[str, Any]:
+    """``Aggregator.snapshot``: the inputs copied under the service's lock, the entries built
+    without it."""
+    inputs: dict[str, RankInputs] = {}
+    with agg.lock:
+        health = agg.health.snapshot(now, run)
+        runs = []
+        for name, states in health.items():
+            entry = run_entry(name, states, agg.detector.active(name))
+            known = agg.incidents.incidents(name)
+            entry["incidents"] = [jsonable(i.as_dict()) for i in known if i.state == "firing"]
+            entry["incidents_total"] = len(known)
+            if ranks:
+                inputs[name] = agg.rank_inputs_of(name, states)
+            else:
+                entry["ranks_seen"] = len(states)
+                values = agg.values
+                entry["metrics"] = sorted(
+                    {m for rank in states for m in values.get((name, rank), ())}
+                )
+            runs.append(entry)
+    for entry in runs:
+        if entry["run"] in inputs:
+            entry["ranks"] = rank_entries(inputs[entry["run"]])
+    if history:
+        stored = agg.store.runs()
+        record_times = {s["run"]: s["last_time"] for s in stored}
+        for entry in runs:
+            entry["record_time"] = record_times.get(entry["run"])
+        live = {entry["run"] for entry in runs}
+        runs = newest_first([*runs, *agg.stored_runs.entries(stored, live, run, ranks)])
+    return {"now": now, "runs": runs}

@@ -91,10 +91,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.url:
             sink = HttpSink(server_url(args.url), token_of(args))
-            summaries = import_paths(args.paths, sink, progress, run=args.run)
+            summaries = import_paths(args.paths, sink, progress, run=args.run, stacks=read_stacks)
         else:
             data = Path(args.data or "rankwatch_data")
-            summaries = import_into_store(args.paths, data, progress, run=args.run)
+            summaries = import_into_store(
+                args.paths, data, progress, run=args.run, stacks=read_stacks
+            )
     except FileNotFoundError as exc:
         return _fail(str(exc))
     except ApiError as exc:
@@ -104,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
     problems = 0
     for summary in summaries:
         print(describe(summary))
+        if summary.stacks:
+            print(f"  {summary.stacks}")
         for bad in summary.bad_lines[1:]:
             print(f"  line {bad.line}: {bad.reason}")
         if summary.bad > len(summary.bad_lines):
@@ -113,6 +117,16 @@ def run(args: argparse.Namespace) -> int:
     dupes = sum(s.duplicates for s in summaries)
     print(f"imported {total} new records from {len(summaries)} file(s), {dupes} duplicates")
     return 1 if problems else 0
+
+
+def read_stacks(path: Path, step: int | None) -> dict[str, Any] | None:
+    """A ``rank<k>.stacks.txt`` (the agent's faulthandler watchdog) as the rank's stack sample:
+    its main thread in the last dump, at the file's modification time."""
+    from rankwatch.agent.stacks import parse_faulthandler, sample_of_dump
+
+    text = path.read_text(encoding="utf-8", errors="replace")
+    sample = sample_of_dump(parse_faulthandler(text), path.stat().st_mtime, step)
+    return None if sample is None else sample.as_dict()
 
 
 def describe(summary: FileSummary) -> str:

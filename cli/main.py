@@ -21,6 +21,7 @@ import rankwatch
 COMMANDS = (
     "serve",
     "status",
+    "stacks",
     "importing",
     "export",
     "demo",

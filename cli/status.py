@@ -30,6 +30,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="a row for every rank (runs of more than 64 ranks otherwise list only the ranks "
         "that are not alive, divergent, or missing records)",
     )
+    parser.add_argument(
+        "--compare",
+        nargs="?",
+        const="",
+        metavar="REF",
+        help="with --run: its median per metric against run REF's at the same steps (without "
+        "REF: the previous run of the same job)",
+    )
     parser.add_argument("--token", help=f"API token, if the server wants one (or {TOKEN_ENV})")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds (default 10)")
     parser.set_defaults(func=run)
@@ -67,7 +75,7 @@ def request_json(
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.load(response)
     except urllib.error.HTTPError as exc:
-        detail = _detail(exc)
+        detail = detail_of(exc)
         exc.close()
         if exc.code in (401, 403):
             hint = "a valid --token" if token else f"a token: pass --token or set {TOKEN_ENV}"
@@ -83,7 +91,7 @@ def request_json(
         raise ApiError(f"{url}: the answer is not JSON (is this a rankwatch server?)") from None
 
 
-def _detail(exc: urllib.error.HTTPError) -> str:
+def detail_of(exc: urllib.error.HTTPError) -> str:
     try:
         body = json.loads(exc.read(65536) or b"{}")
     except (ValueError, OSError):
@@ -99,9 +107,12 @@ def token_of(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from rankwatch.aggregator.alerts.console import render_status
 
+    if args.compare is not None:
+        return compare(args)
     try:
         url = server_url(args.url) + "/api/status"
-        snapshot = request_json(url, token_of(args), args.timeout)
+        query = f"?{urllib.parse.urlencode({'run': args.run})}" if args.run is not None else ""
+        snapshot = request_json(url + query, token_of(args), args.timeout)
     except ApiError as exc:
         print(f"rankwatch status: {exc}", file=sys.stderr)
         return 2
@@ -112,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
         known = snapshot["runs"]
         snapshot = {**snapshot, "runs": [r for r in known if r.get("run") == args.run]}
         if not snapshot["runs"]:
+            try:  # the runs it could have been
+                known = request_json(url, token_of(args), args.timeout).get("runs") or []
+            except (ApiError, AttributeError):
+                known = []
             print(f"rankwatch status: {no_such_run(args.run, known)}", file=sys.stderr)
             return 1
     if args.json:
@@ -119,6 +134,27 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(render_status(snapshot, args.run, snapshot.get("now"), args.all))
+    return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    from rankwatch.aggregator.alerts.console import render_compare
+
+    if args.run is None:
+        print("rankwatch status: --compare needs --run (the run to compare)", file=sys.stderr)
+        return 2
+    query = {"run": args.run, **({"ref": args.compare} if args.compare else {})}
+    try:
+        url = f"{server_url(args.url)}/api/run/compare?{urllib.parse.urlencode(query)}"
+        answer = request_json(url, token_of(args), args.timeout)
+    except ApiError as exc:
+        print(f"rankwatch status: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(answer, sys.stdout, indent=2, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        print(render_compare(answer))
     return 0
 
 

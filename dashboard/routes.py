@@ -7,20 +7,28 @@ runs them in its thread pool and the event loop keeps serving the live stream me
 
 from __future__ import annotations
 
+import re
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from rankwatch.agent.wire import records
 from rankwatch.aggregator.provider import (
     Alert,
     DataProvider,
+    ExportError,
     SeriesColumns,
     Snapshot,
+    compare_medians,
     metric_info,
+    previous_run,
 )
+from starlette.background import BackgroundTask
 from starlette.convertors import Convertor, register_url_convertor
 
 from . import prom, seriesfmt, views
@@ -32,6 +40,7 @@ MAX_MAX_POINTS = 20_000
 DEFAULT_HEATMAP_BUCKETS = 120  # step columns of the divergence heatmap
 MAX_HEATMAP_BUCKETS = 600
 ALERT_HISTORY_LIMIT = 200
+EXPORT_MEDIA_TYPES = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet"}
 
 api = APIRouter(prefix="/api", tags=["api"])
 ops = APIRouter(tags=["operations"])
@@ -127,8 +136,19 @@ def _alerted(provider: DataProvider, run: str) -> list[tuple[int | None, str | N
 def list_runs(request: Request) -> StrictJSONResponse:
     provider = _provider(request)
     now = time.time()
-    snapshot = provider.snapshot(now=now, ranks=False)
-    runs = views.merge_runs(provider.list_runs(), snapshot)
+    snapshot = provider.snapshot(now=now, ranks=False, history=True)
+    everyone = snapshot["runs"]
+    live = [r for r in everyone if not r.get("history")]
+    runs = views.merge_runs(provider.list_runs(), {**snapshot, "runs": live})
+    # The order and the final states are the snapshot's, so the page and `rankwatch status`
+    # list the same runs the same way; "state" stays "history" for a run without live state.
+    final: dict[str, Any] = {r["run"]: r for r in everyone}
+    order = {r["run"]: i for i, r in enumerate(everyone)}
+    for row in runs:
+        entry: dict[str, Any] = final.get(row["run"]) or {}
+        row["final_state"] = entry.get("state") if entry.get("history") else None
+        row["record_time"] = entry.get("record_time")
+    runs.sort(key=lambda r: order.get(r["run"], -1))
     return _json({"now": snapshot.get("now", now), "runs": runs})
 
 
@@ -257,8 +277,10 @@ def run_divergence(request: Request, run: str) -> StrictJSONResponse:
 @api.get("/runs/{run:run}/ranks", summary="The rank table: health, last values, z-scores")
 def run_ranks(request: Request, run: str) -> StrictJSONResponse:
     provider = _provider(request)
-    snapshot, entry = _require_run(provider, run, ranks=True)
-    entry = entry or {}
+    _require_run(provider, run)
+    # history: a stored run's ranks too, with their final states
+    snapshot = provider.snapshot(run=run, ranks=True, history=True)
+    entry = views.find_run(snapshot, run) or {}
     return _json(
         {
             "run": run,
@@ -285,6 +307,96 @@ def run_incidents(request: Request, run: str) -> StrictJSONResponse:
     return _json({"run": run, "incidents": provider.read_incidents(run)})
 
 
+@api.get("/runs/{run:run}/stacks", summary="Where stalled ranks are: stack samples, grouped")
+def run_stacks(request: Request, run: str) -> StrictJSONResponse:
+    provider = _provider(request)
+    _require_run(provider, run)
+    return _json(provider.read_stacks(run))
+
+
+@api.get("/runs/{run:run}/compare", summary="A run's medians against a reference run's")
+def run_compare(
+    request: Request,
+    run: str,
+    ref: Annotated[
+        str | None,
+        Query(
+            max_length=records.MAX_NAME_CHARS,
+            description="the reference run; default: the previous run of the same job (the "
+            "script stem of a derived run name)",
+        ),
+    ] = None,
+) -> StrictJSONResponse:
+    provider = _provider(request)
+    _require_run(provider, run)
+    if ref is None:
+        found = previous_run(run, provider.list_runs())
+        if found is None:
+            raise HTTPException(
+                status_code=404,
+                detail=f"run {run!r} has no earlier run of the same job to compare with: "
+                "name one with ref=",
+            )
+        ref, stem = found
+        reason = f"the previous run of job {stem!r}"
+    else:
+        _require_run(provider, ref)
+        reason = "given"
+    mine, theirs = set(provider.list_metrics(run)), set(provider.list_metrics(ref))
+    metrics = []
+    for metric in views.order_metrics(mine & theirs):
+        bands = [provider.read_band(name, metric, max_points=MAX_MAX_POINTS) for name in (run, ref)]
+        metrics.append({"metric": metric, **compare_medians(*bands)})
+    return _json(
+        {
+            "run": run,
+            "ref": ref,
+            "ref_reason": reason,
+            "metrics": metrics,
+            "only_in_run": views.order_metrics(mine - theirs),
+            "only_in_ref": views.order_metrics(theirs - mine),
+        }
+    )
+
+
+@api.get("/runs/{run:run}/export", summary="A run's stored step rows as a CSV or Parquet file")
+def run_export(
+    request: Request,
+    run: str,
+    fmt: Annotated[
+        Literal["csv", "parquet"],
+        Query(alias="format", description="csv, or parquet (the long rows of `rankwatch export`)"),
+    ] = "csv",
+) -> FileResponse:
+    provider = _provider(request)
+    _require_run(provider, run)
+    # DuckDB writes the file (COPY) without the rows passing through Python; the response
+    # streams it and the directory goes once it is sent.
+    folder = Path(tempfile.mkdtemp(prefix="rankwatch-export-"))
+    path = folder / f"export.{fmt}"
+    try:
+        rows = provider.export_run(run, path, fmt)
+    except ExportError as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise HTTPException(status_code=404, detail=str(exc)) from None
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return FileResponse(
+        path,
+        media_type=EXPORT_MEDIA_TYPES[fmt],
+        filename=export_filename(run, fmt),
+        headers={"X-Rankwatch-Rows": str(rows)},
+        background=BackgroundTask(shutil.rmtree, folder, ignore_errors=True),
+    )
+
+
+def export_filename(run: str, fmt: str) -> str:
+    """A file name for ``run`` that any file system takes (a run name may hold anything)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", run).strip("._") or "run"
+    return f"{safe[:100]}.{fmt}"
+
+
 @api.get("/alerts", summary="Alerts firing now and the recent history")
 def list_alerts(
     request: Request,
@@ -297,9 +409,19 @@ def list_alerts(
     return _json({"firing": firing, "history": history})
 
 
-@api.get("/status", summary="The live snapshot: what `rankwatch status` prints")
-def status(request: Request) -> StrictJSONResponse:
-    return _json(_provider(request).snapshot())
+@api.get("/status", summary="Every run, live or stored, newest first: `rankwatch status`")
+def status(
+    request: Request,
+    run: Annotated[
+        str | None,
+        Query(
+            max_length=records.MAX_NAME_CHARS,
+            description="only this run, with every rank (a stored run of many ranks lists "
+            "only its first 64 unfinished ones otherwise)",
+        ),
+    ] = None,
+) -> StrictJSONResponse:
+    return _json(_provider(request).snapshot(run=run, history=True))
 
 
 @api.get("/stream", summary="Server-Sent Events: live increments (points, ranks, alerts ...)")

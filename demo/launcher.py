@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -135,6 +136,18 @@ def serve_command(cfg: DemoConfig, data: Path) -> list[str]:
     return cmd
 
 
+def export_lines(run: str, http: str, data: Path) -> list[str]:
+    """The banner's export commands for ``run``: through the demo's server while it runs (it
+    holds the store's lock), from its store once stopped."""
+    out = shlex.quote(f"{run}.csv")
+    name = shlex.quote(run)
+    return [
+        f"  export:     rankwatch export --run {name} --url {http} --out {out}",
+        f"              (once stopped: rankwatch export --run {name} "
+        f"--data {shlex.quote(str(data))} --out {out})",
+    ]
+
+
 def job_options(cfg: DemoConfig) -> dict[str, object]:
     return {
         "steps": cfg.steps,
@@ -246,6 +259,8 @@ class Demo:
         self.say(f"  dashboard:  {self.http}/#run={self.run}")
         self.say(f"  aggregator: tcp://{HOST}:{cfg.ingest_port}, data in {self.data}")
         self.say(f"  job logs:   {self.data / 'jobs' / self.run}")
+        for line in export_lines(self.run, self.http, self.data):
+            self.say(line)
         if cfg.fault != "none":
             self.say(
                 f"  fault:      {cfg.fault} on rank {cfg.fault_rank} from step {cfg.fault_step}"

@@ -59,7 +59,8 @@ class Reporter:
     def poll(self) -> None:
         query = urllib.parse.urlencode({"run": self.run})
         self.ingest(
-            get_json(self.http + "/api/status"), get_json(f"{self.http}/api/alerts?{query}")
+            get_json(f"{self.http}/api/status?{query}"),  # not the earlier demos' runs
+            get_json(f"{self.http}/api/alerts?{query}"),
         )
 
     def ingest(self, snapshot: Any, alerts: Any) -> None:

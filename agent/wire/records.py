@@ -34,7 +34,14 @@ eval and note). Events also carry ``world_size``, ``host`` and ``pid``.
 
 ``heartbeat`` adds ``last_step`` (int or None), ``next_in`` (seconds until the next heartbeat is
 due; during an announced pause, until the pause ends), ``dropped`` (records the agent could not
-queue for sending, total) and optionally ``paused`` (reason of an announced pause, or None).
+queue for sending, total) and optionally ``paused`` (reason of an announced pause, or None)
+and ``stack`` (where the main thread is while the rank has not stepped for long: the map of
+``stacks.StackSample.as_dict``, at most ``stacks.MAX_FRAMES`` frames, names clipped to
+``stacks.FILE_MAX`` / ``stacks.FUNC_MAX``; or None, the usual case). A ``stack`` this decoder
+cannot read does not cost the heartbeat: it is dropped and ``Heartbeat.stack_problem`` says why
+(``refused: ...``); one over the limits is cut down to them (``truncated: ...``). An aggregator
+from before ``stack`` ignores the field like any unknown one: its fast msgspec path refuses the
+frame (unknown field) and the schema decoder below takes the heartbeat without it.
 
 Unknown fields are ignored, so newer agents can talk to older aggregators within one schema
 version. A missing or mistyped required field raises ``DecodeError`` naming the field.
@@ -57,6 +64,7 @@ from typing import Any, final
 import msgpack
 
 from .jsonsafe import JSON_TO_NONFINITE, json_safe, json_value
+from .stacks import StackSample, truncation
 
 SCHEMA_VERSION = 1
 MAX_FRAME_BYTES = 4 * 1024 * 1024  # aggregator's ZMQ_MAXMSGSIZE; agents batch below this
@@ -157,6 +165,9 @@ class Heartbeat:
     dropped: int
     paused: str | None = None
     inc: int = 0
+    stack: StackSample | None = None
+    # Why a received ``stack`` was dropped or cut (for the aggregator's counters); never sent.
+    stack_problem: str = ""
     kind: str = field(default="heartbeat", init=False)
 
 
@@ -211,6 +222,11 @@ def to_wire(record: Record) -> dict[str, Any]:
             out[name] = dict(value) if isinstance(value, Mapping) else value
     if not out["inc"]:
         del out["inc"]
+    if "stack_problem" in out:  # a heartbeat's
+        del out["stack_problem"]
+        stack = out.pop("stack")
+        if stack is not None:
+            out["stack"] = stack.as_dict()
     return out
 
 
@@ -447,6 +463,7 @@ def _decode_checked(raw: Any) -> Record:
         paused = raw.get("paused")
         if paused is not None and not isinstance(paused, str):
             raise DecodeError("field", "field 'paused' must be a string or null")
+        stack, problem = _stack(raw.get("stack"))
         return Heartbeat(
             *_common(raw),
             last_step=_opt_int(raw, "last_step"),
@@ -454,6 +471,8 @@ def _decode_checked(raw: Any) -> Record:
             dropped=_int(raw, "dropped", minimum=0),
             paused=paused,
             inc=_inc(raw),
+            stack=stack,
+            stack_problem=problem,
         )
     raise DecodeError("field", f"field 'kind' is {_show(kind)}, expected one of {KINDS}")
 
@@ -564,6 +583,18 @@ def _check_depth(info: dict[str, Any]) -> None:
         if not level:
             return
     raise DecodeError("field", f"field 'info' is nested deeper than {MAX_INFO_DEPTH} levels")
+
+
+def _stack(raw: Any) -> tuple[StackSample | None, str]:
+    """A heartbeat's ``stack``: the sample (or None) and what was wrong with it (or "")."""
+    if raw is None:
+        return None, ""
+    try:
+        sample = StackSample.from_dict(raw)
+    except ValueError as exc:
+        return None, f"refused: {str(exc)[:200]}"
+    cut = truncation(raw)
+    return sample, f"truncated: {cut}" if cut else ""
 
 
 def _missing(name: str) -> DecodeError:

@@ -17,7 +17,7 @@ FUNC_MAX = 64  # characters of a function name
 SIGNATURE_MAX = 32  # characters of a signature
 NOTE_MAX = 200  # characters of a note
 
-__all__ = ["FILE_MAX", "FUNC_MAX", "MAX_FRAMES", "WHERES", "Frame", "StackSample"]
+__all__ = ["FILE_MAX", "FUNC_MAX", "MAX_FRAMES", "WHERES", "Frame", "StackSample", "truncation"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,25 @@ class StackSample:
 def _finite(value: Any) -> TypeGuard[float]:
     """A finite int or float (a bool is not a number here)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def truncation(raw: Mapping[str, Any]) -> str:
+    """What ``StackSample.from_dict`` cut from ``raw`` to fit the limits ("" when nothing): the
+    agent sends samples within them, so a cut says the sender is not one."""
+    frames = raw.get("frames")
+    frames = frames if isinstance(frames, (list, tuple)) else ()
+    cut = []
+    if len(frames) > MAX_FRAMES:
+        cut.append(f"{len(frames)} frames, {MAX_FRAMES} kept")
+    kept = [f for f in frames[:MAX_FRAMES] if isinstance(f, (list, tuple)) and len(f) == 3]
+    if any(len(str(f[0])) > FILE_MAX or len(str(f[2])) > FUNC_MAX for f in kept):
+        cut.append(f"names over {FILE_MAX} / {FUNC_MAX} characters clipped")
+    if (
+        len(str(raw.get("note", ""))) > NOTE_MAX
+        or len(str(raw.get("signature", ""))) > SIGNATURE_MAX
+    ):
+        cut.append("note or signature clipped")
+    return "; ".join(cut)
 
 
 def printable(text: str) -> str:

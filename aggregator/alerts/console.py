@@ -18,7 +18,8 @@ UNITS = {m.name: m.unit for m in KNOWN_METRICS if m.unit}
 # Bigger runs list only the ranks with something to say (not alive, divergent, records missing
 # or dropped): 4,096 rows of healthy ranks would scroll the one stalled rank out of sight.
 FOLD_RANKS = 64
-STATES = ("alive", "stalled", "lost", "crashed", "finished")  # the order of the counts line
+# the order of the counts line; "unknown": a stored rank whose records stop without a reason
+STATES = ("alive", "stalled", "lost", "crashed", "finished", "unknown")
 
 
 def _fmt_value(value: Any) -> str:
@@ -72,14 +73,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [fmt.format(*header).rstrip(), *(fmt.format(*r).rstrip() for r in rows)]
 
 
-def _has_news(r: Mapping[str, Any]) -> bool:
-    return bool(
-        r.get("state") != "alive" or r.get("divergent") or r.get("gaps") or r.get("dropped")
-    )
+def _has_news(r: Mapping[str, Any], usual: str = "alive") -> bool:
+    return bool(r.get("state") != usual or r.get("divergent") or r.get("gaps") or r.get("dropped"))
 
 
-def _counts(ranks: Sequence[Mapping[str, Any]]) -> str:
-    states = Counter(str(r.get("state", "?")) for r in ranks)
+def _counts(ranks: Sequence[Mapping[str, Any]], counted: Mapping[str, int] | None = None) -> str:
+    states = Counter(counted) if counted else Counter(str(r.get("state", "?")) for r in ranks)
     order = [s for s in STATES if s in states] + sorted(set(states) - set(STATES))
     line = "ranks: " + ", ".join(f"{states[s]:,} {s}" for s in order)
     divergent = sum(bool(r.get("divergent")) for r in ranks)
@@ -88,20 +87,33 @@ def _counts(ranks: Sequence[Mapping[str, Any]]) -> str:
 
 def render_run(run: Mapping[str, Any], now: float, all_ranks: bool = False) -> list[str]:
     ranks = list(run.get("ranks") or [])
-    head = (
-        f"run {run.get('run')}  [{run.get('state', '?')}]  world size {run.get('world_size', '?')}"
-    )
+    stored = bool(run.get("history"))
+    state = f"{run.get('state', '?')}{', stored' if stored else ''}"
+    head = f"run {run.get('run')}  [{state}]  world size {run.get('world_size', '?')}"
     if run.get("last_step") is not None:
         head += f"  last step {_fmt_value(run.get('last_step'))}"
-    if run.get("last_time") is not None:
-        head += f"  updated {_fmt_age(run.get('last_time'), now)} ago"
+    # The records' own time: an imported run's records arrived just now but say when the
+    # training wrote them.
+    last = run.get("record_time") if run.get("record_time") is not None else run.get("last_time")
+    if last is not None:
+        head += f"  last record {_fmt_age(last, now)} ago"
     lines = [head]
+    silent = run.get("ended_without_event") or 0
+    if stored and silent:
+        lines.append(
+            f"  {silent:,} of {run.get('ranks_seen') or len(ranks):,} ranks sent no end or crash "
+            "event: finished, killed or cut off, the store cannot tell"
+        )
     if not ranks:
+        if stored:
+            return [*lines, f"  {run.get('ranks_seen') or 0:,} ranks stored"]
         return [*lines, "  (no ranks heard from)"]
-    lines.append("  " + _counts(ranks))
-    everyone = len(ranks)
+    lines.append("  " + _counts(ranks, run.get("rank_states") if stored else None))
+    given = len(ranks)  # fewer than ranks_seen: the server listed only some (history.py)
+    everyone = max(given, int(run.get("ranks_seen") or 0))
+    usual = "finished" if stored else "alive"  # what a rank of a stored / a live run says
     if not all_ranks and everyone > FOLD_RANKS:
-        ranks = [r for r in ranks if _has_news(r)]
+        ranks = [r for r in ranks if _has_news(r, usual)]
     metrics = _pick_metrics(ranks)
     header = ["rank", "state", "step", "seen", "host", "pid"]
     header += [m[:NAME_WIDTH] + (f" ({UNITS[m]})" if m in UNITS else "") for m in metrics]
@@ -130,13 +142,19 @@ def render_run(run: Mapping[str, Any], now: float, all_ranks: bool = False) -> l
         )
     if rows:
         lines += ["  " + line for line in _table(header, rows)]
-    if len(rows) < everyone:
+    if given < everyone:
         lines.append(
-            f"  ({everyone - len(rows):,} more ranks alive, not divergent, nothing missing: "
+            f"  ({everyone - len(rows):,} more ranks not listed; --run {run.get('run')} --all "
+            "lists every rank)"
+        )
+    elif len(rows) < everyone:
+        lines.append(
+            f"  ({everyone - len(rows):,} more ranks {usual}, not divergent, nothing missing: "
             "not listed; --all lists every rank)"
         )
     for r in ranks:
-        if r.get("message") and r.get("state") not in ("alive", None):
+        quiet = ("alive", None, usual, *(("unknown",) if stored else ()))  # said above
+        if r.get("message") and r.get("state") not in quiet:
             lines.append(f"  rank {r.get('rank')}: {r['message']}")
     for d in run.get("divergences") or []:
         lines.append(
@@ -174,3 +192,38 @@ def incident_lines(runs: Sequence[Mapping[str, Any]]) -> list[str]:
                 out.append(f"  {affected} rank(s) affected after it; see `rankwatch status --run "
                            f"{r.get('run')}` or the dashboard for the timeline")  # fmt: skip
     return out
+
+
+def render_compare(comparison: Mapping[str, Any]) -> str:
+    """`rankwatch status --run R --compare [REF]`: per metric, the run's median across ranks
+    and the reference's at the same steps (evenly spaced ones, then the last common one)."""
+    run, ref = str(comparison.get("run")), str(comparison.get("ref"))
+    reason = comparison.get("ref_reason")
+    why = "" if reason in (None, "given") else f" ({reason})"
+    lines = [f"run {run} vs {ref}{why}: median across ranks at the same step"]
+    rows = []
+    for m in comparison.get("metrics") or []:
+        points = [*(m.get("points") or []), *([m["last"]] if m.get("last") else [])]
+        name = str(m.get("metric"))[:NAME_WIDTH]
+        if not points:
+            rows.append([name, "-", "-", "-", "no common step"])
+        for i, p in enumerate(points):
+            ratio = p.get("ratio")
+            rows.append(
+                [
+                    name,
+                    _fmt_value(p.get("step")) + (" (last)" if i == len(points) - 1 else ""),
+                    _fmt_value(p.get("run")),
+                    _fmt_value(p.get("ref")),
+                    "-" if ratio is None else f"{ratio:.3f}",
+                ]
+            )
+    if rows:
+        header = ["metric", "step", run[:24], ref[:24], "ratio"]
+        lines += ["  " + line for line in _table(header, rows)]
+    else:
+        lines.append("  no metric in common")
+    for key, whose in (("only_in_run", run), ("only_in_ref", ref)):
+        if comparison.get(key):
+            lines.append(f"  only {whose} has: {', '.join(map(str, comparison[key]))}")
+    return "\n".join(lines)

@@ -157,10 +157,17 @@ def _hang(
         culprits = tuple(sorted(waited_for, key=lambda r: _progress_key(r, health)))
         cause, named = "hang", set(culprits)
         first_silence = min((f.time for f in silent if f.rank in named), default=None)
-        if step is None:  # no stall seen: the step they stopped after, as their health says
-            step = min(
+        if step is None:  # no stall seen: the step they stopped after
+            # The health held for a rank is that of its last state change, which for a rank
+            # still "alive" may be long ago (its first sight, before any step). The peers could
+            # not finish a step whose collectives it had not joined, so it got to at least the
+            # step before theirs; an older step is stale, and theirs is the better guess.
+            known = min(
                 (s for r in culprits if (s := health[r].last_step) is not None), default=None
             )
+            peers = min((f.step for f in collective if f.step is not None), default=None)
+            stale = peers is not None and (known is None or known < peers - 1)
+            step = peers if stale else known
         if first_silence is not None and first_silence < collective[0].time:
             cause = "lost"
         return cause, culprits, "its peers failed in collectives waiting for it", step

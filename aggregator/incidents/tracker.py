@@ -26,6 +26,7 @@ from rankwatch.aggregator.incidents.model import Evidence, Incident, IncidentCha
 from rankwatch.aggregator.incidents.oneline import is_collective_failure, one_line
 from rankwatch.aggregator.incidents.rules import Fact
 from rankwatch.aggregator.incidents.stacks import StackSample
+from rankwatch.aggregator.metrics import KNOWN_METRICS
 
 DEFAULT_WINDOW_S = 120.0  # evidence this long after an incident's last is a new fault
 DEFAULT_SPREAD_STEPS = 1  # non-finite this many steps after the first is propagation
@@ -122,7 +123,7 @@ class IncidentTracker:
             t = times.get((d.run, d.rank, d.since_step), now) if times else now
             facts.append((d.run, _divergence_fact(d, t)))
         for d in resolved:
-            recoveries.append((d.run, d.rank, (_DIVERGENCE_KINDS.get(d.kind, "outlier"), d.metric)))
+            recoveries.append((d.run, d.rank, (_divergence_kind(d.kind, d.metric), d.metric)))
         for a in alerts:
             for run_name, fact, recovery in _alert_items(a):
                 if fact is not None:
@@ -341,8 +342,19 @@ _DIVERGENCE_KINDS = {"outlier": rules.OUTLIER, "nonfinite": rules.NONFINITE,
                      "straggler": rules.STRAGGLER}  # fmt: skip
 
 
+# In synchronous data parallelism every rank waits for the slowest in the all-reduce, so a slow
+# rank's step time is everyone's; what stands out is its own time outside the step (data_time),
+# which the detector reports as an outlier. An outlier in a timing metric is slowness.
+_TIMING_METRICS = frozenset(m.name for m in KNOWN_METRICS if m.unit in ("s", "samples/s"))
+
+
+def _divergence_kind(kind: str, metric: str) -> str:
+    out = _DIVERGENCE_KINDS.get(kind, rules.OUTLIER)
+    return rules.STRAGGLER if out == rules.OUTLIER and metric in _TIMING_METRICS else out
+
+
 def _divergence_fact(d: Divergence, time: float) -> Fact:
-    kind = _DIVERGENCE_KINDS.get(d.kind, rules.OUTLIER)
+    kind = _divergence_kind(d.kind, d.metric)
     if kind == rules.NONFINITE:
         what = f"{d.metric} non-finite"
     else:
@@ -388,6 +400,7 @@ def _alert_items(
     kind = _ALERT_KINDS.get(a.rule)
     if kind is None or a.metric is None:
         return []
+    kind = _divergence_kind(kind, a.metric)
     ranks = a.ranks or ((a.rank,) if a.rank is not None else ())
     out: list[tuple[str, Fact | None, tuple[int, tuple[str, str] | None] | None]] = []
     for rank in ranks:

@@ -31,7 +31,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rankwatch.agent.wire.jsonsafe import JSON_TO_NONFINITE, NONFINITE_TO_JSON
-from rankwatch.agent.wire.records import DecodeError, Record, check_version, decode_record
+from rankwatch.agent.wire.records import (
+    DecodeError,
+    Heartbeat,
+    Record,
+    check_version,
+    decode_record,
+)
 from rankwatch.aggregator.seqs import SeqTracker
 from rankwatch.aggregator.store.db import Store, StoreError
 
@@ -74,6 +80,7 @@ class FileSummary:
     bad: int = 0
     bad_lines: list[BadLine] = field(default_factory=list)  # the first MAX_BAD_EXAMPLES
     error: str | None = None  # the file could not be read at all
+    stacks: str = ""  # what became of a rank<k>.stacks.txt beside it ("" when there is none)
 
     def __str__(self) -> str:
         if self.error:
@@ -150,6 +157,7 @@ class _LegacyContext:
         self._path = path
         self._world: int | None = None
         self._mtime: float | None = None
+        self._last_time: float | None = None  # the latest timestamp a line of the file gave
 
     def world_size(self) -> int:
         """The ranks of this model whose files sit next to this one (max rank + 1)."""
@@ -167,6 +175,18 @@ class _LegacyContext:
             self._mtime = self._path.stat().st_mtime
         return self._mtime
 
+    def _time(self, raw: dict[str, Any]) -> Any:
+        """The line's timestamp; without one (the callback's last ``train_end`` line has
+        none), the file's latest so far: the file's mtime is when it was last copied as often
+        as when the training wrote it, and would date the end of a run to the import."""
+        given = raw.get("timestamp", raw.get("time"))
+        if given is None:
+            return self._last_time if self._last_time is not None else self.mtime()
+        t = _timestamp(given, 0.0)
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+            self._last_time = t if self._last_time is None else max(self._last_time, t)
+        return t
+
     def record(self, raw: dict[str, Any], lineno: int) -> Record:
         rank = raw.get("rank", self.file_rank)
         if rank is None:
@@ -175,7 +195,7 @@ class _LegacyContext:
             "run": self.run,
             "rank": rank,
             "seq": lineno,
-            "time": _timestamp(raw.get("timestamp", raw.get("time")), self.mtime()),
+            "time": self._time(raw),
             "world_size": raw.get("world_size", self.world_size()),
             "host": raw.get("host", ""),
             "pid": raw.get("pid", 0),
@@ -253,15 +273,23 @@ def _metrics(raw: dict[str, Any]) -> dict[str, float]:
 # --- driving a sink -------------------------------------------------------------------------
 
 
+# Reads a stacks file: (path, the rank's last step) -> the sample's wire form, or None.
+StacksReader = Callable[[Path, int | None], dict[str, Any] | None]
+
+
 def import_paths(
     paths: Iterable[Path | str],
     sink: Sink,
     progress: bool | Callable[[int, int], None] = False,
     *,
     run: str | None = None,
+    stacks: StacksReader | None = None,
 ) -> list[FileSummary]:
     """Import files (directories: every ``*.jsonl`` below them) into ``sink``; one summary per
-    file. ``progress``: True for a stderr line, or a callable(bytes_done, bytes_total)."""
+    file. ``progress``: True for a stderr line, or a callable(bytes_done, bytes_total).
+    ``stacks``: reads the ``<stem>.stacks.txt`` the agent's watchdog writes beside a rank's
+    JSONL into a stack sample, given to ``sink.add_stack(run, rank, sample)`` when the sink
+    has it, as that rank's latest."""
     files = _expand(paths)
     report = _Progress(sum(f.stat().st_size for f in files), progress)
     summaries = []
@@ -269,6 +297,8 @@ def import_paths(
         summary = FileSummary(path)
         kinds: set[str] = set()
         batch: list[Record] = []
+        last: Record | None = None
+        last_step: int | None = None
         try:
             for item, kind in _items(path, run, report.advance):
                 if isinstance(item, BadLine):
@@ -279,16 +309,40 @@ def import_paths(
                 summary.read += 1
                 kinds.add(kind)
                 batch.append(item)
+                last = item
+                if item.kind == "step":
+                    last_step = item.step  # type: ignore[union-attr]
                 if len(batch) >= BATCH_RECORDS:
                     _send(sink, batch, summary)
                     batch = []
         except OSError as exc:
             summary.error = f"cannot read: {exc.strerror or exc}"
         _send(sink, batch, summary)
+        if stacks is not None and last is not None:
+            summary.stacks = _import_stacks(path, last, last_step, sink, stacks)
         summary.format = "mixed" if len(kinds) > 1 else kinds.pop() if kinds else "empty"
         summaries.append(summary)
     report.finish()
     return summaries
+
+
+def _import_stacks(
+    path: Path, last: Record, step: int | None, sink: Sink, read: StacksReader
+) -> str:
+    side = path.with_name(f"{path.stem}.stacks.txt")
+    if not side.is_file():
+        return ""
+    add = getattr(sink, "add_stack", None)
+    if add is None:
+        return f"{side.name}: not imported (--url takes records only: import it with --data)"
+    try:
+        sample = read(side, step)
+    except (OSError, ValueError) as exc:
+        return f"{side.name}: cannot read: {exc}"
+    if sample is None:
+        return f"{side.name}: no stack dump in it"
+    add(last.run, last.rank, sample)
+    return f"{side.name}: rank {last.rank}'s last stack sample ({sample.get('where')})"
 
 
 def _send(sink: Sink, batch: list[Record], summary: FileSummary) -> None:
@@ -363,10 +417,16 @@ class StoreSink:
     def accept(self, run: str, rank: int, seq: int, inc: int = 0) -> bool:
         return self._seen.accept(run, rank, seq, inc)
 
+    def add_stack(self, run: str, rank: int, sample: dict[str, Any]) -> None:
+        self.store.append_stack(run, rank, sample)
+
     def add(self, records: Sequence[Record]) -> int:
         accept = self._seen.accept
         fresh = [r for r in records if accept(r.run, r.rank, r.seq, r.inc)]
         self.store.append(fresh)
+        for r in fresh:  # the heartbeat rows do not hold stacks: the rank's latest is kept aside
+            if type(r) is Heartbeat and r.stack is not None:
+                self.store.append_stack(r.run, r.rank, r.stack.as_dict())
         self.runs.update(r.run for r in fresh)
         self._pending += len(fresh)
         if self._pending >= self.flush_every:
@@ -381,6 +441,7 @@ def import_into_store(
     progress: bool | Callable[[int, int], None] = False,
     *,
     run: str | None = None,
+    stacks: StacksReader | None = None,
 ) -> list[FileSummary]:
     """``rankwatch import PATH --data DIR``: import into the store under ``data`` directly.
     Raises StoreError if the store is in use by a running aggregator (import with --url)."""
@@ -394,7 +455,7 @@ def import_into_store(
         ) from exc
     with store:
         sink = StoreSink(store)
-        summaries = import_paths(paths, sink, progress, run=run)
+        summaries = import_paths(paths, sink, progress, run=run, stacks=stacks)
         store.flush()
         # files arrive one rank after another: settle each run's band over all of its ranks
         for name in sorted(sink.runs):

@@ -29,6 +29,7 @@ import numpy as np
 from rankwatch.agent.wire.records import StepBlock, StepRecord
 from rankwatch.aggregator.store import band, reads, rollup, write
 from rankwatch.aggregator.store import incidents as stored_incidents
+from rankwatch.aggregator.store import stacks as stored_stacks
 from rankwatch.aggregator.store.buffer import Batch, Item
 from rankwatch.aggregator.store.rows import Mirror
 from rankwatch.aggregator.store.schema import (
@@ -84,6 +85,7 @@ class Store(reads.Reads):
         self._state_lock = threading.Lock()
         self._buf = Batch()
         self._incidents: list[tuple[str, str, float, str]] = []  # under _buf_lock
+        self._stacks: dict[tuple[str, int], stored_stacks.Row] = {}  # the newest per rank, too
         self._closed = False
         # clock() of the last append per run and rank (this process only): the band frontier
         self._arrival: dict[str, dict[int, float]] = {}
@@ -163,6 +165,16 @@ class Store(reads.Reads):
         with self._buf_lock:
             self._incidents.append(stored_incidents.row(incident))
 
+    def append_stack(self, run: str, rank: int, sample: dict[str, Any]) -> None:
+        """Keep ``sample`` (``StackSample.as_dict()``) as the rank's latest stack sample at the
+        next flush, unless a newer one is held."""
+        self._check_open()
+        row = stored_stacks.row(run, rank, sample)
+        with self._buf_lock:
+            held = self._stacks.get((run, rank))
+            if held is None or held[2] <= row[2]:
+                self._stacks[(run, rank)] = row
+
     def pending(self) -> int:
         """Records appended and not flushed yet. Counted outside the lock that ``append``
         (the ingest thread) needs: only the lists are copied under it."""
@@ -183,6 +195,14 @@ class Store(reads.Reads):
             with self._buf_lock:
                 batch, self._buf = self._buf, Batch()
                 notes, self._incidents = self._incidents, []
+                stacks, self._stacks = self._stacks, {}
+            if stacks:
+                try:
+                    stored_stacks.insert(self._writer, list(stacks.values()))
+                except duckdb.Error as exc:
+                    with self._buf_lock:
+                        self._stacks = {**stacks, **self._stacks}
+                    log.warning("rankwatch: stack samples not stored yet (%s); retrying", exc)
             if notes:
                 try:
                     stored_incidents.insert(self._writer, notes)

@@ -23,6 +23,7 @@ import numpy as np
 from rankwatch.agent.wire.records import Record
 from rankwatch.aggregator.store import columns, rollup
 from rankwatch.aggregator.store import incidents as stored_incidents
+from rankwatch.aggregator.store import stacks as stored_stacks
 from rankwatch.aggregator.store.columns import SeriesColumns
 from rankwatch.aggregator.store.rows import MetricStats, Mirror, read_records
 from rankwatch.aggregator.store.schema import StoreError
@@ -247,6 +248,11 @@ class Reads:
         """The latest judgement of every incident of ``run`` the store holds, oldest first."""
         with self._query() as cur:
             return stored_incidents.read(cur, run)
+
+    def stacks(self, run: str) -> dict[int, dict[str, Any]]:
+        """Rank -> the latest stack sample the store holds for it (the wire form)."""
+        with self._query() as cur:
+            return stored_stacks.read(cur, run)
 
     def heartbeats(self, run: str) -> list[dict[str, Any]]:
         """The latest heartbeat of each rank of ``run``."""

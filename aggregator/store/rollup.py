@@ -145,8 +145,8 @@ def query(cur: duckdb.DuckDBPyConnection, script: Sequence[str], sql: str) -> li
 
     Why one call: while another Python thread is busy (the ingest thread), every DuckDB call
     waits for the GIL when it hands results back (and between its tasks), about a switch
-    interval (5 ms) each time; statements joined in one call pay that about a third as often
-    (figures: docs/storage.md).
+    interval (``sys.getswitchinterval()``) each time; statements joined in one call pay that
+    about a third as often (figures: docs/storage.md).
     """
     return cur.execute(";\n".join([*script, sql])).fetchall()
 

@@ -14,7 +14,7 @@ from typing import Any
 import duckdb
 import numpy as np
 from rankwatch.agent.wire.records import EventRecord, Heartbeat, Record, StepRecord
-from rankwatch.aggregator.store import incidents, rollup
+from rankwatch.aggregator.store import incidents, rollup, stacks
 
 # Column kinds: "c" a repeated string (run, metric, host...) as an int32 code into the part's
 # name table (NULL_CODE: NULL), "s" free text as Python objects (event info), "i" int,
@@ -67,6 +67,7 @@ TABLES = (
     "band_late (run VARCHAR, metric VARCHAR, step BIGINT)",  # earliest value after settling
     "meta (key VARCHAR, value VARCHAR)",
     incidents.TABLE,
+    stacks.TABLE,
 )
 
 

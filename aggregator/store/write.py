@@ -96,8 +96,8 @@ def _insert_batch(
                          (stats_sql, ""))
     )  # fmt: skip
     # DuckDB finds the numpy columns by their names in this frame (a replacement scan), so
-    # no register()/unregister(): each of those is a GIL hand-over (~20 ms each with the
-    # ingest thread busy). Later statements read the buf_ tables.
+    # no register()/unregister(): each of those is a GIL hand-over, slow with the ingest thread
+    # busy (docs/benchmarks.md, figures behind choices). Later statements read the buf_ tables.
     raw_names, raw_recs = raw["names"], raw["recs"]
     raw_steps, raw_events, raw_heartbeats = (raw.get(n) for n in BUFFERED[:3])
     sql = ";\n".join([*script, "SELECT " + lists])
@@ -111,7 +111,8 @@ def _insert_batch(
             meta.append(row)
         prev = row
     if meta:
-        # as columns found by name too: executemany costs ~1.5 ms a row (10,000 new runs at once)
+        # as columns found by name too: executemany costs a call per row, which many new runs
+        # at once turn into seconds (docs/reliability.md, item 3)
         cols = list(zip(*meta, strict=True))
         raw_meta = {
             name: np.array(col, dtype=object)
@@ -126,8 +127,8 @@ def _insert_batch(
         del raw_meta
     changed = mirror.merge_ranks([_values(r) for r in rank_rows or []])
     if changed:
-        # As columns found by name, like raw_recs: an SQL VALUES list of 4,096 ranks took
-        # ~0.3 s to parse, twice per flush.
+        # As columns found by name, like raw_recs: an SQL VALUES list of thousands of ranks is
+        # slow to parse, and it would be parsed twice per flush (docs/benchmarks.md).
         rank_names: dict[str, int] = {}
         rank_cols = [[getattr(r, f) for r in changed] for f in RANK_FIELDS]
         raw_ranks = buffer_columns("ranks", rank_cols, rank_names)

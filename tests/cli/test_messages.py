@@ -67,8 +67,8 @@ def test_an_unknown_flag_is_named_and_a_missing_command_is_listed() -> None:
     nothing = cli()
     assert nothing.returncode == 2
     assert nothing.stderr.splitlines()[-1] == (
-        "rankwatch: error: a COMMAND is missing, one of: serve, status, import, export, demo, "
-        "relay, keys, completion"
+        "rankwatch: error: a COMMAND is missing, one of: serve, status, stacks, import, export, "
+        "demo, relay, keys, completion"
     )
 
 
@@ -191,7 +191,7 @@ def test_bash_completion_from_the_parsers(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=30, check=True,
     )  # fmt: skip
     assert registered.stdout.strip() == "complete -F _rankwatch rankwatch"
-    assert complete("st") == ["status"]
+    assert complete("st") == ["status", "stacks"]
     assert complete("") == [*subcommands(build_parser()), "-h", "--help", "--version", "-v",
                             "--verbose"]  # fmt: skip
     assert complete("demo", "--fault", "") == ["labels", "nan", "slow", "hang", "crash", "none"]

@@ -36,6 +36,18 @@ CASES = [
         " (run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3",
         True,
     ),
+    (
+        "msrun_demo_hang_peer_allreduce.txt",
+        "RuntimeError: Launch kernel failed:"
+        " Default/grad_reducer-DistributedGradReducer/AllReduce-op2",
+        True,
+    ),
+    (
+        "torchrun_demo_crash_peer_gloo.txt",
+        "RuntimeError: Got the following error when running the callback: RuntimeError:"
+        " [.../pair.cc:553] Connection closed by peer [127.0.0.1]:31647.",
+        True,
+    ),
     ("user_valueerror.txt", "ValueError: label 7 out of range for 5 classes", False),
     (
         "torch_cuda_oom.txt",

@@ -1,0 +1,58 @@
+"""The store's flush thread: writes what the ingest thread buffered, and keeps going when the
+disk refuses (logged once, counted, retried every ``retry_s``; the records stay buffered)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from rankwatch.aggregator.store.db import Store, StoreError
+
+log = logging.getLogger("rankwatch.service")
+
+
+class Flusher:
+    def __init__(self, store: Store, pause_s: float, backlog_records: int, retry_s: float) -> None:
+        self.store = store
+        self.pause_s = pause_s
+        self.backlog_records = backlog_records
+        self.retry_s = retry_s
+        self.error: str | None = None  # the last failure, until a flush succeeds again
+        self.errors = 0
+        self._retry_at = 0.0
+
+    def run(self, stop: threading.Event) -> None:
+        """Flush until ``stop`` is set. The wait starts when a flush ends: a flush has a fixed
+        cost, and starting them on a fixed period makes more, smaller ones under load (more
+        CPU per record at thousands of ranks, docs/benchmarks.md). Unless a backlog built up
+        during the flush: a flush that big costs little per record, and waiting only grows it."""
+        wait = self.pause_s
+        while not stop.wait(wait):
+            flushed = self.flush()
+            backlog = flushed and self.store.pending() >= self.backlog_records
+            wait = 0.0 if backlog else self.pause_s
+
+    def flush(self) -> bool:
+        """Write buffered records; on failure log once, count, and retry later."""
+        now = time.monotonic()
+        if self.error is not None and now < self._retry_at:
+            return False
+        try:
+            self.store.flush()
+        except StoreError as exc:
+            self.errors += 1
+            self._retry_at = now + self.retry_s
+            if self.error is None:
+                log.error(
+                    "rankwatch: cannot write the store (%s); the live view goes on and records "
+                    "stay in memory; retrying every %.0f s",
+                    exc,
+                    self.retry_s,
+                )
+            self.error = str(exc)
+            return False
+        if self.error is not None:
+            log.warning("rankwatch: the store is writable again; buffered records are stored")
+            self.error = None
+        return True
