@@ -5,6 +5,8 @@
 import { MetricChart } from './charts.js';
 import { bindControls, syncControls } from './controls.js';
 import { Heatmap } from './heatmap.js';
+import { incidentView } from './incidentview.js';
+import * as incidents from './incidents.js';
 import * as panels from './panels.js';
 import { readUrl, writeUrl } from './urlstate.js';
 import { api, debounce, formatRanks, mergeRanks, runPath, throttle } from './util.js';
@@ -13,6 +15,7 @@ const REDRAW_INTERVAL_MS = 250; // at most 4 redraws a second, however fast poin
 const RUNS_POLL_MS = 3000;
 const RANKS_POLL_MS = 2000;
 const ALERTS_POLL_MS = 3000;
+const INCIDENTS_POLL_MS = 5000; // the stream pushes each change; this catches a missed one
 // The heatmap is re-read when the stream's step moves past the one it shows, at most this
 // often; heatmaps of many ranks cost more to redraw.
 const HEATMAP_REFRESH_MS = 1000;
@@ -44,6 +47,7 @@ const state = {
   events: [],
   sort: { key: 'rank', dir: 1 },
   connected: false,
+  allRanks: false, // at phone width: every rank in the table, not only those that matter
 };
 const charts = new Map(); // metric -> MetricChart
 const firstDrawn = {}; // metric -> {step: Date.now() when the step was first drawn}
@@ -59,6 +63,7 @@ let lastHeatmap = 0;
 const lastCompact = new Map();
 
 const serverNow = () => Date.now() / 1000 + state.serverOffset;
+const incidentUi = incidentView({ state, serverNow, restyle });
 const currentRun = () => state.runs.find((r) => r.run === state.run) || null;
 
 // --- what the charts ask the app ---------------------------------------------------------
@@ -80,6 +85,10 @@ const app = {
     }
     return hi === lo ? [lo, hi + 1] : [lo, hi];
   },
+  // A rank's part in the run's incident (culprit, affected, terminated, or null), and the
+  // chart style that goes with it: the charts ask these before their divergent colours.
+  rankRole: incidents.rankRole,
+  roleStyle: (rank) => incidents.roleStyle(rank, state.selected),
   tableMetric() {
     return state.metrics.includes('loss') ? 'loss' : state.metrics[0] || 'loss';
   },
@@ -229,6 +238,7 @@ async function loadAlerts() {
   const resp = await api('/api/alerts', { run: state.run });
   state.firing = resp.firing;
   panels.renderBanner($('banner'), state.firing, serverNow(), state.ranks);
+  incidentUi.renderAlertsToggle();
 }
 
 async function loadEvents() {
@@ -277,6 +287,7 @@ async function selectRun(run, resetView = true) {
   charts.clear();
   heatmap.clear();
   Object.assign(state, { run, metrics: [], ranks: [], divergent: new Map(), firing: [], events: [] });
+  incidentUi.reset();
   if (resetView) Object.assign(state, { zoom: null, selected: new Set(), heatMetric: null });
   window.rankwatch.ready = false;
   writeUrl(state);
@@ -288,7 +299,7 @@ async function selectRun(run, resetView = true) {
   const attempt = (p) => p.catch(showError);
   await withLiveBuffer(async () => {
     await attempt(loadMetrics());
-    await Promise.all([loadRanks(), loadEvents(), loadAlerts(), reloadAllSeries()].map(attempt));
+    await Promise.all([loadRanks(), loadEvents(), loadAlerts(), incidentUi.load(), reloadAllSeries()].map(attempt));
   });
   await attempt(loadHeatmap());
   for (const ms of CATCH_UP_MS) {
@@ -335,6 +346,7 @@ function setConnected(on) {
 
 const refreshRanksSoon = throttle(() => loadRanks().catch(showError), 1000);
 const refreshAlertsSoon = throttle(() => loadAlerts().catch(showError), 1000);
+const refreshIncidentsSoon = throttle(() => incidentUi.load().catch(showError), 1000);
 const refreshEventsSoon = throttle(() => { loadEvents().catch(showError); loadRuns().catch(showError); }, 1000);
 const refreshMetricsSoon = throttle(async () => {
   const added = await loadMetrics();
@@ -377,6 +389,10 @@ function handle(msg) {
     case 'event':
       refreshEventsSoon();
       break;
+    case 'incident':
+      if (msg.incident && msg.incident.run !== state.run) break;
+      if (!incidentUi.onMessage(msg)) refreshIncidentsSoon();
+      break;
     default:
       break;
   }
@@ -416,11 +432,23 @@ function redraw() {
   }
 }
 
+// Ranks' roles changed: every chart restyles, the table and chips follow.
+function restyle() {
+  for (const c of charts.values()) c.needsFull = true;
+  scheduleRedraw();
+  renderPanels();
+}
+
 function renderPanels() {
   panels.renderBanner($('banner'), state.firing, serverNow(), state.ranks); // its "z now"
   panels.renderLegend($('legend'), app);
   panels.renderTableHead($('rank-head'), app);
   panels.renderTable($('rank-body'), app, serverNow());
+  const minor = incidents.markRanks($('rank-body'), $('legend'), state.ranks, app.highlighted(), state.selected);
+  const toggle = $('all-ranks');
+  toggle.hidden = minor === 0;
+  toggle.textContent = state.allRanks ? 'show the ranks that matter' : `show all ${state.ranks.length} ranks`;
+  $('rank-table').classList.toggle('all', state.allRanks);
 }
 
 function renderHeatPicker() {
@@ -442,6 +470,18 @@ function heatMetric() {
 function tick() {
   panels.renderFreshness($('freshness'), $('run-state'), currentRun(), serverNow());
   panels.renderBanner($('banner'), state.firing, serverNow(), state.ranks);
+  incidentUi.tick();
+}
+
+function bindLayoutControls() {
+  $('all-ranks').addEventListener('click', () => {
+    state.allRanks = !state.allRanks;
+    renderPanels();
+  });
+  $('controls-toggle').addEventListener('click', () => {
+    const open = document.body.classList.toggle('controls-open');
+    $('controls-toggle').setAttribute('aria-expanded', String(open));
+  });
 }
 
 function showError(err) {
@@ -483,11 +523,14 @@ async function main() {
     refetchZoom, selectionChanged, loadHeatmap, renderPanels, showError,
   });
   heatmap = new Heatmap($('heatmap'), app);
+  incidentUi.bind();
+  bindLayoutControls();
   setInterval(tick, 1000);
   setInterval(() => loadRuns().catch(showError), RUNS_POLL_MS);
   // The stream pushes the rank table and then its changes; poll only while it is down.
   setInterval(() => { if (!state.connected) loadRanks().catch(showError); }, RANKS_POLL_MS);
   setInterval(() => loadAlerts().catch(showError), ALERTS_POLL_MS);
+  setInterval(() => incidentUi.load().catch(showError), INCIDENTS_POLL_MS);
   const resp = await api('/api/runs');
   if (typeof resp.now === 'number') state.serverOffset = resp.now - Date.now() / 1000;
   state.runs = resp.runs;

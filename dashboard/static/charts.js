@@ -184,6 +184,8 @@ export class MetricChart {
 
   rankStyle(rank) {
     const st = this.app.state;
+    const byRole = this.app.roleStyle && this.app.roleStyle(rank); // incidents.js: culprit, affected
+    if (byRole) return byRole;
     const divergent = (st.divergent.get(this.metric) || new Set()).has(rank) || this.outliers.has(rank);
     if (divergent) {
       const order = [...this.app.highlighted()].sort((a, b) => a - b);
@@ -277,10 +279,10 @@ export class MetricChart {
       connectNulls: false,
       z: style.z,
       color: style.color,
-      lineStyle: { width: style.width, color: style.color, opacity: style.opacity },
+      lineStyle: { width: style.width, color: style.color, opacity: style.opacity, type: style.type || 'solid' },
       emphasis: { focus: 'none', lineStyle: { width: style.width + 1 } },
       endLabel: {
-        show: style.kind !== 'healthy' && !hideLabel,
+        show: (style.endLabel ?? style.kind !== 'healthy') && !hideLabel,
         formatter: () => `rank ${rank}`,
         color: style.color,
         fontWeight: 'bold',
