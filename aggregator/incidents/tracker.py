@@ -124,8 +124,15 @@ class IncidentTracker:
             facts.append((d.run, _divergence_fact(d, t)))
         for d in resolved:
             recoveries.append((d.run, d.rank, (_divergence_kind(d.kind, d.metric), d.metric)))
+        # A grouped alert's since_step is its earliest rank's: given to a rank that has its own
+        # verdict it would move that rank back to the culprit's step. So it speaks only for the
+        # ranks of the group that have no verdict of their own (this call or an open incident).
+        own = {(run_name, f.rank, f.kind, f.metric) for run_name, f in facts}
         for a in alerts:
+            grouped = a.rank is None and len(a.ranks) > 1
             for run_name, fact, recovery in _alert_items(a):
+                if fact is not None and grouped and self._has_own(own, run_name, fact):
+                    continue
                 if fact is not None:
                     facts.append((run_name, fact))
                 if recovery is not None:
@@ -174,6 +181,13 @@ class IncidentTracker:
         for run, inc in touched.values():
             changes.extend(self._judge(run, inc, now))
         return changes
+
+    def _has_own(self, own: set[tuple[str, int, str, str]], run_name: str, fact: Fact) -> bool:
+        if (run_name, fact.rank, fact.kind, fact.metric) in own:
+            return True
+        run = self._runs.get(run_name)
+        key = (fact.rank, fact.kind, fact.metric)
+        return run is not None and any(key in inc.facts for inc in run.open)
 
     def incidents(self, run: str) -> list[Incident]:
         """Every announced incident of ``run``, oldest first (open ones as last judged)."""

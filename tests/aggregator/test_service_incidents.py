@@ -22,22 +22,24 @@ WORLD = 4
 RUN = "nanjob"
 
 
-def step(rank: int, s: int, loss: float, t: float) -> StepRecord:
+def step(rank: int, s: int, loss: float, t: float, world: int = WORLD) -> StepRecord:
     return StepRecord(
-        run=RUN, rank=rank, seq=s, time=t, world_size=WORLD, host=f"node{rank // 2}",
+        run=RUN, rank=rank, seq=s, time=t, world_size=world, host=f"node{rank // 2}",
         pid=100 + rank, step=s, epoch=0, metrics={"loss": loss},
     )  # fmt: skip
 
 
-def feed_nan_spread(agg: Aggregator, culprit: int = 2, fault: int = 20, steps: int = 30) -> None:
+def feed_nan_spread(
+    agg: Aggregator, culprit: int = 2, fault: int = 20, steps: int = 30, world: int = WORLD
+) -> None:
     """``culprit`` goes NaN at ``fault``; every rank is NaN from the next step (the all-reduce)."""
     t0 = time.time() - steps
     for s in range(1, steps + 1):
         batch = []
-        for rank in range(WORLD):
+        for rank in range(world):
             bad = (rank == culprit and s >= fault) or s > fault
-            loss = math.nan if bad else 2.0 / (1 + 0.05 * s) + 0.01 * rank
-            batch.append(step(rank, s, loss, t0 + s + 0.001 * rank))
+            loss = math.nan if bad else 2.0 / (1 + 0.05 * s) + 0.01 * (rank % 7)
+            batch.append(step(rank, s, loss, t0 + s + 1e-6 * rank, world))
         agg.add(batch, imported=False, now=t0 + s)
         agg.tick(now=t0 + s + 0.5)
 
@@ -93,3 +95,19 @@ def test_incidents_outlive_the_process(tmp_path: Path) -> None:
         assert [i["id"] for i in body["incidents"]] == [inc.id]
     finally:
         again.stop()
+
+
+def test_at_a_thousand_ranks_the_grouped_alert_does_not_make_every_rank_a_culprit(
+    tmp_path: Path,
+) -> None:
+    """Past a few ranks the alert engine groups the ranks that went non-finite into one alert
+    whose since_step is the earliest rank's: that step must not be given to the whole group."""
+    agg = Aggregator(config(tmp_path))
+    try:
+        feed_nan_spread(agg, culprit=777, steps=24, world=1024)
+        (inc,) = agg.incidents.incidents(RUN)
+        assert inc.culprits == (777,)
+        assert len(inc.affected) == 1023 and 777 not in inc.affected
+        assert inc.step == 20
+    finally:
+        agg.stop()
