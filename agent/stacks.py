@@ -15,6 +15,7 @@ Standard library only: this runs inside every training process. The sample's wir
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import hashlib
 import linecache
@@ -179,10 +180,15 @@ class FaultWatchdog:
             self._arm()
 
     def close(self) -> None:
+        """Disarm; a stacks file nothing was written to goes (a rank that never hung leaves
+        only its JSONL behind)."""
         if self._file is not None:
             faulthandler.cancel_dump_traceback_later()
             self._file.close()
             self._file = None
+            with contextlib.suppress(OSError):
+                if self.path.stat().st_size == 0:
+                    self.path.unlink()
 
     def _arm(self) -> None:
         assert self._file is not None

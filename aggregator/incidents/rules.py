@@ -134,6 +134,23 @@ def _crash(roots: list[Fact]) -> tuple[str, tuple[int, ...], str, int | None]:
     return "crash", _ordered(same), "crashed first, not in a collective", first.step
 
 
+def _stop_step(
+    culprits: tuple[int, ...], health: Mapping[int, RankHealth], collective: list[Fact]
+) -> int | None:
+    """The step hung ranks stopped after, when no stall report says it. The health held for a
+    rank is that of its last state change, which for a rank still "alive" may be long ago (its
+    first sight, before any step). The peers could not finish a step whose collectives it had
+    not joined, so it got to at least the step before theirs; an older step is stale, and
+    theirs is the better guess."""
+    known = min(
+        (s for r in culprits if r in health and (s := health[r].last_step) is not None),
+        default=None,
+    )
+    peers = min((f.step for f in collective if f.step is not None), default=None)
+    stale = peers is not None and (known is None or known < peers - 1)
+    return peers if stale else known
+
+
 def _hang(
     by_kind: dict[str, list[Fact]],
     health: Mapping[int, RankHealth],
@@ -146,6 +163,8 @@ def _hang(
     groups = group_stacks(stacks.values())
     odd = odd_ones_out(groups)
     if odd:
+        if step is None:
+            step = _stop_step(odd, health, collective)
         return "hang", odd, f"stacks: {summary_line(groups)}", step
     failed = {f.rank for f in collective}
     waited_for = [
@@ -158,16 +177,7 @@ def _hang(
         cause, named = "hang", set(culprits)
         first_silence = min((f.time for f in silent if f.rank in named), default=None)
         if step is None:  # no stall seen: the step they stopped after
-            # The health held for a rank is that of its last state change, which for a rank
-            # still "alive" may be long ago (its first sight, before any step). The peers could
-            # not finish a step whose collectives it had not joined, so it got to at least the
-            # step before theirs; an older step is stale, and theirs is the better guess.
-            known = min(
-                (s for r in culprits if (s := health[r].last_step) is not None), default=None
-            )
-            peers = min((f.step for f in collective if f.step is not None), default=None)
-            stale = peers is not None and (known is None or known < peers - 1)
-            step = peers if stale else known
+            step = _stop_step(culprits, health, collective)
         if first_silence is not None and first_silence < collective[0].time:
             cause = "lost"
         return cause, culprits, "its peers failed in collectives waiting for it", step
