@@ -18,7 +18,6 @@ Bounded: the attacker sends at most ``--frames`` frames, each phase waits at mos
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -26,7 +25,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import msgpack
 import zmq
 
@@ -35,6 +33,7 @@ from rankwatch.agent import Monitor
 from rankwatch.agent.wire.records import MAX_FRAME_BYTES, SCHEMA_VERSION
 
 from bench.serve_proc import ServeProc
+from bench.stream import step_arrivals
 
 RUN = "frame-bomb"
 METRIC = "loss"
@@ -54,29 +53,6 @@ def maps_frame() -> bytes:
     size = len(msgpack.packb(item))
     n = (MAX_FRAME_BYTES - 64) // size
     return msgpack.packb({"v": SCHEMA_VERSION, "records": [item] * n})
-
-
-def arrivals(
-    url: str, out: dict[int, float], stop: threading.Event, ready: threading.Event
-) -> None:
-    """First arrival (wall time) of each step of METRIC on the live stream."""
-    with (
-        httpx.Client(timeout=None) as client,
-        client.stream("GET", f"{url}/api/stream", params={"run": RUN}) as res,
-    ):
-        ready.set()
-        event = ""
-        for line in res.iter_lines():
-            now = time.time()
-            if stop.is_set():
-                return
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:") and event == "feed":
-                for msg in json.loads(line[5:]):
-                    if msg.get("type") == "points" and msg.get("metric") == METRIC:
-                        for _, step, _ in msg["points"]:
-                            out.setdefault(step, now)
 
 
 def attack(
@@ -142,7 +118,9 @@ def main() -> int:
         url = f"http://127.0.0.1:{serve.http_port}"
         seen: dict[int, float] = {}
         stop, ready = threading.Event(), threading.Event()
-        threading.Thread(target=arrivals, args=(url, seen, stop, ready), daemon=True).start()
+        threading.Thread(
+            target=step_arrivals, args=(url, RUN, METRIC, seen, stop, ready), daemon=True
+        ).start()
         ready.wait(10)
         peak = [0]
         sampling = threading.Event()

@@ -13,7 +13,6 @@ server's push latency without a browser. Same machine, same clock.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -21,9 +20,8 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
+from bench.stream import step_arrivals
 from tests.dashboard.procs import Rank, Server
 
 CHROMIUM = "/usr/bin/chromium"
@@ -34,26 +32,6 @@ CHROMIUM_ARGS = [
 RUN = "freshness"
 METRIC = "loss"
 SETTLE_S = 3.0  # after the last step, how long to wait for stragglers
-
-
-def sse_arrivals(url: str, out: dict[int, float], stop: threading.Event) -> None:
-    """First arrival (wall time) of each step of METRIC on the live stream."""
-    with (
-        httpx.Client(timeout=None) as client,
-        client.stream("GET", f"{url}/api/stream", params={"run": RUN}) as res,
-    ):
-        event = ""
-        for line in res.iter_lines():
-            now = time.time()
-            if stop.is_set():
-                return
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:") and event == "feed":
-                for msg in json.loads(line[5:]):
-                    if msg.get("type") == "points" and msg.get("metric") == METRIC:
-                        for _, step, _ in msg["points"]:
-                            out.setdefault(step, now)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -87,7 +65,7 @@ def main() -> int:
                 rank.log(1, **{METRIC: 1.0})
             server.wait_for("the run", lambda: server.get(f"/api/runs/{RUN}/metrics")["metrics"])
             listener = threading.Thread(
-                target=sse_arrivals, args=(server.url, arrived, stop), daemon=True
+                target=step_arrivals, args=(server.url, RUN, METRIC, arrived, stop), daemon=True
             )
             listener.start()
             with sync_playwright() as p:
