@@ -312,8 +312,9 @@ class Monitor:
         """
         # Room is kept for the automatic step_time and throughput, so the record stays within
         # the aggregator's limit whatever batch_size is now or later.
-        limit = MAX_METRICS - ("step_time" not in metrics) - ("throughput" not in metrics)
-        if len(metrics) > limit:
+        if len(metrics) > MAX_METRICS - 2 and len(metrics) > (
+            limit := MAX_METRICS - ("step_time" not in metrics) - ("throughput" not in metrics)
+        ):
             dropped = len(metrics) - limit
             self._metrics_dropped += dropped
             self._warn_once(
