@@ -6,6 +6,7 @@ directory (serve's --data, the ranks' RANKWATCH_LOG_DIR): the demo must leave no
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -67,6 +68,17 @@ def leftovers(marker: str) -> list[str]:
         if marker.encode() in blob and state != "Z":
             found.append(f"{entry.name}: {(entry / 'cmdline').read_bytes()[:200]!r}")
     return found
+
+
+@pytest.fixture(autouse=True)
+def _reap(tmp_path: Path) -> Any:
+    """After each test (its own checks for leftovers have run by then), kill whatever still
+    mentions its folder: a demo that timed out leaves ranks and serve in sessions of their own,
+    which would load the machine for every later test."""
+    yield
+    for line in leftovers(str(tmp_path)):
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
 
 
 def assert_nothing_left(data: Path) -> None:
