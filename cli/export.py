@@ -1,6 +1,6 @@
-"""`rankwatch export`: one run's step history as long rows, CSV or Parquet: through a running
-`rankwatch serve` (``--url``, which holds the store's lock), or from a stopped one's store
-(``--data``)."""
+"""`rankwatch export`: one run's step history as long rows, CSV or Parquet, or Parquet laid out
+in Hive-style folders by run and rank: through a running `rankwatch serve` (``--url``, which
+holds the store's lock), or from a stopped one's store (``--data``)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 NAME = "export"
 HELP = "export a run's metrics (run, rank, step, epoch, time, metric, value) to CSV or Parquet"
-FORMATS = ("csv", "parquet")
+FORMATS = ("csv", "parquet", "hive")
 CHUNK_BYTES = 1 << 20
 ROWS_HEADER = "X-Rankwatch-Rows"  # the server's count of the rows it wrote
 TIMEOUT_S = 300.0  # the server writes the whole file before it answers
@@ -25,8 +26,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
     parser = subparsers.add_parser(NAME, help=HELP, description=HELP)
     parser.add_argument("--run", required=True, help="the run to export")
-    parser.add_argument("--format", choices=FORMATS, help="default: from the --out suffix")
-    parser.add_argument("--out", required=True, metavar="PATH", help="file to write")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="default: from the --out suffix; hive: Parquet files in a folder by run and rank "
+        "(OUT/run=R/rank=K/*.parquet), which DuckDB, Spark and ClickHouse read as one table",
+    )
+    parser.add_argument(
+        "--out", required=True, metavar="PATH", help="file to write (a folder for --format hive)"
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--url",
@@ -52,12 +60,40 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"unknown export format {fmt!r}: use --format csv or parquet (or --out X.csv)")
     if not out.parent.is_dir():
         return _fail(f"cannot write {out}: {out.parent} is not a directory")
+    if fmt == "hive":
+        return _hive(args, out)
+    return _export(args, out, fmt, print)
+
+
+def _export(args: argparse.Namespace, out: Path, fmt: str, say: Callable[[str], None]) -> int:
     if args.url is not None:
-        return _through_server(args, out, fmt)
-    return _from_store(args, out, fmt)
+        return _through_server(args, out, fmt, say)
+    return _from_store(args, out, fmt, say)
 
 
-def _from_store(args: argparse.Namespace, out: Path, fmt: str) -> int:
+def _hive(args: argparse.Namespace, out: Path) -> int:
+    """One Parquet export (from the store or through the server), then laid out by rank."""
+    if out.exists() and not out.is_dir():
+        return _fail(f"--format hive writes a folder, and {out} is a file")
+    staged = out.with_name(f".{out.name}.{os.getpid()}.parquet")
+    try:
+        code = _export(args, staged, "parquet", lambda _said: None)
+        if code:
+            return code
+        from rankwatch.aggregator.store.export import ExportError, lay_out_hive
+
+        try:
+            rows = lay_out_hive(staged, out)
+        except ExportError as exc:
+            return _fail(str(exc))
+    finally:
+        staged.unlink(missing_ok=True)
+    where = f" (through {args.url})" if args.url is not None else ""
+    print(f"wrote {rows:,} rows of run {args.run!r} to {out}/run=.../rank=.../{where}")
+    return 0
+
+
+def _from_store(args: argparse.Namespace, out: Path, fmt: str, say: Callable[[str], None]) -> int:
     from rankwatch.aggregator.store.db import STORE_FILENAME, Store, StoreError
     from rankwatch.aggregator.store.export import ExportError, export_run
     from rankwatch.cli.status import DEFAULT_URL
@@ -78,11 +114,13 @@ def _from_store(args: argparse.Namespace, out: Path, fmt: str) -> int:
                 f"(the address it printed; by default {DEFAULT_URL})"
             )
         return _fail(str(exc))
-    print(f"wrote {rows:,} rows of run {args.run!r} to {out}")
+    say(f"wrote {rows:,} rows of run {args.run!r} to {out}")
     return 0
 
 
-def _through_server(args: argparse.Namespace, out: Path, fmt: str) -> int:
+def _through_server(
+    args: argparse.Namespace, out: Path, fmt: str, say: Callable[[str], None]
+) -> int:
     from rankwatch.cli.status import TOKEN_ENV, ApiError, detail_of, server_url
 
     try:
@@ -124,7 +162,7 @@ def _through_server(args: argparse.Namespace, out: Path, fmt: str) -> int:
         part.unlink(missing_ok=True)
         return _fail(f"{exc}")
     count = f"{int(rows):,}" if rows.isdigit() else rows
-    print(f"wrote {count} rows of run {args.run!r} to {out} (through {base}, {size:,} bytes)")
+    say(f"wrote {count} rows of run {args.run!r} to {out} (through {base}, {size:,} bytes)")
     return 0
 
 

@@ -71,6 +71,33 @@ def test_status_and_export_of_stored_runs_through_a_running_serve(
     with duckdb.connect() as con:
         count = con.execute(f"SELECT count(*), min(step) FROM '{parquet}'").fetchone()
     assert count == (10, 1)
+    hive = tmp_path / "lake"
+    for run in ("gpt", "bert"):
+        laid = cli(
+            "export", "--run", run, "--url", server.url, "--format", "hive", "--out", str(hive)
+        )
+        assert laid.returncode == 0, laid.stderr
+        assert laid.stdout == (
+            f"wrote 10 rows of run {run!r} to {hive}/run=.../rank=.../ (through {server.url})\n"
+        )
+    assert sorted(p.parent.relative_to(hive).as_posix() for p in hive.rglob("*.parquet")) == [
+        f"run={run}/rank={rank}" for run in ("bert", "gpt") for rank in (0, 1)
+    ]
+    with duckdb.connect() as con:
+        by_rank = con.execute(
+            f"SELECT run, rank, count(*) FROM read_parquet('{hive}/**/*.parquet', "
+            "hive_partitioning = true) GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
+    assert by_rank == [("bert", 0, 5), ("bert", 1, 5), ("gpt", 0, 5), ("gpt", 1, 5)]
+    twice = cli(
+        "export", "--run", "gpt", "--url", server.url, "--format", "hive", "--out", str(hive)
+    )
+    assert twice.returncode == 2
+    assert twice.stderr == (
+        f"rankwatch export: {hive} already holds run 'gpt': remove its run= folder or choose "
+        "another --out\n"
+    )
+    assert not list(tmp_path.glob(".lake.*"))  # the staged file is gone either way
     unknown = cli("export", "--run", "nope", "--url", server.url, "--out", str(out))
     assert unknown.returncode == 2
     assert f"HTTP 404: unknown run 'nope' (`rankwatch status --url {server.url}` lists" in (

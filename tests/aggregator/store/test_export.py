@@ -10,7 +10,7 @@ import duckdb
 import pytest
 from rankwatch.agent.wire.records import StepRecord
 from rankwatch.aggregator.store.db import Store
-from rankwatch.aggregator.store.export import ExportError, export_run
+from rankwatch.aggregator.store.export import ExportError, export_run, lay_out_hive
 
 VALUES = [1.5, math.nan, math.inf, -math.inf, -0.25, 1e-300]
 
@@ -72,3 +72,27 @@ def test_clear_errors(store: Store, tmp_path: Path) -> None:
         export_run(store, "job", tmp_path / "x.xlsx")
     with pytest.raises(ExportError, match="not a directory"):
         export_run(store, "job", tmp_path / "missing" / "x.csv")
+
+
+def test_hive_layout_by_run_and_rank(store: Store, tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    for run in ("job", "other"):
+        staged = tmp_path / f"{run}.parquet"
+        export_run(store, run, staged, "parquet")
+        assert lay_out_hive(staged, lake) == (24 if run == "job" else 1)
+    folders = sorted(p.parent.relative_to(lake).as_posix() for p in lake.rglob("*.parquet"))
+    assert folders == ["run=job/rank=0", "run=job/rank=1", "run=other/rank=0"]
+    rows = (
+        duckdb.connect()
+        .execute(
+            f"SELECT run, rank, step, epoch, time, metric, value FROM read_parquet("
+            f"'{lake}/run=job/**/*.parquet', hive_partitioning = true) ORDER BY rank, step, metric"
+        )
+        .fetchall()
+    )
+    assert same(rows, expected())  # NaN and the infinities survive, as in the flat file
+    with pytest.raises(ExportError, match=r"already holds run 'job': remove its run= folder"):
+        lay_out_hive(tmp_path / "job.parquet", lake)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ExportError, match="it is a file"):
+        lay_out_hive(tmp_path / "job.parquet", tmp_path / "afile")
