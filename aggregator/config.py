@@ -10,6 +10,8 @@
     allow_hosts = ["head.example.org"]  # names the dashboard answers to ("*": any)
     lost_after_s = 10.0     # health: silence before a rank is lost
     min_stall_s = 30.0      # health: no new step for this long makes a rank stalled
+    remote_write = "http://victoria:8428/api/v1/import/prometheus"  # off when absent
+    remote_write_interval_s = 10.0
 
     [alerts]                # AlertConfig: disabled, severity, thresholds, plateau, ...
     [divergence]            # DivergenceConfig: z_threshold, confirm_steps, rules.<metric> ...
@@ -28,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,8 @@ SERVE_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     "merge_grace_s": ("merge_grace_s", (int, float)),
     "console_alerts": ("console_alerts", (bool,)),
     "resend_gaps": ("resend_gaps", (bool,)),
+    "remote_write": ("remote_write", (str,)),
+    "remote_write_interval_s": ("remote_write_interval_s", (int, float)),
 }
 WEBHOOK_KEYS: dict[str, tuple[type, ...]] = {
     "kind": (str,),
@@ -245,6 +250,7 @@ def with_overrides(
     allow_hosts: Sequence[str] = (),
     webhooks: Sequence[str] = (),
     min_stall_s: float | None = None,
+    remote_write: str | None = None,
 ) -> ServeConfig:
     """Command-line flags over the file: only flags actually given (not None) change it."""
     changes: dict[str, Any] = {
@@ -256,6 +262,7 @@ def with_overrides(
             ("ingest_port", ingest_port),
             ("token", token),
             ("min_stall_s", min_stall_s),
+            ("remote_write", remote_write),
         )
         if value is not None
     }
@@ -275,10 +282,17 @@ def check(config: ServeConfig, where: str) -> None:
         value = getattr(config, name)
         if not 0 <= value <= 65535:
             raise ConfigError(f"{where}: {name} {value} is not a TCP port (0-65535)")
-    for name in ("flush_interval_s", "lost_after_s", "min_stall_s"):
+    for name in ("flush_interval_s", "lost_after_s", "min_stall_s", "remote_write_interval_s"):
         if not getattr(config, name) > 0:
             raise ConfigError(f"{where}: {name} must be > 0 seconds")
     if config.merge_grace_s < 0:
         raise ConfigError(f"{where}: merge_grace_s must be >= 0 seconds")
     if config.token is not None and not config.token.strip():
         raise ConfigError(f"{where}: token is empty")
+    if config.remote_write is not None:
+        parts = urllib.parse.urlsplit(config.remote_write)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(
+                f"{where}: remote_write {config.remote_write!r} is not an http(s) URL with a "
+                "host, e.g. http://victoria:8428/api/v1/import/prometheus"
+            )

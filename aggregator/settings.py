@@ -60,6 +60,8 @@ class ServeConfig:
     resend_gaps: bool = True  # ask agents to re-send missing seqs from their JSONL
     curve_dir: Path | None = None  # CurveZMQ key files (`rankwatch keys`): encrypted ingest
     allow_hosts: tuple[str, ...] = ()  # names the dashboard answers to besides IPs, localhost
+    remote_write: str | None = None  # push /metrics here (dashboard/remote_write.py); off: None
+    remote_write_interval_s: float = 10.0
 
     def __repr__(self) -> str:  # never print the token
         token = "set" if self.token else None

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rankwatch.aggregator.service import ServeConfig
+    from rankwatch.aggregator.service import Aggregator, ServeConfig
     from rankwatch.dashboard.access import Access
+    from rankwatch.dashboard.remote_write import RemoteWriter
 
 NAME = "serve"
 HELP = "run the aggregator and the dashboard (agents connect to it)"
@@ -68,6 +69,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "if longer) is stalled (default 30)",
     )
     parser.add_argument(
+        "--remote-write",
+        metavar="URL",
+        help="push /metrics to a time-series store every 10 s (remote_write_interval_s), e.g. "
+        "VictoriaMetrics' http://HOST:8428/api/v1/import/prometheus (docs/cluster.md)",
+    )
+    parser.add_argument(
         "--curve",
         metavar="DIR",
         help="encrypt and authenticate ingest with CurveZMQ, keys from `rankwatch keys --dir "
@@ -111,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
             allow_hosts=args.allow_host,
             webhooks=args.webhook,
             min_stall_s=args.min_stall_s,
+            remote_write=args.remote_write,
         )
         if args.curve:
             curve = Path(args.curve).expanduser()
@@ -161,12 +169,42 @@ def run(args: argparse.Namespace) -> int:
             where = f"{config.host}:{config.port}"
             return _fail(f"cannot listen on {where}: {exc}; pick another --port")
         _banner(config, aggregator.ingest_port, sock.getsockname()[1])
-        uvicorn.Server(uv_config).run(sockets=[sock])
+        writer = _remote_writer(config, aggregator)
+        try:
+            uvicorn.Server(uv_config).run(sockets=[sock])
+        finally:
+            if writer is not None:
+                writer.stop()  # one last push: the store gets each run's final state
     except OSError as exc:
         return _fail(str(exc))
     finally:
         aggregator.stop()  # last tick, store flush, webhooks drained (bounded)
     return 0
+
+
+def _remote_writer(config: ServeConfig, aggregator: Aggregator) -> RemoteWriter | None:
+    if config.remote_write is None:
+        return None
+    from rankwatch.aggregator.provider import AggregatorProvider
+    from rankwatch.dashboard import prom
+    from rankwatch.dashboard.remote_write import RemoteWriter
+
+    provider = AggregatorProvider(aggregator)
+
+    def render() -> str:
+        counts = writer.counts
+        counters = {
+            **provider.counters(),
+            "remote_write_pushes": counts.pushes,
+            "remote_write_failures": counts.failures,
+        }
+        return prom.render(provider.snapshot(), counters, len(provider.alerts_firing()))
+
+    writer = RemoteWriter(config.remote_write, render, config.remote_write_interval_s)
+    writer.start()
+    interval = f"{config.remote_write_interval_s:g}"
+    print(f"  remote write: {config.remote_write} every {interval} s", flush=True)
+    return writer
 
 
 def _access(config: ServeConfig) -> Access:

@@ -115,6 +115,25 @@ def render(snapshot: Mapping[str, Any], counters: Mapping[str, Any], firing: int
             {"run": name},
             help_text="Incidents of the run that are open (firing) now.",
         )
+        for incident in run.get("incidents") or ():
+            culprits = ",".join(str(r) for r in incident.get("culprits") or ())
+            out.add(
+                "rankwatch_incident_open",
+                1,
+                {
+                    "run": name,
+                    "incident": incident.get("id", ""),
+                    "cause": incident.get("cause", ""),
+                    "culprit": culprits,
+                },
+                help_text="1 for each open incident, with its cause and culprit rank(s).",
+            )
+            out.add(
+                "rankwatch_incident_affected_ranks",
+                len(incident.get("affected") or ()),
+                {"run": name, "incident": incident.get("id", "")},
+                help_text="Ranks that went bad after the incident's culprit and because of it.",
+            )
         for rank in run.get("ranks", []):
             labels = {"run": name, "rank": rank.get("rank")}
             state = rank.get("state")

@@ -3,7 +3,8 @@
 # rankwatch (editable) and what the chosen use needs. Idempotent: a second run only checks.
 #   bash deploy/dev-setup.sh            # the demo: the server and MindSpore, nothing else
 #   bash deploy/dev-setup.sh --tests    # the test suite: also PyTorch, pytest, Playwright, ruff,
-#                                       # and Debian's chromium and iproute2 (browser, netns tests)
+#                                       # and Debian's chromium and iproute2 (browser, netns tests),
+#                                       # prometheus and victoria-metrics (their tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +22,19 @@ if [ "$want_system" = 1 ]; then
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     else
       echo "warning: ${missing[*]} missing and not root; browser/netns tests will skip" >&2
+    fi
+  fi
+  engines=()  # servers the tests start themselves: not their recommended exporters
+  command -v prometheus >/dev/null 2>&1 || engines+=(prometheus)
+  command -v victoria-metrics >/dev/null 2>&1 || engines+=(victoria-metrics)
+  if [ ${#engines[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+      echo "installing Debian packages: ${engines[*]}"
+      [ ${#missing[@]} -gt 0 ] || apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${engines[@]}" >/dev/null 2>&1
+    else
+      echo "warning: ${engines[*]} missing and not root; their tests will skip" >&2
     fi
   fi
 fi
