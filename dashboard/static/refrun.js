@@ -8,7 +8,9 @@
 
 import { api, el, fmt, runPath, throttle } from './util.js';
 
-const COMPARE_REFRESH_MS = 5000; // a live run's comparison moves with its steps, not faster
+// A live run's comparison is read again at most this often: one read costs about as much as
+// all the page's own band reads (docs/benchmarks.md).
+const COMPARE_REFRESH_MS = 10000;
 const REF_MAX_POINTS = 2000; // the reference's median line, per metric
 
 // What the picker's value means: 'auto', 'none', or '=' + a run name (a run may be called
@@ -56,17 +58,17 @@ function medianLine(resp) {
 // step both have. `entry` is one metric of /api/run/compare, or null when the reference has
 // no data for the metric.
 export function compareText(metric, refRun, entry, hasData) {
-  if (!hasData) return `ref ${refRun} has no ${metric} data: nothing to overlay`;
-  if (!entry) return `ref ${refRun}`;
+  if (!hasData) return `ref: ${refRun} has no ${metric} data, nothing to overlay`;
+  if (!entry) return `ref: ${refRun}`;
   const last = entry.last;
   if (!last) {
     const span = entry.ref_last_step === null || entry.ref_last_step === undefined
       ? '' : ` (ref's last step ${entry.ref_last_step})`;
-    return `ref ${refRun}: no step in common with this run yet${span}`;
+    return `ref: ${refRun} · no step in common with this run yet${span}`;
   }
   const pct = last.ratio === null || last.ratio === undefined || !Number.isFinite(last.ratio)
     ? '' : ` (${last.ratio >= 1 ? '+' : ''}${((last.ratio - 1) * 100).toFixed(1)}%)`;
-  return `ref ${refRun} · step ${last.step}: this run ${fmt(last.run)}${pct}, ref ${fmt(last.ref)}`;
+  return `ref: ${refRun} · step ${last.step}: this run ${fmt(last.run)}${pct}, ref ${fmt(last.ref)}`;
 }
 
 // ctx: {state, charts, showError, scheduleRedraw, picker (the select)}
@@ -93,7 +95,7 @@ export function refView(ctx) {
     chart.setRef({
       run: ref.run,
       line: ref.lines.get(chart.metric) || null,
-      text: known ? compareText(chart.metric, ref.run, ref.compare.get(chart.metric), has) : `ref ${ref.run}`,
+      text: known ? compareText(chart.metric, ref.run, ref.compare.get(chart.metric), has) : `ref: ${ref.run}`,
       missing: known && !has,
     });
   }

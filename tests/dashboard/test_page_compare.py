@@ -145,11 +145,11 @@ def test_reference_run_overlay(
     pct = (api["loss"]["last"]["ratio"] - 1) * 100
     text = ref_text(page, "loss")
     this, ref = (fmt5(api["loss"]["last"][k]) for k in ("run", "ref"))
-    assert text == f"ref {REF} · step 20: this run {this} ({pct:+.1f}%), ref {ref}", text
+    assert text == f"ref: {REF} · step 20: this run {this} ({pct:+.1f}%), ref {ref}", text
     assert pct == pytest.approx(100 / REF_SCALE - 100, abs=0.5)
     # A metric the reference never logged: said, not silently left out.
     assert ref_line(page, "data_time") is None
-    assert ref_text(page, "data_time") == f"ref {REF} has no data_time data: nothing to overlay"
+    assert ref_text(page, "data_time") == f"ref: {REF} has no data_time data, nothing to overlay"
     show_tooltip(page, "loss", 12, 1.0)
     tip = page.inner_text(".tt-ref")
     ref_median = api["loss"]  # the tooltip's value is the reference's median at step 12
@@ -197,7 +197,7 @@ def test_reference_run_overlay(
     assert ref_text(page, "loss") == ""
     page = open_run(w, server, REF, f"&ref={quote(RUN)}")
     wait_ref(page, RUN)
-    assert ref_text(page, "loss").startswith(f"ref {RUN} · step 40: ")
+    assert ref_text(page, "loss").startswith(f"ref: {RUN} · step 40: ")
     assert series(page, "loss")[f"ref: {RUN}"]["steps"][-1] == 40
     # Band view: this run's median is solid, the reference's dashed.
     page = open_run(w, server, RUN, "&view=band")
@@ -220,6 +220,7 @@ def test_reference_run_overlay(
     page.click("#controls-toggle")
     assert page.is_visible("#ref")
     no_overflow(page)
+    page.screenshot(path=artifacts / "compare-picker-phone.png")
     show_tooltip(page, "loss", 30, 1.0)
     page.locator(".chart-card").first.screenshot(
         path=artifacts / "compare-overlay-phone-tooltip.png"

@@ -57,9 +57,9 @@ def test_clip_refat_and_the_comparison_line(tmp_path: Path) -> None:
     assert out["clipNone"] == out["clipEmpty"] == {"steps": [], "values": []}
     assert out["at"] == [{"step": 20, "value": 3}, {"step": 30, "value": 2}, None,
                          {"step": 40, "value": 1}]  # fmt: skip
-    assert out["text"] == "ref train-a · step 20: this run 0.8 (-20.0%), ref 1"
-    assert out["up"] == "ref r · step 5: this run 2 (+100.0%), ref 1"
-    assert out["zero"] == "ref r · step 5: this run 2, ref 0"  # no ratio against 0
-    assert out["none"] == "ref r: no step in common with this run yet (ref's last step 9)"
-    assert out["missing"] == "ref train-a has no data_time data: nothing to overlay"
-    assert out["pending"] == "ref train-a"
+    assert out["text"] == "ref: train-a · step 20: this run 0.8 (-20.0%), ref 1"
+    assert out["up"] == "ref: r · step 5: this run 2 (+100.0%), ref 1"
+    assert out["zero"] == "ref: r · step 5: this run 2, ref 0"  # no ratio against 0
+    assert out["none"] == "ref: r · no step in common with this run yet (ref's last step 9)"
+    assert out["missing"] == "ref: train-a has no data_time data, nothing to overlay"
+    assert out["pending"] == "ref: train-a"
