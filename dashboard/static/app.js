@@ -307,8 +307,9 @@ async function selectRun(run, resetView = true) {
   const attempt = (p) => p.catch(showError);
   await withLiveBuffer(async () => {
     await attempt(loadMetrics());
-    await Promise.all([loadRanks(), loadEvents(), loadAlerts(), incidentUi.load(), reloadAllSeries(), refUi.load()].map(attempt));
+    await Promise.all([loadRanks(), loadEvents(), loadAlerts(), incidentUi.load(), reloadAllSeries()].map(attempt));
   });
+  attempt(refUi.load()); // not awaited: a large reference must not hold back this run's stream
   await attempt(loadHeatmap());
   for (const ms of CATCH_UP_MS) {
     setTimeout(() => { if (state.run === run) reloadAllSeries().catch(showError); }, ms);
