@@ -9,19 +9,31 @@ Rank and world size
 
 Run name
     ``RANKWATCH_RUN`` if set. Otherwise a name all ranks of one launch derive alike, with no
-    coordination, while two launches never share one: ``<script stem>-<launch id>``.
+    coordination, while two launches never share one, made to be read:
+    ``<script stem>-<MMDD>-<HHMM>-<suffix>``, the launch's start (UTC) and 4 hex digits of a
+    hash of what identifies the launch (``torch_ddp-1201-2247-3fa2``). The start is one every
+    rank sees alike:
 
-    1. A launcher job id (``TORCHELASTIC_RUN_ID`` unless it is ``"none"``, ``SLURM_JOB_ID`` with
-       ``SLURM_STEP_ID``, ``PBS_JOBID``, ``LSB_JOBID``): ``train-12345-3fa2c1`` (the id, shortened,
-       then a hash of it). The same on every node of the job.
-    2. A head address (``MS_SCHED_HOST:MS_SCHED_PORT`` or ``MASTER_ADDR:MASTER_PORT``): the
-       launcher process (this process's parent: msrun or torchrun) and its start time, read from
-       ``/proc/<ppid>/stat``, which all local ranks of one launch share:
-       ``train-20261129-2130-3fa2c1`` (the launcher's start, UTC, then a hash of head address,
-       host, launcher pid and start).
-    3. Otherwise this process alone (pid and start time): a single-process run.
+    1. A Slurm job's ``SLURM_JOB_START_TIME``; the hash is of the job and step ids.
+    2. A torchrun launch on one node (``GROUP_WORLD_SIZE`` 1, or ``LOCAL_WORLD_SIZE`` equal to
+       ``WORLD_SIZE``; ``--standalone`` is one): torchrun's own start, read from
+       ``/proc/<ppid>/stat`` (torchrun is the parent of every local rank, and stays the parent
+       across its rank restarts); the hash is of ``TORCHELASTIC_RUN_ID`` and that process.
+    3. Another launcher job id (``TORCHELASTIC_RUN_ID`` unless it is ``"none"``, ``SLURM_JOB_ID``
+       with ``SLURM_STEP_ID``, ``PBS_JOBID``, ``LSB_JOBID``) with no start every node shares:
+       the id itself, which is the same on every node, in place of the start:
+       ``train-12345-3fa2`` (the id, shortened, then the hash).
+    4. A head address (``MS_SCHED_HOST:MS_SCHED_PORT`` or ``MASTER_ADDR:MASTER_PORT``): the
+       launcher process (this process's parent: msrun or torchrun) and its start time, which
+       all local ranks of one launch share; the hash is of head address, host, launcher pid and
+       start.
+    5. Otherwise this process alone (pid and start time): a single-process run.
 
-    Caveat: in case 2 ranks on *different* nodes have different launcher processes, so a
+    Without ``/proc`` (no launcher start known) the stamp is ``launch``: ``train-launch-3fa2``.
+    Two launches of one script on one host in the same minute differ in the hash (1 in 65,536
+    collide).
+
+    Caveat: in case 4 ranks on *different* nodes have different launcher processes, so a
     multi-node launch with no job id gets one run name per node. Such a launch must set
     ``RANKWATCH_RUN`` (the deploy wrappers do). Likewise two launches inside one batch job
     step share the job id: set ``RANKWATCH_RUN`` for each.
@@ -49,7 +61,7 @@ from .wire.addresses import head_address, resolve_addr
 from .wire.records import MAX_NAME_CHARS
 
 DEFAULT_LOG_DIR = "rankwatch_logs"
-HASH_CHARS = 6  # hex digits of launch hash in a derived run name
+HASH_CHARS = 4  # hex digits of the launch hash in a derived run name
 JOB_ID_CHARS = 12  # a job id is shortened to this in a derived run name
 STEM_CHARS = 64  # script stem is shortened to this in a derived run name
 
@@ -70,11 +82,13 @@ INFO_VARS = (
     "WORLD_SIZE",
     "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
     "MASTER_ADDR",
     "MASTER_PORT",
     "TORCHELASTIC_RUN_ID",
     "SLURM_JOB_ID",
     "SLURM_STEP_ID",
+    "SLURM_JOB_START_TIME",
     "PBS_JOBID",
     "LSB_JOBID",
     "RANKWATCH_RUN",
@@ -197,8 +211,21 @@ def _hash(*parts: object) -> str:
     return hashlib.sha1(text.encode("utf-8", "replace")).hexdigest()[:HASH_CHARS]
 
 
-def _stamp(wall: float) -> str:
-    return time.strftime("%Y%m%d-%H%M", time.gmtime(wall))
+def _stamp(wall: float | None) -> str:
+    return time.strftime("%m%d-%H%M", time.gmtime(wall)) if wall is not None else "launch"
+
+
+def _one_node(env: Mapping[str, str]) -> bool:
+    """torchrun's variables say every rank of the launch runs on this node."""
+    groups, local, world = (
+        env.get(k, "").strip() for k in ("GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE", "WORLD_SIZE")
+    )
+    return groups == "1" or (local != "" and local == world)
+
+
+def _slurm_start(env: Mapping[str, str]) -> float | None:
+    raw = env.get("SLURM_JOB_START_TIME", "").strip()
+    return float(raw) if raw.isdigit() else None
 
 
 def derive_run(
@@ -212,18 +239,22 @@ def derive_run(
 
     ``own`` and ``parent`` are ``(pid, start in clock ticks or None, start as Unix time)``.
     """
+    ppid, pticks, pwall = parent
     for var in JOB_ID_VARS:
         job = env.get(var, "").strip()
         if not job or (var == "TORCHELASTIC_RUN_ID" and job == "none"):
             continue
         step = env.get("SLURM_STEP_ID", "") if var == "SLURM_JOB_ID" else ""
+        slurm_start = _slurm_start(env) if var == "SLURM_JOB_ID" else None
+        if slurm_start is not None:
+            return f"{stem}-{_stamp(slurm_start)}-{_hash(var, job, step)}"
+        if var == "TORCHELASTIC_RUN_ID" and _one_node(env) and pwall is not None:
+            return f"{stem}-{_stamp(pwall)}-{_hash(var, job, host, ppid, pticks)}"
         short = _SAFE.sub("_", job).strip("._-")[:JOB_ID_CHARS] or "job"
         return f"{stem}-{short}-{_hash(var, job, step)}"
     head = head_address(env)
     if head is not None:
-        ppid, ticks, wall = parent
-        stamp = _stamp(wall) if wall is not None else "launch"
-        return f"{stem}-{stamp}-{_hash(head, host, ppid, ticks)}"
+        return f"{stem}-{_stamp(pwall)}-{_hash(head, host, ppid, pticks)}"
     pid, ticks, wall = own
     return f"{stem}-{_stamp(wall)}-{_hash(host, pid, ticks, wall if ticks is None else '')}"
 

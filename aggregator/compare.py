@@ -2,7 +2,8 @@
 ("is this run's loss at step 10k as good as last week's?"). Pure: bands in, comparison out.
 
 The reference by default is the previous run of the same job: run names the agent derives are
-``<script stem>-<launch id>`` (agent/identity.py), so runs of one script share the stem.
+``<script stem>-<launch id>`` (agent/identity.py: ``train-1201-2247-3fa2``), so runs of one
+script share the stem.
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ import numpy as np
 
 SPACED_STEPS = 3  # evenly spaced common steps compared, besides the last common one
 # The launch id of a derived name (identity.py): a launcher job id (which may hold dashes) or a
-# UTC stamp, then a hash; or the demo's stamp.
-_LAUNCH_ID = re.compile(r"^.+-[0-9a-f]{6}$")
-_STAMPED = re.compile(r"^(?P<stem>.+?)-(?:(?:\d{8}-\d{4}|launch)-[0-9a-f]{6}|\d{8}-\d{6})$")
+# UTC stamp, then a hash; or the demo's stamp. Names derived before the stamp lost its year
+# (6-hex hashes) are still read.
+_LAUNCH_ID = re.compile(r"^.+-(?:[0-9a-f]{4}|[0-9a-f]{6})$")
+_STAMPED = re.compile(
+    r"^(?P<stem>.+)-(?:(?:\d{4}-\d{4}|launch)-[0-9a-f]{4}|(?:\d{8}-\d{4}|launch)-[0-9a-f]{6}"
+    r"|\d{8}-\d{6})$"
+)
 
 
 def job_stems(run: str) -> list[str]:

@@ -8,6 +8,7 @@ import { Heatmap } from './heatmap.js';
 import { incidentView } from './incidentview.js';
 import * as incidents from './incidents.js';
 import * as panels from './panels.js';
+import { refView } from './refrun.js';
 import { readUrl, writeUrl } from './urlstate.js';
 import { api, debounce, formatRanks, mergeRanks, runPath, throttle } from './util.js';
 
@@ -48,6 +49,8 @@ const state = {
   sort: { key: 'rank', dir: 1 },
   connected: false,
   allRanks: false, // at phone width: every rank in the table, not only those that matter
+  ref: null, // the reference run named in the URL; null: the previous run of this job
+  refNone: false, // no reference at all
 };
 const charts = new Map(); // metric -> MetricChart
 const firstDrawn = {}; // metric -> {step: Date.now() when the step was first drawn}
@@ -65,6 +68,9 @@ const lastCompact = new Map();
 const serverNow = () => Date.now() / 1000 + state.serverOffset;
 const incidentUi = incidentView({ state, serverNow, restyle });
 const currentRun = () => state.runs.find((r) => r.run === state.run) || null;
+const refUi = refView({
+  state, charts, showError, scheduleRedraw, picker: $('ref'), onChange: () => writeUrl(state),
+});
 
 // --- what the charts ask the app ---------------------------------------------------------
 
@@ -202,6 +208,7 @@ async function loadMetrics() {
   }
   $('empty').hidden = state.metrics.length > 0;
   renderHeatPicker();
+  for (const chart of added) refUi.attach(chart);
   return added;
 }
 
@@ -278,6 +285,7 @@ async function loadRuns() {
     if (first && first.run !== state.run) return selectRun(first.run, false);
   }
   panels.renderRunPicker($('run'), state.runs, state.run);
+  refUi.renderPicker();
   tick();
 }
 
@@ -301,6 +309,7 @@ async function selectRun(run, resetView = true) {
     await attempt(loadMetrics());
     await Promise.all([loadRanks(), loadEvents(), loadAlerts(), incidentUi.load(), reloadAllSeries()].map(attempt));
   });
+  attempt(refUi.load()); // not awaited: a large reference must not hold back this run's stream
   await attempt(loadHeatmap());
   for (const ms of CATCH_UP_MS) {
     setTimeout(() => { if (state.run === run) reloadAllSeries().catch(showError); }, ms);
@@ -370,6 +379,7 @@ function handle(msg) {
       const run = currentRun();
       if (run) run.last_time = Math.max(run.last_time || 0, serverNow());
       maybeCompact(chart);
+      refUi.refresh(); // the comparison follows this run's steps; the reference stays
       scheduleRedraw();
       if (!state.zoom && msg.points?.some(([, step]) => step > (heatmap.lastStep ?? -Infinity))) refreshHeatmapSoon();
       break;
@@ -422,7 +432,7 @@ function redraw() {
   extentKey = key;
   for (const c of charts.values()) {
     if (!c.needsFull && !c.dirty.size) {
-      if (extentChanged) c.chart.setOption({ xAxis: c.xAxis() });
+      if (extentChanged) c.onExtent();
       continue;
     }
     const steps = c.render();
@@ -515,12 +525,12 @@ const selectionChanged = debounce(() => {
 }, 50);
 
 async function main() {
-  window.rankwatch = { state, charts, firstDrawn, app, ready: false, frames: 0, get heatmap() { return heatmap; } };
+  window.rankwatch = { state, charts, firstDrawn, app, ready: false, frames: 0, ref: refUi.ref, get heatmap() { return heatmap; } };
   readUrl(state);
   syncControls(state);
   bindControls({
     state, charts, app, heatmap: () => heatmap, selectRun, reloadAllSeries, scheduleRedraw,
-    refetchZoom, selectionChanged, loadHeatmap, renderPanels, showError,
+    refetchZoom, selectionChanged, loadHeatmap, renderPanels, showError, loadRef: refUi.load,
   });
   heatmap = new Heatmap($('heatmap'), app);
   incidentUi.bind();

@@ -10,6 +10,7 @@ import {
   bandFrom, constantValue, emptyBand, emptyLines, endedNonFinite, firstNonFinite, fmtConstant,
   insertPoint, keepNewer, linesFrom, spliced, ema,
 } from './chartdata.js';
+import { REF_STYLE, clipToSteps } from './refrun.js';
 import { tooltipHtml } from './tooltip.js';
 import { fmt, lowerBound, median, num } from './util.js';
 
@@ -24,6 +25,7 @@ const MAX_MARKERS = 20; // NaN/Inf markers per series: the first of each run of 
 // a second label already covers the first. Past this many, a count in the chart's title line.
 const MAX_NAN_LABELS = 1;
 const MIN_BAND_RANKS = 8; // below this a p5–p95 band is two of the ranks, not percentiles
+const REF_LABEL_MIN_WIDTH = 480; // px of chart below which the reference line has no end label
 const LOG_PAD = 0.05; // a log axis fits the data: this share of its span as room below and above
 const EVENT_STYLE = {
   crash: { color: '#dc2626', type: 'solid' },
@@ -47,6 +49,7 @@ export class MetricChart {
     this.nonnegative = false;
     this.firstBad = null; // {rank, step}: the first non-finite value of any drawn rank
     this.constant = null; // the one value of a series that never changed, or null
+    this.ref = null; // {run, line, text, missing}: the reference run's median (refrun.js)
 
     this.card = document.createElement('section');
     this.card.className = 'card chart-card';
@@ -65,7 +68,10 @@ export class MetricChart {
     this.constEl = document.createElement('p');
     this.constEl.className = 'chart-constant';
     this.constEl.hidden = true;
-    this.card.append(head, this.constEl, this.el);
+    this.refEl = document.createElement('p');
+    this.refEl.className = 'chart-ref';
+    this.refEl.hidden = true;
+    this.card.append(head, this.refEl, this.constEl, this.el);
     container.append(this.card);
     this.chart = echarts.init(this.el, null, { renderer: 'canvas' });
     this.chart.on('datazoom', (e) => {
@@ -100,6 +106,52 @@ export class MetricChart {
       this.detail = null;
     }
     this.needsFull = true;
+  }
+
+  // The reference run's line and comparison (refrun.js), or null for none.
+  setRef(ref) {
+    const before = this.ref;
+    this.ref = ref;
+    this.refEl.hidden = !ref;
+    this.refEl.classList.toggle('missing', !!(ref && ref.missing));
+    if (ref) {
+      const swatch = document.createElement('span');
+      swatch.className = 'ref-swatch';
+      this.refEl.replaceChildren(swatch, ref.text);
+      this.refEl.title = ref.text;
+    }
+    if ((before && before.line) !== (ref && ref.line) || !before !== !ref) this.needsFull = true;
+    // An open tooltip over a series that goes away throws inside ECharts: close it first.
+    if (before && before.line && !(ref && ref.line)) this.chart.dispatchAction({ type: 'hideTip' });
+  }
+
+  refSeries() {
+    const [lo, hi] = this.app.extent();
+    const line = clipToSteps(this.ref && this.ref.line, lo, hi);
+    const shown = this.app.state.ema > 0 ? ema(line.values, this.app.state.ema) : line.values;
+    return {
+      id: 'ref',
+      name: `ref: ${this.ref ? this.ref.run : ''}`,
+      type: 'line',
+      data: line.steps.map((s, i) => [s, this.yValue(shown[i])]),
+      showSymbol: false,
+      silent: true,
+      z: 4,
+      color: REF_STYLE.color,
+      lineStyle: { ...REF_STYLE },
+      // On a narrow chart the end labels of flagged ranks already crowd the right edge; the
+      // line under the title names the reference there.
+      endLabel: { show: (this.el.clientWidth || 800) >= REF_LABEL_MIN_WIDTH, formatter: () => 'ref', color: REF_STYLE.color, fontStyle: 'italic' },
+      labelLayout: { moveOverlap: 'shiftY' },
+    };
+  }
+
+  // This run's step span changed with no new points to draw: the axis and the reference's
+  // clip follow.
+  onExtent() {
+    const opt = { xAxis: this.xAxis() };
+    if (this.ref && this.ref.line) opt.series = [{ id: 'ref', data: this.refSeries().data }];
+    this.chart.setOption(opt);
   }
 
   dropDetail() {
@@ -358,6 +410,7 @@ export class MetricChart {
   allSeries() {
     const out = this.mode === 'band' ? this.bandSeries() : [];
     for (const rank of this.drawnRanks()) out.push(...this.rankSeries(rank));
+    if (this.ref && this.ref.line) out.push(this.refSeries());
     out.push(this.eventSeries());
     return out;
   }
@@ -440,6 +493,7 @@ export class MetricChart {
           for (const s of this.rankSeries(Number(id.slice(2)))) series.push({ id: s.id, data: s.data, markPoint: s.markPoint });
         }
       }
+      if (this.ref && this.ref.line) series.push({ id: 'ref', data: this.refSeries().data }); // the span may have grown
       const opt = { xAxis: this.xAxis(), series };
       if (this.app.state.zoom) opt.dataZoom = this.zoomOption();
       this.chart.setOption(opt, { lazyUpdate: false });

@@ -2,7 +2,7 @@
 // zoom reset, heatmap metric; and the URL hash, which a pasted link may change.
 //
 // ctx: {state, charts, app, heatmap(), selectRun, reloadAllSeries, scheduleRedraw, refetchZoom,
-//       selectionChanged, loadHeatmap, renderPanels, showError}
+//       selectionChanged, loadHeatmap, renderPanels, showError, loadRef}
 
 import { readUrl, writeUrl } from './urlstate.js';
 import { checkRanks, debounce, formatRanks, parseRanks } from './util.js';
@@ -82,10 +82,12 @@ export function bindControls(ctx) {
   }, 150));
   window.addEventListener('hashchange', () => {
     const before = ctx.state.run;
+    const refBefore = [ctx.state.ref, ctx.state.refNone].join('\n');
     readUrl(ctx.state);
     syncControls(ctx.state);
     if (ctx.state.run !== before) ctx.selectRun(ctx.state.run, false).catch(ctx.showError);
     else {
+      if ([ctx.state.ref, ctx.state.refNone].join('\n') !== refBefore) ctx.loadRef().catch(ctx.showError);
       for (const c of ctx.charts.values()) c.needsFull = true;
       ctx.reloadAllSeries().catch(ctx.showError);
       ctx.renderPanels();

@@ -2,6 +2,7 @@
 // the others (or, in band mode, against the band). The one place the page writes HTML: every
 // value goes through esc().
 
+import { refAt } from './refrun.js';
 import { esc, fmt, fmtZ, lowerBound, median } from './util.js';
 
 const TOOLTIP_MAX_ROWS = 16;
@@ -60,5 +61,16 @@ export function tooltipHtml(chart, params) {
       `<span class="tt-z">z ${esc(fmtZ(z))}</span></div>`,
     );
   }
+  lines.push(refRow(chart, step));
   return lines.join('');
+}
+
+// The reference run's median at this step (or the last step it has before it), or why not.
+function refRow(chart, step) {
+  const ref = chart.ref;
+  if (!ref || (!ref.line && !ref.missing)) return ''; // none, or not read yet
+  const at = refAt(ref.line, step);
+  const text = ref.missing ? `ref has no ${chart.metric} data`
+    : at ? `ref at step ${at.step}: ${fmt(at.value)}` : `ref has no step ≤ ${step}`;
+  return `<div class="tt-ref"><span class="tt-ref-swatch"></span>${esc(text)}</div>`;
 }

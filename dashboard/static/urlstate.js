@@ -1,5 +1,5 @@
-// What a link reproduces: run, selected ranks, zoom, log scale, smoothing, view and heatmap
-// metric, kept in the URL hash (a query string works too, for hand-written links).
+// What a link reproduces: run, selected ranks, zoom, log scale, smoothing, view, heatmap
+// metric and reference run (none given: the previous run of the job; noref=1: none), kept in the URL hash (a query string works too, for hand-written links).
 
 import { formatRanks, parseRanks } from './util.js';
 
@@ -15,6 +15,8 @@ export function readUrl(state) {
   const zoom = (get('zoom') || '').match(/^(-?\d+)-(-?\d+)$/);
   state.zoom = zoom ? { start: Number(zoom[1]), end: Number(zoom[2]) } : null;
   state.heatMetric = get('heat');
+  state.ref = get('ref') || null;
+  state.refNone = get('noref') === '1';
   if (query.has('token')) { // the server set a cookie: keep the secret out of history and links
     query.delete('token');
     const q = query.toString();
@@ -31,6 +33,8 @@ export function writeUrl(state) {
   if (state.view !== 'auto') p.set('view', state.view);
   if (state.zoom) p.set('zoom', `${state.zoom.start}-${state.zoom.end}`);
   if (state.heatMetric) p.set('heat', state.heatMetric);
+  if (state.refNone) p.set('noref', '1');
+  else if (state.ref) p.set('ref', state.ref);
   const hash = `#${p.toString()}`;
   if (hash !== window.location.hash) window.history.replaceState(null, '', hash);
 }

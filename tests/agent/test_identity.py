@@ -21,6 +21,13 @@ from rankwatch.agent.wire.addresses import DEFAULT_INGEST_PORT, parse_addr, reso
 
 MSRUN = {"RANK_ID": "3", "RANK_SIZE": "4", "MS_SCHED_HOST": "10.0.0.1", "MS_SCHED_PORT": "8118"}
 TORCHRUN = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "node0"}
+# torchrun --standalone --nproc-per-node 4, as a worker sees it
+TORCHRUN_1 = {
+    "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4",
+    "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+    "TORCHELASTIC_RUN_ID": "1c8e35d8-513b-4b9e-a3f1-6b0e5e1a2c77",
+    "TORCHELASTIC_RESTART_COUNT": "0",
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -176,6 +183,7 @@ def test_safe_filename_keeps_distinct_names_distinct() -> None:
 
 
 OWN = (4242, 1000, 1_795_987_800.0)
+SLURM_START = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_JOB_START_TIME": "1795987000"}
 PARENT = (4200, 900, 1_795_987_799.0)
 HOST = "node0"
 
@@ -183,13 +191,29 @@ HOST = "node0"
 @pytest.mark.parametrize(
     ("env", "pattern"),
     [
-        ({"SLURM_JOB_ID": "12345"}, r"train-12345-[0-9a-f]{6}"),
-        ({"TORCHELASTIC_RUN_ID": "none", "PBS_JOBID": "77.pbs"}, r"train-77.pbs-[0-9a-f]{6}"),
-        ({"TORCHELASTIC_RUN_ID": "3f9c0e1a-aaaa-bbbb"}, r"train-3f9c0e1a-aaa-[0-9a-f]{6}"),
-        ({"LSB_JOBID": "/weird id/"}, r"train-weird_id-[0-9a-f]{6}"),
-        (MSRUN, r"train-20261129-2129-[0-9a-f]{6}"),  # the launcher's start, UTC
-        (TORCHRUN, r"train-20261129-2129-[0-9a-f]{6}"),
-        ({}, r"train-20261129-2130-[0-9a-f]{6}"),  # this process's start
+        ({"SLURM_JOB_ID": "12345"}, r"train-12345-[0-9a-f]{4}"),
+        # the job's start, which Slurm gives every node alike
+        (
+            {"SLURM_JOB_ID": "12345", "SLURM_JOB_START_TIME": "1795987000"},
+            r"train-1129-2116-[0-9a-f]{4}",
+        ),
+        ({"TORCHELASTIC_RUN_ID": "none", "PBS_JOBID": "77.pbs"}, r"train-77.pbs-[0-9a-f]{4}"),
+        # a rendezvous id over several nodes: no start they share, the id stands in
+        ({"TORCHELASTIC_RUN_ID": "3f9c0e1a-aaaa-bbbb"}, r"train-3f9c0e1a-aaa-[0-9a-f]{4}"),
+        (
+            {**TORCHRUN, "TORCHELASTIC_RUN_ID": "exp7", "GROUP_WORLD_SIZE": "2"},
+            r"train-exp7-[0-9a-f]{4}",
+        ),
+        # torchrun --standalone: one node, torchrun's own start (UTC)
+        ({**TORCHRUN_1, "TORCHELASTIC_RUN_ID": "1c8e35d8-513"}, r"train-1129-2129-[0-9a-f]{4}"),
+        (
+            {**TORCHRUN, "TORCHELASTIC_RUN_ID": "1c8e35d8", "GROUP_WORLD_SIZE": "1"},
+            r"train-1129-2129-[0-9a-f]{4}",
+        ),
+        ({"LSB_JOBID": "/weird id/"}, r"train-weird_id-[0-9a-f]{4}"),
+        (MSRUN, r"train-1129-2129-[0-9a-f]{4}"),  # the launcher's start, UTC
+        (TORCHRUN, r"train-1129-2129-[0-9a-f]{4}"),
+        ({}, r"train-1129-2130-[0-9a-f]{4}"),  # this process's start
     ],
 )
 def test_derive_run_format(env: dict[str, str], pattern: str) -> None:
@@ -219,6 +243,38 @@ def test_derive_run_format(env: dict[str, str], pattern: str) -> None:
             PARENT,
             False,
         ),
+        # Two ranks of one torchrun --standalone: the same torchrun process.
+        (
+            TORCHRUN_1,
+            OWN,
+            PARENT,
+            {**TORCHRUN_1, "RANK": "2", "LOCAL_RANK": "2"},
+            (4244, 1002, 0.0),
+            PARENT,
+            True,
+        ),
+        # A rank restarted by torchrun: a new pid and start, the same torchrun, the same name.
+        (
+            TORCHRUN_1,
+            OWN,
+            PARENT,
+            {**TORCHRUN_1, "TORCHELASTIC_RESTART_COUNT": "1"},
+            (5000, 9000, 1_795_988_400.0),
+            PARENT,
+            True,
+        ),
+        # torchrun --standalone again, in the same minute: another rendezvous id and process.
+        (
+            TORCHRUN_1,
+            OWN,
+            PARENT,
+            {**TORCHRUN_1, "TORCHELASTIC_RUN_ID": "77aa"},
+            OWN,
+            (4300, 950, 1_795_987_801.0),
+            False,
+        ),
+        # Two nodes of one Slurm job with its start time: one name.
+        (SLURM_START, OWN, PARENT, SLURM_START, (1, 2, 3.0), (4, 5, 6.0), True),
         # Single processes: one name each.
         ({}, OWN, PARENT, {}, (4243, 1000, OWN[2]), PARENT, False),
         ({}, OWN, PARENT, {}, OWN, (1, 1, 1.0), True),
@@ -242,7 +298,16 @@ def test_derive_run_same_launch_same_name(
 
 def test_derive_run_without_parent_start() -> None:
     name = derive_run(MSRUN, "train", HOST, OWN, (4200, None, None))
-    assert re.fullmatch(r"train-launch-[0-9a-f]{6}", name)
+    assert re.fullmatch(r"train-launch-[0-9a-f]{4}", name)
+    standalone = derive_run(TORCHRUN_1, "train", HOST, OWN, (4200, None, None))
+    assert re.fullmatch(r"train-1c8e35d8-513-[0-9a-f]{4}", standalone)  # no start: the id
+
+
+def test_the_torchrun_example_gets_a_readable_name() -> None:
+    """What the issue saw (``torch_ddp-1c8e35d8-513-63bf3e``) is now script, start, suffix."""
+    name = derive_run(TORCHRUN_1, "torch_ddp", HOST, OWN, PARENT)
+    assert re.fullmatch(r"torch_ddp-1129-2129-[0-9a-f]{4}", name), name
+    assert len(name) <= len("torch_ddp-1129-2129-3fa2")
 
 
 def test_process_start_of_real_processes() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
@@ -114,6 +115,8 @@ def test_msrun_four_ranks_jsonl_and_zmq(tmp_path: Path, router: Any) -> None:
     # One run directory, named by the agent (RANKWATCH_RUN unset): one file per rank.
     run_dirs = list((tmp_path / "rw").iterdir())
     assert len(run_dirs) == 1, run_dirs
+    # script, msrun's start (UTC), suffix (agent/identity.py)
+    assert re.fullmatch(r".+-\d{4}-\d{4}-[0-9a-f]{4}", run_dirs[0].name), run_dirs[0].name
     files = sorted(p.name for p in run_dirs[0].iterdir())
     assert files == [f"rank{k}.jsonl" for k in range(WORLD)]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -178,7 +179,8 @@ def test_torchrun_ranks_share_one_derived_run(tmp_path: Path, standalone: bool) 
         return set((tmp_path / "logs").glob("*")) - before
 
     (first,) = run_once()  # one folder for both ranks
-    assert first.name.startswith("train-")
+    # script, torchrun's start (UTC), suffix: readable, never the rendezvous uuid
+    assert re.fullmatch(r"train-\d{4}-\d{4}-[0-9a-f]{4}", first.name), first.name
     assert sorted(p.name for p in first.iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
     for rank in (0, 1):
         lines = (first / f"rank{rank}.jsonl").read_text().splitlines()

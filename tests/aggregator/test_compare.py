@@ -13,7 +13,13 @@ from rankwatch.aggregator.compare import compare_medians, job_stems, previous_ru
 @pytest.mark.parametrize(
     ("run", "stems"),
     [
-        ("train-20261129-2130-3fa2c1", ["train"]),  # stamp form: unambiguous
+        ("train-1129-2130-3fa2", ["train"]),  # stamp form: unambiguous
+        ("my-train-1129-2130-3fa2", ["my-train"]),
+        ("run-2024-1129-2130-3fa2", ["run-2024"]),
+        ("train-launch-3fa2", ["train"]),
+        ("train-12345-3fa2", ["train"]),  # a job id in place of the stamp
+        # names derived before the stamp lost its year
+        ("train-20261129-2130-3fa2c1", ["train"]),
         ("my-train-20261129-2130-3fa2c1", ["my-train"]),
         ("train-launch-3fa2c1", ["train"]),
         ("demo-20261201-205000", ["demo"]),
@@ -41,6 +47,8 @@ def test_the_previous_run_is_the_latest_earlier_one_of_the_same_job() -> None:
     assert previous_run("train-20261129-2130-aaaaaa", stored) is None  # the first of its job
     assert previous_run("eval-20261130-2200-cccccc", stored) is None
     assert previous_run("gpt", [*stored, {"run": "gpt2", "first_time": 0.0}]) is None
+    later = [*stored, {"run": "train-1203-0900-ab12", "first_time": 5.0}]
+    assert previous_run("train-1203-0900-ab12", later) == ("train-20261202-2130-eeeeee", "train")
 
 
 def band(steps: list[int], medians: list[float]) -> dict[str, np.ndarray]:
