@@ -227,7 +227,7 @@ class RankwatchMonitor(TrainMonitor):
         if not self._disabled and self._states:
             try:
                 for step, values in self._states.pop_before(self._last_step + 1).items():
-                    self.monitor.log(step, **values)
+                    self.monitor.log(step, None, **values)
             except Exception:
                 self._warn_once(
                     "state", "rankwatch: recording training state failed", exc_info=True
@@ -260,7 +260,7 @@ class RankwatchMonitor(TrainMonitor):
         if is_mindformers_output(outputs):
             self._count(outputs, step)
         for earlier, values in self._states.pop_before(step).items():
-            self.monitor.log(earlier, **values)  # a state output that came after its step end
+            self.monitor.log(earlier, None, **values)  # a state output that came after its step end
         out.update(self._states.pop(step))
         return out
 
@@ -319,7 +319,7 @@ class RankwatchMonitor(TrainMonitor):
                 try:
                     step = self._offset + int(global_step)
                     if step <= self._logged_step:  # its step end already went by
-                        self.monitor.log(step, **state_metrics(str(tag), data))
+                        self.monitor.log(step, None, **state_metrics(str(tag), data))
                     else:
                         self._states.add(step, str(tag), data)
                 except Exception:
@@ -377,7 +377,10 @@ def register() -> bool:
     """Register ``RankwatchMonitor`` as a MindFormers callback; False (one warning) when
     MindFormers cannot be imported."""
     try:
-        from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
+        from mindformers.tools.register import (  # type: ignore[import-not-found]
+            MindFormerModuleType,
+            MindFormerRegister,
+        )
     except Exception as exc:  # not installed, or one of its own dependencies missing
         log.warning(
             "rankwatch: MindFormers is not importable (%s: %s), so RankwatchMonitor is not in "

@@ -14,8 +14,10 @@ network output                                     metrics
 ================================================== ==============================================
 scalar Tensor / number                             ``loss``
 ``(loss, overflow: bool Tensor, loss_scale)``      ``loss``, ``overflow`` (0/1), ``loss_scale``
-MindFormers ``(loss, overflow, scaling_sens[, lr   ... plus ``lr``, ``grad_norm``,
-[, global_norm[, local_norm, norm_size]]])``       ``grad_norm_local``, ``norm_size``
+MindFormers ``(loss, overflow, scaling_sens[, lr   ... plus ``lr``, ``grad_norm``, and
+[, global_norm[, local_norm, norm_size]]])``       ``grad_norm_local/<i>``, ``norm_size/<i>`` as
+                                                   they are (``local_norm`` holds square sums:
+                                                   ``rankwatch.agent.mindformers`` maps it)
 tuple / list of loss components                    ``loss`` (the SUM: what ``TrainOneStepCell``
                                                    back-propagates), ``loss/0``, ``loss/1``, ...
 dict of loss components                            ``loss`` (sum), ``loss/<key>``

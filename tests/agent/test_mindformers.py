@@ -11,6 +11,7 @@ square sum per gradient, ``size`` a tuple of ints.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 from pathlib import Path
@@ -192,3 +193,16 @@ def test_registration_without_mindformers_says_why(caplog: pytest.LogCaptureFixt
     assert (
         "MindFormers is not importable" in message and "callbacks=[RankwatchMonitor()]" in message
     )
+
+
+def test_example_adds_the_entry_once() -> None:
+    path = Path(__file__).parents[2] / "examples" / "mindformers_rankwatch.py"
+    spec = importlib.util.spec_from_file_location("mindformers_rankwatch", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.RankwatchMonitor is mf.RankwatchMonitor  # what auto_register looks up
+    added = example.with_rankwatch([{"type": "MFLossMonitor"}])
+    assert added == [{"type": "MFLossMonitor"}, {"type": "RankwatchMonitor"}]
+    assert example.with_rankwatch(added) == added
+    assert example.with_rankwatch(None) == [{"type": "RankwatchMonitor"}]

@@ -1,7 +1,9 @@
 """A 2-rank data-parallel job through MindFormers' own pieces, for test_mindformers_msrun.py.
 
 MindFormers 2.0.0 builds the callbacks from a YAML config with its registry (``build_callback``:
-``RankwatchMonitor``, ``MFLossMonitor``, ``TrainingStateMonitor``), orders them as its trainer
+``MFLossMonitor``, ``TrainingStateMonitor`` and ``RankwatchMonitor``, which MindFormers' own
+``auto_register`` loads from examples/mindformers_rankwatch.py in ``REGISTER_PATH``, as
+``run_mindformer.py --register_path`` users have it), orders them as its trainer
 does (``BaseTrainer.sort_callbacks``) and trains through its train cell ``MFTrainOneStepCell``
 (loss, overflow, loss scale, lr, global norm, per-group local square sums, sizes). The model is a
 linear regression whose start weights, data and SGD steps the test replays in numpy: see
@@ -42,6 +44,7 @@ callbacks:
   - type: MFLossMonitor
     per_print_times: 1
   - type: RankwatchMonitor
+    auto_register: mindformers_rankwatch.RankwatchMonitor
   - type: TrainingStateMonitor
     origin_epochs: 1
     dataset_size: {STEPS}
@@ -113,9 +116,6 @@ def main() -> None:
     from mindformers.tools.register import MindFormerConfig
     from mindformers.trainer.base_trainer import BaseTrainer
     from mindformers.wrapper import MFTrainOneStepCell
-    from rankwatch.agent import mindformers as rw_mindformers
-
-    assert rw_mindformers.REGISTERED, "RankwatchMonitor is not in MindFormers' registry"
 
     not_finite = ops.MultitypeFuncGraph("not_finite")
 
@@ -161,6 +161,10 @@ def main() -> None:
     callbacks = BaseTrainer.sort_callbacks(build_callback(config.callbacks, default_args=loss_args))
     names = [type(cb).__name__ for cb in callbacks]
     assert names == ["MFLossMonitor", "TrainingStateMonitor", "RankwatchMonitor"], names
+    # MindFormers imported the example from REGISTER_PATH, as run_mindformer.py users have it.
+    from rankwatch.agent.mindformers import REGISTERED, RankwatchMonitor
+
+    assert REGISTERED and type(callbacks[2]) is RankwatchMonitor
 
     data = ms.dataset.NumpySlicesDataset(
         {"x": x.reshape(-1, FEATURES), "y": y.reshape(-1, 1)}, shuffle=False

@@ -1,5 +1,6 @@
 """MindFormers 2.0.0's own callback registry, callbacks and train cell in a real 2-rank msrun job
-(mindformers_job.py), with ``RankwatchMonitor`` named in the YAML and a real `rankwatch serve`.
+(mindformers_job.py), with ``RankwatchMonitor`` named in the YAML (loaded by MindFormers from
+examples/mindformers_rankwatch.py) and a real `rankwatch serve`.
 
 The test replays the job in numpy (same start weights, data and SGD; the update skipped at an
 overflow or a global-norm spike, as ``MFTrainOneStepCell`` skips it) and checks that the store
@@ -37,6 +38,7 @@ pytestmark = [pytest.mark.msrun, pytest.mark.mindspore, pytest.mark.timeout(420)
 # own packages (it needs a pyarrow, pandas and huggingface_hub the rest of the suite must not see).
 MINDFORMERS_PATH = Path(sys.prefix) / "mindformers"
 JOB = Path(job.__file__)
+EXAMPLES = JOB.parents[2] / "examples"
 RANKS = 2
 MSRUN_TIMEOUT_S = 300.0  # about 80 s on a busy 2-core machine: MindFormers imports for 10-25 s
 REL = 1e-4  # MindSpore computes in float32, the replay in float64
@@ -113,6 +115,8 @@ def test_mindformers_yaml_callback_two_ranks(serve: Serve, tmp_path: Path) -> No
         RANKWATCH_ADDR=serve.ingest_addr,
         RANKWATCH_LOG_DIR=str(log_dir),
         RANKWATCH_MINDFORMERS_PATH=str(MINDFORMERS_PATH),
+        REGISTER_PATH=str(EXAMPLES),  # where MindFormers' auto_register finds the example
+        OM_MODULES_CACHE=str(tmp_path / "modules"),  # where it copies that module to import it
         MS_NODE_TIMEOUT="60",  # MindFormers' import on a busy machine must not time a rank out
     )
     cmd = [
