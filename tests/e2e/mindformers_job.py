@@ -5,8 +5,9 @@ MindFormers 2.0.0 builds the callbacks from a YAML config with its registry (``b
 ``auto_register`` loads from examples/mindformers_rankwatch.py in ``REGISTER_PATH``, as
 ``run_mindformer.py --register_path`` users have it), orders them as its trainer
 does (``BaseTrainer.sort_callbacks``) and trains through its train cell ``MFTrainOneStepCell``
-(loss, overflow, loss scale, lr, global norm, per-group local square sums, sizes). The model is a
-linear regression whose start weights, data and SGD steps the test replays in numpy: see
+(loss, overflow, loss scale, lr, global norm, per-group local square sums, sizes), with
+MindFormers' ``CrossEntropyLoss`` accumulating each card's local loss. The model is a linear
+softmax classifier whose start weights, data and SGD steps the test replays in numpy: see
 ``plan()``, shared with the test. Run under msrun; ``RANKWATCH_MINDFORMERS_PATH`` names the
 folder MindFormers and its dependencies were installed into (deploy/dev-setup.sh).
 
@@ -30,14 +31,15 @@ from typing import Any
 import numpy as np
 
 FEATURES = 4
+CLASSES = 3
 BATCH = 8
 STEPS = 8
 LR = 0.05
 MAX_GRAD_NORM = 1e6  # clipping never changes the gradients: the test replays plain SGD
 SPIKE_THRESHOLD = 10.0
 SPIKE_STEP = 4  # every rank's inputs x30: a global-norm spike, skipped by the train cell
-OVERFLOW_STEP = 6  # rank 1's inputs hold an inf: an overflow, every rank skips the update
-BAD_RANK = 1  # its labels are x3: its local gradient norm stands out
+OVERFLOW_STEP = 6  # rank 1's inputs hold a NaN: an overflow, every rank skips the update
+BAD_RANK = 1  # corrupted data (see plan): its local loss and gradient norm stand out
 
 CONFIG_YAML = f"""\
 callbacks:
@@ -52,24 +54,26 @@ callbacks:
     use_skip_data_by_global_norm: True
     config:
       weight_state_format: log
+      device_local_loss_format: log
       global_norm_spike_threshold: {SPIKE_THRESHOLD}
 """
 
 
 def plan(rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(start weight (1, F), start bias (1,), inputs (steps, batch, F), labels (steps, batch, 1))
-    of ``rank``, as float32."""
-    weight = np.linspace(-0.5, 0.5, FEATURES, dtype=np.float32).reshape(1, FEATURES)
-    bias = np.array([0.1], dtype=np.float32)
+    """(start weight (C, F), start bias (C,), inputs (steps, batch, F), labels (steps, batch))
+    of ``rank``: float32 and int32."""
+    weight = np.linspace(-0.5, 0.5, CLASSES * FEATURES, dtype=np.float32).reshape(CLASSES, -1)
+    bias = np.zeros(CLASSES, dtype=np.float32)
     rng = np.random.default_rng(100 + rank)
     x = rng.normal(size=(STEPS, BATCH, FEATURES)).astype(np.float32)
-    true_w = np.linspace(0.2, 0.8, FEATURES, dtype=np.float32)
-    y = (x @ true_w + 0.2).reshape(STEPS, BATCH, 1).astype(np.float32)
-    if rank == BAD_RANK:
-        y *= 3.0
+    true_weight = np.eye(CLASSES, FEATURES, dtype=np.float32)
+    y = np.argmax(x @ true_weight.T, axis=-1).astype(np.int32)
+    if rank == BAD_RANK:  # corrupted: labels shifted by one class, inputs 3x as large
+        y = (y + 1) % CLASSES
+        x *= 3.0
     x[SPIKE_STEP - 1] *= 30.0
     if rank == BAD_RANK:
-        x[OVERFLOW_STEP - 1, 0, 0] = np.inf
+        x[OVERFLOW_STEP - 1, 0, 0] = np.nan
     return weight, bias, x, y
 
 
@@ -108,12 +112,19 @@ def main() -> None:
     from mindspore.context import ParallelMode
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    from mindformers.core.context.build_context import Context, set_context
+    from mindformers.tools.register import MindFormerConfig
+
+    # What monitor_config's device_local_loss_format turns on in MindFormers' trainer: the loss
+    # accumulates this card's local loss for TrainingStateMonitor.
+    Context(MindFormerConfig(context={"mode": 0, "device_target": "CPU"}, use_parallel=False))
+    set_context(monitor_device_local_loss=True)
     init()  # the msrun scheduler process stays in here
     ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL, gradients_mean=True)
     rank = get_rank()
 
     from mindformers.core.callback import build_callback
-    from mindformers.tools.register import MindFormerConfig
+    from mindformers.parallel_core.training_graph.loss_func import CrossEntropyLoss
     from mindformers.trainer.base_trainer import BaseTrainer
     from mindformers.wrapper import MFTrainOneStepCell
 
@@ -130,16 +141,17 @@ def main() -> None:
                 flag = self.allreduce(flag)
             return flag > 0
 
-    class Regression(nn.Cell):
+    class Classifier(nn.Cell):
         def __init__(self) -> None:
             super().__init__()
-            self.fc = nn.Dense(FEATURES, 1)
+            self.fc = nn.Dense(FEATURES, CLASSES)
+            self.loss = CrossEntropyLoss()
 
         def construct(self, x: Any, y: Any) -> Any:
-            return ((self.fc(x) - y) ** 2).mean()
+            return self.loss(self.fc(x), y, ops.ones_like(y).astype(ms.float32))
 
     weight, bias, x, y = plan(rank)
-    net = Regression()
+    net = Classifier()
     net.fc.weight.set_data(Tensor(weight))
     net.fc.bias.set_data(Tensor(bias))
     optimizer = nn.SGD(net.trainable_params(), learning_rate=LR)
@@ -167,7 +179,7 @@ def main() -> None:
     assert REGISTERED and type(callbacks[2]) is RankwatchMonitor
 
     data = ms.dataset.NumpySlicesDataset(
-        {"x": x.reshape(-1, FEATURES), "y": y.reshape(-1, 1)}, shuffle=False
+        {"x": x.reshape(-1, FEATURES), "y": y.reshape(-1)}, shuffle=False
     ).batch(BATCH)
     ms.train.Model(train_net).train(1, data, callbacks=callbacks, dataset_sink_mode=False)
     print(f"rank {rank}: done", flush=True)
