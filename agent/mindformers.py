@@ -151,7 +151,8 @@ class RankwatchMonitor(TrainMonitor):
     Takes ``TrainMonitor``'s arguments (all plain values, so a YAML ``callbacks:`` entry can set
     them) and ``global_norm_spike_threshold`` (None: the train cell's or the
     ``TrainingStateMonitor``'s, see the module docstring). ``training_state=False`` leaves a
-    ``TrainingStateMonitor`` in the list alone.
+    ``TrainingStateMonitor`` in the list alone. ``lr_interval`` defaults to 0: the lr comes with
+    the output tuple (set it to also read the optimizer's schedule, as ``TrainMonitor`` does).
     """
 
     def __init__(
