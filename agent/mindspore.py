@@ -14,8 +14,10 @@ network output                                     metrics
 ================================================== ==============================================
 scalar Tensor / number                             ``loss``
 ``(loss, overflow: bool Tensor, loss_scale)``      ``loss``, ``overflow`` (0/1), ``loss_scale``
-MindFormers ``(loss, overflow, scaling_sens[, lr   ... plus ``lr``, ``grad_norm``,
-[, global_norm[, local_norm, norm_size]]])``       ``grad_norm_local``, ``norm_size``
+MindFormers ``(loss, overflow, scaling_sens[, lr   ... plus ``lr``, ``grad_norm``, and
+[, global_norm[, local_norm, norm_size]]])``       ``grad_norm_local/<i>``, ``norm_size/<i>`` as
+                                                   they are (``local_norm`` holds square sums:
+                                                   ``rankwatch.agent.mindformers`` maps it)
 tuple / list of loss components                    ``loss`` (the SUM: what ``TrainOneStepCell``
                                                    back-propagates), ``loss/0``, ``loss/1``, ...
 dict of loss components                            ``loss`` (sum), ``loss/<key>``
@@ -351,9 +353,12 @@ class TrainMonitor(Callback):
                 self._stride = step - previous
             self._last_step = step
         metrics: dict[str, float] = {}
+        if not force:
+            on_interval = _crossed(step, previous, self.log_interval)
+            metrics.update(self._every_step(cb_params, step, on_interval))
         if force or _crossed(step, previous, self.log_interval):
             skipped: list[str] = []
-            metrics.update(output_metrics(cb_params.get("net_outputs"), self._names, skipped))
+            metrics.update(self._output_metrics(cb_params.get("net_outputs"), skipped))
             if skipped:
                 self._warn_once("skipped", "rankwatch TrainMonitor: not recording %s", skipped)
             if self._lr is not None and _crossed(step, previous, self.lr_interval):
@@ -367,6 +372,16 @@ class TrainMonitor(Callback):
         if metrics or (not force and _crossed(step, previous, self.log_interval)):
             self.monitor.log(step, epoch=self._epoch(cb_params), **metrics)
             self._logged_step = step
+
+    def _output_metrics(self, outputs: Any, skipped: list[str]) -> dict[str, float]:
+        """Metrics from ``cb_params.net_outputs``; a framework built on MindSpore whose train
+        cell returns its own tuple overrides this."""
+        return output_metrics(outputs, self._names, skipped)
+
+    def _every_step(self, cb_params: Any, step: int, on_interval: bool) -> dict[str, float]:
+        """Called at every step end (``on_interval``: this step is on the log interval); what it
+        returns is logged at ``step``. For counters a subclass must see on every step."""
+        return {}
 
     def _measure_weights(self, step: int, previous: int, metrics: dict[str, float]) -> None:
         interval = self.update_ratio_interval

@@ -3,7 +3,8 @@
 # rankwatch (editable) and what the chosen use needs. Idempotent: a second run only checks.
 #   bash deploy/dev-setup.sh            # the demo: the server and MindSpore, nothing else
 #   bash deploy/dev-setup.sh --tests    # the test suite: also PyTorch, pytest, Playwright, ruff,
-#                                       # and Debian's chromium and iproute2 (browser, netns tests),
+#                                       # MindFormers (in .venv/mindformers), and Debian's
+#                                       # chromium and iproute2 (browser, netns tests),
 #                                       # prometheus and victoria-metrics (their tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +53,22 @@ extras=server,mindspore
 # the folder-per-subpackage layout installs editable, not a problem: only that one is muted.
 PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
   .venv/bin/python -m pip install -q -e ".[$extras]" 2>&1 | grep -v '^WARNING: Location' || true
+if [ "$want_system" = 1 ] && [ ! -d .venv/mindformers ]; then
+  # MindFormers 2.0.0 for its msrun test, in a folder of its own that only that job reads
+  # (after the venv's packages): its import pulls datasets, pyarrow and pandas, which the rest
+  # of the suite must not see. Its dependency hyper-parallel is not on PyPI, hence --no-deps and
+  # the dependencies its import needs by name; numpy stays MindSpore's 1.26 (pyarrow 26 wants 2).
+  mf=.venv/mindformers.partial
+  rm -rf "$mf"
+  echo "installing MindFormers 2.0.0 into .venv/mindformers"
+  .venv/bin/python -m pip install -q --target "$mf" --no-deps mindformers==2.0.0 2>&1 \
+    | grep -v '^WARNING: Location' || true
+  .venv/bin/python -m pip install -q --target "$mf" numpy==1.26.4 'pyarrow<26' nltk==3.9.1 \
+    pyyaml deprecated regex requests jieba rouge_chinese datasets tokenizers sentencepiece \
+    tiktoken mindpet tensorboardX 2>&1 | grep -v '^WARNING: \(Location\|Target directory\)' || true
+  [ -d "$mf/mindformers" ] && [ -d "$mf/datasets" ] && mv "$mf" .venv/mindformers \
+    || echo "warning: MindFormers did not install; its test will skip" >&2
+fi
 .venv/bin/python -c "import rankwatch.agent, rankwatch.aggregator, rankwatch.dashboard, zmq, duckdb, fastapi, msgspec" \
   || { echo "setup failed: rankwatch did not import" >&2; exit 1; }
 echo "setup done: $(.venv/bin/python --version), rankwatch in .venv"
