@@ -176,7 +176,7 @@ class RankwatchCallback(TrainerCallback):
 
 
 def _wrap_clip(trainer: Any, callback: RankwatchCallback) -> None:
-    accelerator = getattr(trainer, "accelerator", None)
+    accelerator: Any = getattr(trainer, "accelerator", None)
     clip = getattr(accelerator, "clip_grad_norm_", None)
     if clip is None or getattr(clip, WRAPPED, False):
         return
@@ -187,7 +187,7 @@ def _wrap_clip(trainer: Any, callback: RankwatchCallback) -> None:
         return norm
 
     setattr(clip_grad_norm_, WRAPPED, True)
-    accelerator.clip_grad_norm_ = clip_grad_norm_
+    accelerator.clip_grad_norm_ = clip_grad_norm_  # on the instance: this Trainer only
 
 
 def watch(

@@ -16,9 +16,10 @@ At every optimizer step (``trainer.global_step``) each rank records:
 * every value the module logged with ``self.log(...)`` and ``sync_dist=False`` during the step
   (Lightning's names: ``<name>_step`` when also logged per epoch); synced values are the same
   on every rank, so they tell no rank apart and Lightning's own loggers keep them;
-* ``lr`` (``lr/<i>`` per parameter group when they differ), ``step_time``, ``throughput``
-  (samples of the step on this rank, from the batch's first dimension unless ``batch_size``
-  is given) and ``data_time`` (host time from the previous batch's end to this batch's start);
+* ``lr`` (the rate the step used; ``lr/<i>`` per parameter group when they differ),
+  ``step_time``, ``throughput`` (samples of the step on this rank, from the batch's first
+  dimension unless ``batch_size`` is given) and ``data_time`` (host time from the previous
+  batch's end to this batch's start);
 * ``grad_norm_local``: this rank's gradient norm before DDP's all-reduce, through the comm hook
   of ``rankwatch.agent.torch`` (when the strategy's model is a DDP one without a comm hook).
 
@@ -111,6 +112,7 @@ class RankwatchCallback(pl.Callback):
         self._begin_t: float | None = None
         self._end_t: float | None = None
         self._data_time: float | None = None
+        self._lr: dict[str, float] = {}
 
     @property
     def monitor(self) -> Monitor | None:
@@ -144,6 +146,12 @@ class RankwatchCallback(pl.Callback):
             # Host time between batches (data loading): in synchronous data parallelism a
             # slow rank shows here while everyone's step time rises alike.
             self._data_time = max(0.0, self._begin_t - self._end_t)
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        # Lightning steps the schedulers before on_train_batch_end: read the rate this step uses.
+        self._lr = optimizer_lr(trainer.optimizers)
 
     def on_train_batch_end(
         self,
@@ -181,7 +189,7 @@ class RankwatchCallback(pl.Callback):
         metrics = plain_metrics(logged_values(trainer, on_step=True), OWN_NAMES)
         if loss is not None:  # Lightning divided each micro-batch's by the accumulation
             metrics["loss"] = loss
-        metrics.update(optimizer_lr(trainer.optimizers))
+        metrics.update(self._lr or optimizer_lr(trainer.optimizers))
         if data_time is not None:
             metrics["data_time"] = data_time
         if self.batch_size is None and samples:
