@@ -87,6 +87,7 @@ class RankwatchCallback(TrainerCallback):
         self._owns = monitor is None
         self._warn = WarnOnce("rankwatch RankwatchCallback: ")
         self._step = 0  # the global step last seen
+        self.watched = False  # set by watch(): training_step and clip_grad_norm_ feed it
         self._hooked = False  # comm hook tried (once: DDP takes one)
         self._loss: Any = None  # this step's sum of micro-batch losses (a tensor, no sync)
         self._samples = 0
@@ -126,6 +127,12 @@ class RankwatchCallback(TrainerCallback):
                 self._monitor = self._spec.open(args.process_index, args.world_size, _broadcast_run)
         except Exception:  # monitoring must never stop training
             self._warn("setup", "setup failed, training continues unmonitored", exc_info=True)
+        if not self.watched:
+            self._warn(
+                "watch",
+                "added without watch(trainer): no per-rank loss or grad norm is recorded; "
+                "use rankwatch.agent.hf.watch(trainer) instead of callbacks=[...]",
+            )
         self._step = state.global_step
         self._loss, self._samples, self._grad_norm = None, 0, None
 
@@ -215,4 +222,5 @@ def watch(
 
     setattr(training_step, WRAPPED, True)
     trainer.training_step = training_step
+    callback.watched = True
     return callback

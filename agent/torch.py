@@ -154,7 +154,7 @@ def optimizer_lr(optimizers: Iterable[Any]) -> dict[str, float]:
     return out
 
 
-def try_local_grad_norm_hook(model: Any, monitor: Monitor) -> LocalGradNorm | None:
+def try_local_grad_norm_hook(model: Any, monitor: Monitor | None) -> LocalGradNorm | None:
     """``install_local_grad_norm_hook`` on a DDP model, or None (with the reason logged) when
     ``model`` is no ``DistributedDataParallel`` or already has a comm hook (a framework's own,
     such as fp16 compression: DDP takes one)."""

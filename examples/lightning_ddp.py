@@ -16,6 +16,7 @@ that rank a few steps after ``--corrupt-from``.
 from __future__ import annotations
 
 import argparse
+import warnings
 
 import lightning.pytorch as pl
 import torch
@@ -89,6 +90,8 @@ def main() -> None:
     parser.add_argument("--corrupt-rank", type=int, default=-1, help="rank fed wrong labels")
     parser.add_argument("--corrupt-from", type=int, default=10, help="first corrupted step")
     args = parser.parse_args()
+    # val_loss is meant per rank (rankwatch compares the ranks' own): not a mistake here.
+    warnings.filterwarnings("ignore", ".*sync_dist=True.*when logging on epoch level")
 
     trainer = pl.Trainer(
         strategy="ddp",

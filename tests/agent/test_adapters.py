@@ -144,3 +144,27 @@ def test_lightning_callback_records_each_step(tmp_path: Path) -> None:
         assert "grad_norm_local" not in r.metrics  # no DDP in one process
     assert all(r.metrics["throughput"] > 0 for r in steps_logged[1:])
     assert [r.event for r in recs if isinstance(r, records.EventRecord)] == ["start", "end"]
+
+
+def test_try_local_grad_norm_hook(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import torch.distributed as dist
+    from rankwatch.agent.torch import LocalGradNorm, try_local_grad_norm_hook
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    assert try_local_grad_norm_hook(torch.nn.Linear(2, 2), None) is None
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        fresh = DistributedDataParallel(torch.nn.Linear(2, 2))
+        state = try_local_grad_norm_hook(fresh, None)
+        assert isinstance(state, LocalGradNorm)
+        fresh(torch.ones(1, 2)).sum().backward()
+        assert state.value is not None and float(state.value) > 0
+
+        hooked = DistributedDataParallel(torch.nn.Linear(2, 2))
+        hooked.register_comm_hook(None, default_hooks.allreduce_hook)  # a framework's own
+        assert try_local_grad_norm_hook(hooked, None) is None
+        assert "has a comm hook already" in caplog.text
+    finally:
+        dist.destroy_process_group()
