@@ -19,10 +19,11 @@ Each optimizer step every rank records ``loss``, ``lr`` (the rate the step used)
 (the Trainer's own norm, from ``accelerator.clip_grad_norm_``, which it calls once per step: the
 norm after the all-reduce, the same on every rank), ``grad_norm_local`` (this rank's norm before
 DDP's all-reduce, through the comm hook of ``rankwatch.agent.torch``, installed on the DDP model
-the first ``training_step`` receives), ``step_time`` and ``throughput`` (samples of the step on
-this rank). ``on_evaluate``'s metrics (``eval_loss``, ...) are logged at their step as their own
-series. The Monitor is created when training begins (rank and world size from the Trainer's
-arguments, run name rank 0's) and closed when it ends, unless one was given.
+the first ``training_step`` receives, before its backward), ``step_time`` and ``throughput``
+(samples of the step on this rank). ``on_evaluate``'s metrics (``eval_loss``, ...) are logged
+at their step as their own series. The Monitor is created when training begins (rank and world
+size from the Trainer's arguments, run name rank 0's) and closed when it ends, unless one was
+given.
 """
 
 from __future__ import annotations
@@ -100,15 +101,23 @@ class RankwatchCallback(TrainerCallback):
 
     # --- fed by the wrappers watch() installs -------------------------------------------
 
-    def micro_batch(self, model: Any, inputs: Any, loss: Any) -> None:
-        """One ``training_step``: its loss (this process's) and batch size."""
+    def model_seen(self, model: Any) -> None:
+        """The model ``training_step`` gets (DDP when distributed), before its first backward:
+        DDP takes a comm hook only then."""
+        if self._hooked or self._monitor is None:
+            return
+        self._hooked = True
+        if self.grad_norm_local:
+            try:
+                try_local_grad_norm_hook(model, self._monitor)
+            except Exception:
+                self._warn("hook", "installing the comm hook failed", exc_info=True)
+
+    def micro_batch(self, inputs: Any, loss: Any) -> None:
+        """One ``training_step``'s loss (this process's) and batch size."""
         if self._monitor is None:
             return
         try:
-            if not self._hooked:
-                self._hooked = True
-                if self.grad_norm_local:
-                    try_local_grad_norm_hook(model, self._monitor)
             if loss is not None and hasattr(loss, "detach"):
                 loss = loss.detach()
                 self._loss = loss if self._loss is None else self._loss + loss
@@ -212,12 +221,11 @@ def watch(
     trainer.add_callback(callback)
 
     def training_step(*args: Any, **kw: Any) -> Any:
-        loss = step(*args, **kw)
         # The accelerator may be made again when training starts: wrap the current one.
         _wrap_clip(trainer, callback)
-        model = args[0] if args else kw.get("model")
-        inputs = args[1] if len(args) > 1 else kw.get("inputs")
-        callback.micro_batch(model, inputs, loss)
+        callback.model_seen(args[0] if args else kw.get("model"))
+        loss = step(*args, **kw)
+        callback.micro_batch(args[1] if len(args) > 1 else kw.get("inputs"), loss)
         return loss
 
     setattr(training_step, WRAPPED, True)
