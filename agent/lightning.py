@@ -192,7 +192,7 @@ class RankwatchCallback(pl.Callback):
         metrics.update(self._lr or optimizer_lr(trainer.optimizers))
         if data_time is not None:
             metrics["data_time"] = data_time
-        if self.batch_size is None and samples:
+        if samples:  # all the step's micro-batches (accumulation)
             monitor.batch_size = samples / max(1, step - previous)
         monitor.log(step, epoch=trainer.current_epoch, **metrics)
 
