@@ -132,3 +132,44 @@ def install_local_grad_norm_hook(
 
     ddp_model.register_comm_hook(state, hook)
     return state
+
+
+def optimizer_lr(optimizers: Iterable[Any]) -> dict[str, float]:
+    """``lr`` of the first parameter group, plus ``lr/<i>`` for every group (numbered across
+    ``optimizers``) when the groups' rates differ. Empty when there is no group."""
+    rates: list[float] = []
+    for optimizer in optimizers:
+        for group in getattr(optimizer, "param_groups", ()):
+            lr = group.get("lr") if isinstance(group, dict) else None
+            if lr is not None:
+                try:
+                    rates.append(float(lr))
+                except (TypeError, ValueError):  # a tensor lr of several elements, ...
+                    continue
+    if not rates:
+        return {}
+    out = {"lr": rates[0]}
+    if len(set(rates)) > 1:
+        out.update({f"lr/{i}": rate for i, rate in enumerate(rates)})
+    return out
+
+
+def try_local_grad_norm_hook(model: Any, monitor: Monitor | None) -> LocalGradNorm | None:
+    """``install_local_grad_norm_hook`` on a DDP model, or None (with the reason logged) when
+    ``model`` is no ``DistributedDataParallel`` or already has a comm hook (a framework's own,
+    such as fp16 compression: DDP takes one)."""
+    import logging
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        return None
+    try:
+        return install_local_grad_norm_hook(model, monitor)
+    except (RuntimeError, AssertionError, ValueError) as exc:
+        logging.getLogger("rankwatch.agent").warning(
+            "rankwatch: no per-rank grad norm (%s): the DDP model has a comm hook already: %s",
+            LOCAL_GRAD_NORM,
+            exc,
+        )
+        return None

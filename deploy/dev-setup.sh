@@ -48,7 +48,12 @@ PY=${PYTHON:-python3}
   | grep -v '^WARNING: Location' || true
 # MindSpore 2.10 needs numpy<2; torch 2.13.0 is the CPU build.
 extras=server,mindspore
-[ "$want_system" = 1 ] && extras=dev,mindspore,torch
+[ "$want_system" = 1 ] && extras=dev,mindspore,torch,lightning,hf
+# The framework adapters' tests run against these versions (the extras accept a range).
+if [ "$want_system" = 1 ]; then
+  .venv/bin/python -m pip install -q torch==2.13.0 lightning==2.6.6 transformers==5.24.0 \
+    accelerate==1.15.0 2>&1 | grep -v '^WARNING: Location' || true
+fi
 # setuptools' notice that an editable install maps folders through a meta path finder is how
 # the folder-per-subpackage layout installs editable, not a problem: only that one is muted.
 PYTHONWARNINGS="ignore:Editable installation:UserWarning" \

@@ -9,7 +9,10 @@ from pathlib import Path
 
 from rankwatch.agent.wire import records
 
-BLOCKED = ("mindspore", "torch", "numpy", "fastapi", "duckdb", "pyarrow")
+BLOCKED = (
+    "mindspore", "torch", "numpy", "fastapi", "duckdb", "pyarrow",
+    "lightning", "transformers", "accelerate",
+)  # fmt: skip
 
 SCRIPT = """
 import json, sys
@@ -40,12 +43,14 @@ with Monitor(run="imports", log_dir=sys.argv[1], addr=sys.argv[2], sources=["pro
     with mon.pause(1.0):
         pass
 import rankwatch.agent.torch  # the adapter module itself imports torch lazily
+import rankwatch.agent.adapter  # what the Lightning and Trainer adapters share: no framework
 try:
     rankwatch.agent.torch.grad_norm([])
 except ImportError as exc:
     lazy = str(exc)
 loaded = sorted(m for m in sys.modules if m.partition(".")[0] in BLOCKED)
-adapters = sorted(m for m in sys.modules if m == "rankwatch.agent.mindspore")
+adapters = sorted(m for m in sys.modules if m in (
+    "rankwatch.agent.mindspore", "rankwatch.agent.lightning", "rankwatch.agent.hf"))
 print(json.dumps({"loaded": loaded, "adapters": adapters, "lazy": lazy,
                   "exports": rankwatch.agent.__all__}))
 """
