@@ -47,6 +47,7 @@ from rankwatch.aggregator.feed import Feed, event_message, jsonable, points_mess
 from rankwatch.aggregator.health import HealthTracker, RankHealth
 from rankwatch.aggregator.history import StoredRuns
 from rankwatch.aggregator.incidents import IncidentChange, IncidentTracker
+from rankwatch.aggregator.incidents.cover import AlertCover
 from rankwatch.aggregator.ingest.receiver import Receiver
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
 from rankwatch.aggregator.resend import Resender
@@ -65,7 +66,13 @@ from rankwatch.aggregator.settings import (
     ServeConfig,
     tune_gc,
 )
-from rankwatch.aggregator.snapshot import RankInputs, build_snapshot, rank_entries, rank_inputs
+from rankwatch.aggregator.snapshot import (
+    RankInputs,
+    build_snapshot,
+    incident_body,
+    rank_entries,
+    rank_inputs,
+)
 from rankwatch.aggregator.stacks import StackIntake
 from rankwatch.aggregator.store.db import Store, StoreError
 from rankwatch.aggregator.store.flusher import Flusher
@@ -74,6 +81,7 @@ log = logging.getLogger("rankwatch.service")
 
 __all__ = ["FLUSH_INTERVAL_S", "LIVE_RETENTION_S", "MAX_FEED_POINTS", "STORE_RETRY_S",
            "Aggregator", "ServeConfig", "tune_gc"]  # fmt: skip
+
 
 class Aggregator:
     """See the module docstring. ``start()`` binds the ingest port; ``stop()`` flushes."""
@@ -88,8 +96,9 @@ class Aggregator:
         self.merger = StepMerger(grace_s=cfg.merge_grace_s)
         self.detector = DivergenceDetector(cfg.divergence)
         self.alerts = AlertEngine(cfg.alerts, cfg.divergence)
-        self.incidents = IncidentTracker()
-        self.webhooks = Webhooks(cfg.webhooks)
+        self.incidents = IncidentTracker(cfg.incidents)
+        self.cover = AlertCover()  # the alerts webhooks leave to the incidents' messages
+        self.webhooks = Webhooks(cfg.webhooks, cfg.public_url)
         self.sinks: list[Sink] = list(self.webhooks.sinks)
         if cfg.console_alerts:
             self.sinks.append(ConsoleSink())
@@ -313,6 +322,9 @@ class Aggregator:
                 health=changed,
                 stacks=self.stacks.drain(self.store),
             )
+            bodies = [incident_body(c.incident, health.get(c.incident.run, {})) for c in incidents]
+            runs = {a.run: self.incidents.incidents(a.run) for a in transitions}
+            covered = self.cover.judge(transitions, runs.items())
             steps, self._tick_steps = self._tick_steps, []
             events, self._tick_events = self._tick_events, []
             if self.feed.has_subscribers:
@@ -322,11 +334,11 @@ class Aggregator:
             if self.config.resend_gaps:
                 self._request_resends(health, now)
             self._retire_runs(health, now)
-        for change in incidents:
-            self._incident(change)
-        for alert in transitions:
+        for change, body in zip(incidents, bodies, strict=True):
+            self._incident(change, body)
+        for alert, hit in zip(transitions, covered, strict=True):
             self.feed.publish({"type": "alert", **alert_dict(alert)})
-            self.n["sink_errors"] += deliver(self.sinks, alert)
+            self.n["sink_errors"] += deliver(self.sinks, alert, covered=hit)
         return transitions
 
     def _health_snapshot(self, now: float) -> dict[str, dict[int, RankHealth]]:
@@ -364,10 +376,9 @@ class Aggregator:
         for ev in events:
             self.feed.publish(event_message(ev))
 
-    def _incident(self, change: IncidentChange) -> None:
+    def _incident(self, change: IncidentChange, body: dict[str, Any]) -> None:
         """An incident opened, changed culprit or cause, or resolved: stored, on the live
         stream, and told to the sinks that take incidents."""
-        body = jsonable(change.incident.as_dict())
         try:
             self.store.append_incident(body)
         except StoreError as exc:  # only when closed: the process is stopping
@@ -383,7 +394,8 @@ class Aggregator:
         with self.lock:
             live = {inc.id: jsonable(inc.as_dict()) for inc in self.incidents.incidents(run)}
         stored = {inc["id"]: inc for inc in self.store.incidents(run)}
-        merged = {**stored, **live}
+        # the tracker's value has no hosts: the stored judgement's stay (incident_body)
+        merged = {**stored, **{i: {**stored.get(i, {}), **inc} for i, inc in live.items()}}
         return sorted(merged.values(), key=lambda i: (i.get("opened", 0.0), i["id"]), reverse=True)
 
     def _publish_ranks(
