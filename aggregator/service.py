@@ -48,6 +48,7 @@ from rankwatch.aggregator.health import HealthTracker, RankHealth
 from rankwatch.aggregator.history import StoredRuns
 from rankwatch.aggregator.incidents import IncidentChange, IncidentTracker
 from rankwatch.aggregator.incidents.cover import AlertCover
+from rankwatch.aggregator.incidents.keep import StoreDue
 from rankwatch.aggregator.ingest.receiver import Receiver
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
 from rankwatch.aggregator.resend import Resender
@@ -98,6 +99,7 @@ class Aggregator:
         self.alerts = AlertEngine(cfg.alerts, cfg.divergence)
         self.incidents = IncidentTracker(cfg.incidents)
         self.cover = AlertCover()  # the alerts webhooks leave to the incidents' messages
+        self.store_due = StoreDue()  # incidents that grew since the store last got them
         self.webhooks = Webhooks(cfg.webhooks, cfg.public_url)
         self.sinks: list[Sink] = list(self.webhooks.sinks)
         if cfg.console_alerts:
@@ -314,9 +316,10 @@ class Aggregator:
             changed = self.health.changes(now, health)  # once a tick: it moves on every call
             results, self._results = self._results, []
             transitions = self.alerts.evaluate(now, results=results, health=health)
+            new = [d for r in results if isinstance(r, StepResult) for d in r.new]
             incidents = self.incidents.observe(
                 now,
-                divergences=[d for r in results if isinstance(r, StepResult) for d in r.new],
+                divergences=new,
                 resolved=[d for r in results if isinstance(r, StepResult) for d in r.resolved],
                 alerts=transitions,
                 health=changed,
@@ -325,6 +328,8 @@ class Aggregator:
             bodies = [incident_body(c.incident, health.get(c.incident.run, {})) for c in incidents]
             runs = {a.run: self.incidents.incidents(a.run) for a in transitions}
             covered = self.cover.judge(transitions, runs.items())
+            grown = {h.run for h, _ in changed} | {d.run for d in new} | runs.keys()
+            self._store_grown(incidents, grown, health)
             steps, self._tick_steps = self._tick_steps, []
             events, self._tick_events = self._tick_events, []
             if self.feed.has_subscribers:
@@ -387,6 +392,22 @@ class Aggregator:
             {"type": "incident", "run": body["run"], "change": change.change, "incident": body}
         )
         self.n["sink_errors"] += deliver(self.sinks, change)
+
+    def _store_grown(
+        self,
+        announced: list[IncidentChange],
+        runs: set[str],
+        health: dict[str, dict[int, RankHealth]],
+    ) -> None:
+        """Store the open incidents of ``runs`` that grew without an announced change."""
+        for change in announced:
+            self.store_due.stored(change.incident)
+        for run in runs:
+            for inc in self.store_due.due(self.incidents.incidents(run)):
+                try:
+                    self.store.append_incident(incident_body(inc, health.get(run, {})))
+                except StoreError as exc:  # only when closed: the process is stopping
+                    log.error("rankwatch: incident not stored: %s", exc)
 
     def incidents_of(self, run: str) -> list[dict[str, Any]]:
         """Every incident of ``run``, newest first: as the tracker judges them now, and those

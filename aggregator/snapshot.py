@@ -125,6 +125,7 @@ def stored_rank_entry(row: Mapping[str, Any], life: str | None) -> dict[str, Any
         "first_seen": row.get("first_time"),
         "records": row.get("records"),
         "message": message,
+        "message_line": message,
         "divergent": [],
         "z": {},
         "values": {},

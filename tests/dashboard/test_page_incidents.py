@@ -286,6 +286,16 @@ def test_nan_spread_names_the_culprit_on_desktop_and_phone(
     server = serving.restart()
     page = open_run(desk, server, run)
     assert "rank 2" in card_text(page) and "3 ranks affected" in card_text(page)
+    where = f"{ranks_now[2]['host']} · pid {ranks_now[2]['pid']}"
+    assert where in card_text(page)
+    # A server restarted while the job runs on has no entry for a rank that crashed before it
+    # started: the card then says where the culprit ran from the stored incident.
+    without_entries = page.evaluate("""async () => {
+      const m = await import('/static/incidents.js');
+      const node = document.createElement('div');
+      m.renderIncidentCard(node, [], Date.now() / 1000);
+      return node.querySelector('.inc-culprit').innerText; }""")
+    assert where in without_entries
     # A restarted server lists no rank entries for a stored run (its rank table is empty), so
     # only the charts carry the roles here.
     check_colours(page, 2, [0, 1, 3], "after serve restarted", table=False)
