@@ -46,11 +46,10 @@ from rankwatch.aggregator.divergence.detector import (
 from rankwatch.aggregator.feed import Feed, event_message, jsonable, points_messages
 from rankwatch.aggregator.health import HealthTracker, RankHealth
 from rankwatch.aggregator.history import StoredRuns
-from rankwatch.aggregator.incidents import IncidentChange, IncidentTracker
-from rankwatch.aggregator.incidents.cover import AlertCover
-from rankwatch.aggregator.incidents.keep import StoreDue
+from rankwatch.aggregator.incidents import IncidentTracker
 from rankwatch.aggregator.ingest.receiver import Receiver
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
+from rankwatch.aggregator.outlet import IncidentOutlet, live_dicts
 from rankwatch.aggregator.resend import Resender
 from rankwatch.aggregator.restarts import Restarts
 from rankwatch.aggregator.seqs import SeqTracker
@@ -67,13 +66,7 @@ from rankwatch.aggregator.settings import (
     ServeConfig,
     tune_gc,
 )
-from rankwatch.aggregator.snapshot import (
-    RankInputs,
-    build_snapshot,
-    incident_body,
-    rank_entries,
-    rank_inputs,
-)
+from rankwatch.aggregator.snapshot import RankInputs, build_snapshot, rank_entries, rank_inputs
 from rankwatch.aggregator.stacks import StackIntake
 from rankwatch.aggregator.store.db import Store, StoreError
 from rankwatch.aggregator.store.flusher import Flusher
@@ -98,8 +91,6 @@ class Aggregator:
         self.detector = DivergenceDetector(cfg.divergence)
         self.alerts = AlertEngine(cfg.alerts, cfg.divergence)
         self.incidents = IncidentTracker(cfg.incidents)
-        self.cover = AlertCover()  # the alerts webhooks leave to the incidents' messages
-        self.store_due = StoreDue()  # incidents that grew since the store last got them
         self.webhooks = Webhooks(cfg.webhooks, cfg.public_url)
         self.sinks: list[Sink] = list(self.webhooks.sinks)
         if cfg.console_alerts:
@@ -121,6 +112,7 @@ class Aggregator:
         self._ranks_sent: dict[str, float] = {}
         self.resender = Resender()
         self.stored_runs = StoredRuns(self.store)
+        self.outlet = IncidentOutlet(self.incidents, self.store, self.feed)
         self.flusher = Flusher(
             self.store,
             max(cfg.store_flush_s, cfg.flush_interval_s),
@@ -325,11 +317,8 @@ class Aggregator:
                 health=changed,
                 stacks=self.stacks.drain(self.store),
             )
-            bodies = [incident_body(c.incident, health.get(c.incident.run, {})) for c in incidents]
-            runs = {a.run: self.incidents.incidents(a.run) for a in transitions}
-            covered = self.cover.judge(transitions, runs.items())
-            grown = {h.run for h, _ in changed} | {d.run for d in new} | runs.keys()
-            self._store_grown(incidents, grown, health)
+            touched = {h.run for h, _ in changed} | {d.run for d in new}
+            bodies, covered = self.outlet.judge(incidents, transitions, touched, health)
             steps, self._tick_steps = self._tick_steps, []
             events, self._tick_events = self._tick_events, []
             if self.feed.has_subscribers:
@@ -339,8 +328,7 @@ class Aggregator:
             if self.config.resend_gaps:
                 self._request_resends(health, now)
             self._retire_runs(health, now)
-        for change, body in zip(incidents, bodies, strict=True):
-            self._incident(change, body)
+        self.n["sink_errors"] += self.outlet.announce(incidents, bodies, self.sinks)
         for alert, hit in zip(transitions, covered, strict=True):
             self.feed.publish({"type": "alert", **alert_dict(alert)})
             self.n["sink_errors"] += deliver(self.sinks, alert, covered=hit)
@@ -381,43 +369,11 @@ class Aggregator:
         for ev in events:
             self.feed.publish(event_message(ev))
 
-    def _incident(self, change: IncidentChange, body: dict[str, Any]) -> None:
-        """An incident opened, changed culprit or cause, or resolved: stored, on the live
-        stream, and told to the sinks that take incidents."""
-        try:
-            self.store.append_incident(body)
-        except StoreError as exc:  # only when closed: the process is stopping
-            log.error("rankwatch: incident not stored: %s", exc)
-        self.feed.publish(
-            {"type": "incident", "run": body["run"], "change": change.change, "incident": body}
-        )
-        self.n["sink_errors"] += deliver(self.sinks, change)
-
-    def _store_grown(
-        self,
-        announced: list[IncidentChange],
-        runs: set[str],
-        health: dict[str, dict[int, RankHealth]],
-    ) -> None:
-        """Store the open incidents of ``runs`` that grew without an announced change."""
-        for change in announced:
-            self.store_due.stored(change.incident)
-        for run in runs:
-            for inc in self.store_due.due(self.incidents.incidents(run)):
-                try:
-                    self.store.append_incident(incident_body(inc, health.get(run, {})))
-                except StoreError as exc:  # only when closed: the process is stopping
-                    log.error("rankwatch: incident not stored: %s", exc)
-
     def incidents_of(self, run: str) -> list[dict[str, Any]]:
-        """Every incident of ``run``, newest first: as the tracker judges them now, and those
-        only the store still holds (an earlier `serve`, a run retired from the live state)."""
+        """Every incident of ``run``, newest first, live or stored (``IncidentOutlet.read``)."""
         with self.lock:
-            live = {inc.id: jsonable(inc.as_dict()) for inc in self.incidents.incidents(run)}
-        stored = {inc["id"]: inc for inc in self.store.incidents(run)}
-        # the tracker's value has no hosts: the stored judgement's stay (incident_body)
-        merged = {**stored, **{i: {**stored.get(i, {}), **inc} for i, inc in live.items()}}
-        return sorted(merged.values(), key=lambda i: (i.get("opened", 0.0), i["id"]), reverse=True)
+            live = live_dicts(self.incidents, run)
+        return self.outlet.read(run, live)
 
     def _publish_ranks(
         self, health: dict[str, dict[int, RankHealth]], changed: set[str], now: float

@@ -99,7 +99,7 @@ def test_a_nan_spread_to_64_ranks_is_two_messages_per_webhook(
                           2.0 / (1 + 0.05 * s) + 0.01 * (r % 7)) for r in range(WORLD)],
                 s,
             )  # fmt: skip
-        assert job.agg.cover.covered == 4  # 2 non-finite alerts fired and resolved: not sent
+        assert job.agg.outlet.cover.covered == 4  # 2 non-finite alerts fired and resolved: not sent
     finally:
         job.agg.stop()
     for kind in KINDS:
@@ -149,7 +149,7 @@ def test_a_hang_whose_peers_time_out_is_opened_updated_resolved(
         for t in range(80, 84):  # relaunched: new processes, steps again
             recs = [job.event(r, "start", t, pid=5000 + r) for r in range(WORLD)] if t == 80 else []
             job.feed([*recs, *(job.step(r, t - 60, t, pid=5000 + r) for r in range(WORLD))], t)
-        assert job.agg.cover.covered == 8  # stalled, crashed, lost: fired and resolved
+        assert job.agg.outlet.cover.covered == 8  # stalled, crashed, lost: fired and resolved
     finally:
         job.agg.stop()
     for kind in KINDS:
