@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 from rankwatch.aggregator.alerts.rules import Alert
-from rankwatch.aggregator.incidents.cover import HELD_MAX, AlertCover
+from rankwatch.aggregator.incidents import cover as cover_module
+from rankwatch.aggregator.incidents.cover import AlertCover
 from rankwatch.aggregator.incidents.model import Incident
 
 from tests.aggregator.incidents.builders import RUN, T0
@@ -58,9 +59,10 @@ def test_a_resolution_goes_where_its_firing_went() -> None:
     assert cover.covered == 2
 
 
-def test_the_alerts_held_are_bounded() -> None:
+def test_the_alerts_held_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cover_module, "HELD_MAX", 8)
     cover = AlertCover()
-    many = [replace(alert("nonfinite", 2), key=f"k{i}") for i in range(HELD_MAX + 3)]
+    many = [replace(alert("nonfinite", 2), key=f"k{i}") for i in range(8 + 3)]
     assert all(cover.judge(many, OPEN))
     assert cover.forgotten == 3
     # the oldest was forgotten: its resolution is sent rather than lost
