@@ -17,7 +17,9 @@ class Sink(Protocol):
 
     A sink that also takes incident transitions (one message when an incident opens, changes
     culprit or cause, or resolves) has a ``submit_incident(change)`` method as well; the service
-    looks for it by name, so a sink without one keeps working unchanged."""
+    looks for it by name, so a sink without one keeps working unchanged. Such a sink with
+    ``covered_alerts = False`` (the webhooks) is not given the rank alerts an incident stands
+    for: the incident's messages say them once."""
 
     @property
     def name(self) -> str:
