@@ -319,15 +319,18 @@ class Aggregator:
             )
             touched = {h.run for h, _ in changed} | {d.run for d in new}
             bodies, covered = self.outlet.judge(incidents, transitions, touched, health)
+            tables: list[tuple[str, RankInputs]] = []
             steps, self._tick_steps = self._tick_steps, []
             events, self._tick_events = self._tick_events, []
             if self.feed.has_subscribers:
                 self._publish_points(steps)
                 self._publish_events(events)
-                self._publish_ranks(health, {h.run for h, _ in changed}, now)
+                tables = self._ranks_due(health, {h.run for h, _ in changed}, now)
             if self.config.resend_gaps:
                 self._request_resends(health, now)
             self._retire_runs(health, now)
+        for run, inputs in tables:  # built without the lock, as the snapshot's are
+            self.feed.publish({"type": "ranks", "run": run, "ranks": rank_entries(inputs)})
         self.n["sink_errors"] += self.outlet.announce(incidents, bodies, self.sinks)
         for alert, hit in zip(transitions, covered, strict=True):
             self.feed.publish({"type": "alert", **alert_dict(alert)})
@@ -375,14 +378,16 @@ class Aggregator:
             live = live_dicts(self.incidents, run)
         return self.outlet.read(run, live)
 
-    def _publish_ranks(
+    def _ranks_due(
         self, health: dict[str, dict[int, RankHealth]], changed: set[str], now: float
-    ) -> None:
+    ) -> list[tuple[str, RankInputs]]:
+        """The inputs of the rank tables to stream this tick (copied: built after the lock)."""
+        due = []
         for run, ranks in health.items():
             if run in changed or now - self._ranks_sent.get(run, 0.0) >= RANKS_REFRESH_S:
                 self._ranks_sent[run] = now
-                entries = self._rank_entries(run, ranks)
-                self.feed.publish({"type": "ranks", "run": run, "ranks": entries})
+                due.append((run, self.rank_inputs_of(run, ranks)))
+        return due
 
     def _request_resends(self, health: dict[str, dict[int, RankHealth]], now: float) -> None:
         if self.receiver is not None:
@@ -391,9 +396,6 @@ class Aggregator:
             )
 
     # --- reading -----------------------------------------------------------------------------
-
-    def _rank_entries(self, run: str, ranks: dict[int, RankHealth]) -> list[dict[str, Any]]:
-        return rank_entries(self.rank_inputs_of(run, ranks))
 
     def rank_inputs_of(self, run: str, ranks: dict[int, RankHealth]) -> RankInputs:
         return rank_inputs(
