@@ -94,7 +94,7 @@ class Aggregator:
         self.webhooks = Webhooks(cfg.webhooks, cfg.public_url)
         self.sinks: list[Sink] = list(self.webhooks.sinks)
         if cfg.console_alerts:
-            self.sinks.append(ConsoleSink())
+            self.sinks.append(ConsoleSink(public_url=cfg.public_url))
         self.receiver: Receiver | None = None
         self.lock = threading.RLock()  # add, tick and the snapshot's copy hold it
         self._stop = threading.Event()
