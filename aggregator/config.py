@@ -8,6 +8,7 @@
     ingest_port = 8671
     token_env = "RANKWATCH_TOKEN"   # or token_file = "/etc/rankwatch/token", or token = "..."
     allow_hosts = ["head.example.org"]  # names the dashboard answers to ("*": any)
+    public_url = "https://rankwatch.example.org/"  # the dashboard as people reach it: links
     lost_after_s = 10.0     # health: silence before a rank is lost
     min_stall_s = 30.0      # health: no new step for this long makes a rank stalled
     remote_write = "http://victoria:8428/api/v1/import/prometheus"  # off when absent
@@ -15,6 +16,7 @@
 
     [alerts]                # AlertConfig: disabled, severity, thresholds, plateau, ...
     [divergence]            # DivergenceConfig: z_threshold, confirm_steps, rules.<metric> ...
+    [incidents]             # IncidentConfig: window_s, spread_steps, timeline_max
 
     [[webhooks]]
     kind = "dingtalk"       # a kind of aggregator/alerts/sinks/: json, slack, dingtalk, ...
@@ -46,9 +48,10 @@ from rankwatch.aggregator.alerts.sinks.base import describe
 from rankwatch.aggregator.alerts.sinks.http import WebhookConfig
 from rankwatch.aggregator.alerts.sinks.registry import kinds
 from rankwatch.aggregator.divergence.detector import DivergenceConfig
+from rankwatch.aggregator.incidents.tracker import IncidentConfig
 from rankwatch.aggregator.service import ServeConfig
 
-SECTIONS = ("serve", "alerts", "divergence", "webhooks")
+SECTIONS = ("serve", "alerts", "divergence", "incidents", "webhooks")
 
 # [serve] key -> (ServeConfig field, accepted types)
 SERVE_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
@@ -70,6 +73,13 @@ SERVE_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     "resend_gaps": ("resend_gaps", (bool,)),
     "remote_write": ("remote_write", (str,)),
     "remote_write_interval_s": ("remote_write_interval_s", (int, float)),
+    "public_url": ("public_url", (str,)),
+}
+# [incidents] key -> accepted types (IncidentConfig's fields)
+INCIDENT_KEYS: dict[str, tuple[type, ...]] = {
+    "window_s": (int, float),
+    "spread_steps": (int,),
+    "timeline_max": (int,),
 }
 WEBHOOK_KEYS: dict[str, tuple[type, ...]] = {
     "kind": (str,),
@@ -187,6 +197,8 @@ def parse_config(raw: Mapping[str, Any], where: str, base: ServeConfig) -> Serve
             changes[section] = cls.from_dict(table)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"{where}: [{section}] {exc}") from None
+    if "incidents" in raw:
+        changes["incidents"] = _incidents(raw["incidents"], where)
     hooks = raw.get("webhooks")
     if hooks is not None:
         if not isinstance(hooks, list) or not all(isinstance(h, Mapping) for h in hooks):
@@ -198,6 +210,41 @@ def parse_config(raw: Mapping[str, Any], where: str, base: ServeConfig) -> Serve
     config = dataclasses.replace(base, **changes)
     check(config, where)
     return config
+
+
+def _incidents(table: Any, where: str) -> IncidentConfig:
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: 'incidents' must be a table ([incidents])")
+    for key, value in table.items():
+        if key not in INCIDENT_KEYS:
+            raise ConfigError(
+                f"{where}: unknown key 'incidents.{key}'; known: {', '.join(INCIDENT_KEYS)}"
+            )
+        if not _type_ok(value, INCIDENT_KEYS[key]):
+            raise ConfigError(
+                f"{where}: 'incidents.{key}' must be {_type_names(INCIDENT_KEYS[key])}, "
+                f"got {value!r}"
+            )
+    try:
+        return IncidentConfig(**table)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def public_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be the dashboard's public address, or None when it can."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError as exc:
+        return f"it does not parse ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "it must start with http:// or https:// and name a host"
+    if any(c.isspace() for c in url):
+        return "it contains a space"
+    if parts.query or parts.fragment or url.rstrip().endswith(("?", "#")):
+        return "it must not have a ?query or #fragment: the links add the dashboard's own"
+    return None
 
 
 def _webhook(table: Mapping[str, Any], where: str) -> WebhookConfig:
@@ -251,6 +298,7 @@ def with_overrides(
     webhooks: Sequence[str] = (),
     min_stall_s: float | None = None,
     remote_write: str | None = None,
+    public_url: str | None = None,
 ) -> ServeConfig:
     """Command-line flags over the file: only flags actually given (not None) change it."""
     changes: dict[str, Any] = {
@@ -263,9 +311,12 @@ def with_overrides(
             ("token", token),
             ("min_stall_s", min_stall_s),
             ("remote_write", remote_write),
+            ("public_url", public_url),
         )
         if value is not None
     }
+    if public_url is not None and (problem := public_url_problem(public_url)):
+        raise ConfigError(f"--public-url {bad_public_url(public_url, problem)}")
     if data is not None:
         changes["data_dir"] = Path(data).expanduser()
     if allow_hosts:
@@ -296,3 +347,13 @@ def check(config: ServeConfig, where: str) -> None:
                 f"{where}: remote_write {config.remote_write!r} is not an http(s) URL with a "
                 "host, e.g. http://victoria:8428/api/v1/import/prometheus"
             )
+    if config.public_url is not None and (problem := public_url_problem(config.public_url)):
+        bad = bad_public_url(config.public_url, problem)
+        raise ConfigError(f"{where}: 'serve.public_url' {bad}")
+
+
+def bad_public_url(url: str, problem: str) -> str:
+    return (
+        f"{url!r} is not the dashboard's address: {problem} (like https://rankwatch.example.org/ "
+        "or http://head-node:8670)"
+    )

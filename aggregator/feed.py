@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import threading
 from collections import deque
@@ -27,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 from rankwatch.agent.wire.jsonsafe import json_safe, json_value
 from rankwatch.agent.wire.records import EventRecord, StepBlock, StepRecord
+from rankwatch.aggregator.incidents.oneline import one_line
 
 if TYPE_CHECKING:
     from rankwatch.aggregator.health import RankHealth
 
+MESSAGE_LINES_CACHED = 8192  # crash messages' one-line forms kept (a rank's stays the same)
 SUBSCRIBER_QUEUE_MAX = 1000  # messages buffered per subscriber before the oldest is dropped
 
 
@@ -333,6 +336,7 @@ def rank_entry(
         "first_seen": h.first_seen,
         "since": h.since,
         "message": h.message,
+        "message_line": message_line(h.message, h.state.value == "crashed"),
         "step_time": num(h.step_time),
         "divergent": divergent,
         "z": {m: num(v) for m, v in z.items()},
@@ -341,6 +345,18 @@ def rank_entry(
         "dropped": h.dropped,
         "gaps": [list(g) for g in gaps],
     }
+
+
+def message_line(message: str, crashed: bool = False) -> str:
+    """A rank's message in one line for tables and banners: a crash's exception type and first
+    meaningful line (``RuntimeError: Launch kernel failed, name:.../AllReduce-op2``); other
+    messages are one line already ("no record for 40 s"). The entry keeps the whole text."""
+    return _crash_line(message) if crashed or "\n" in message else message
+
+
+# Cutting a long crash message costs far more than a lookup, and rank tables are built again
+# every few seconds with the same messages.
+_crash_line = functools.lru_cache(maxsize=MESSAGE_LINES_CACHED)(one_line)
 
 
 OVER_STATES = frozenset({"finished", "crashed", "lost"})
@@ -367,4 +383,8 @@ def ranks_delta(
 def _same_over(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     if old.get("state") != new.get("state") or new.get("state") not in OVER_STATES:
         return False
-    return all(old.get(k) == v for k, v in new.items() if k != "message") and len(old) == len(new)
+    same = all(old.get(k) == v for k, v in new.items() if k not in _RESTATED)
+    return same and len(old) == len(new)
+
+
+_RESTATED = frozenset({"message", "message_line"})  # an over rank's words restate the clock

@@ -46,9 +46,10 @@ from rankwatch.aggregator.divergence.detector import (
 from rankwatch.aggregator.feed import Feed, event_message, jsonable, points_messages
 from rankwatch.aggregator.health import HealthTracker, RankHealth
 from rankwatch.aggregator.history import StoredRuns
-from rankwatch.aggregator.incidents import IncidentChange, IncidentTracker
+from rankwatch.aggregator.incidents import IncidentTracker
 from rankwatch.aggregator.ingest.receiver import Receiver
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
+from rankwatch.aggregator.outlet import IncidentOutlet, live_dicts
 from rankwatch.aggregator.resend import Resender
 from rankwatch.aggregator.restarts import Restarts
 from rankwatch.aggregator.seqs import SeqTracker
@@ -75,6 +76,7 @@ log = logging.getLogger("rankwatch.service")
 __all__ = ["FLUSH_INTERVAL_S", "LIVE_RETENTION_S", "MAX_FEED_POINTS", "STORE_RETRY_S",
            "Aggregator", "ServeConfig", "tune_gc"]  # fmt: skip
 
+
 class Aggregator:
     """See the module docstring. ``start()`` binds the ingest port; ``stop()`` flushes."""
 
@@ -88,11 +90,11 @@ class Aggregator:
         self.merger = StepMerger(grace_s=cfg.merge_grace_s)
         self.detector = DivergenceDetector(cfg.divergence)
         self.alerts = AlertEngine(cfg.alerts, cfg.divergence)
-        self.incidents = IncidentTracker()
-        self.webhooks = Webhooks(cfg.webhooks)
+        self.incidents = IncidentTracker(cfg.incidents)
+        self.webhooks = Webhooks(cfg.webhooks, cfg.public_url)
         self.sinks: list[Sink] = list(self.webhooks.sinks)
         if cfg.console_alerts:
-            self.sinks.append(ConsoleSink())
+            self.sinks.append(ConsoleSink(public_url=cfg.public_url))
         self.receiver: Receiver | None = None
         self.lock = threading.RLock()  # add, tick and the snapshot's copy hold it
         self._stop = threading.Event()
@@ -110,6 +112,7 @@ class Aggregator:
         self._ranks_sent: dict[str, float] = {}
         self.resender = Resender()
         self.stored_runs = StoredRuns(self.store)
+        self.outlet = IncidentOutlet(self.incidents, self.store, self.feed)
         self.flusher = Flusher(
             self.store,
             max(cfg.store_flush_s, cfg.flush_interval_s),
@@ -305,28 +308,33 @@ class Aggregator:
             changed = self.health.changes(now, health)  # once a tick: it moves on every call
             results, self._results = self._results, []
             transitions = self.alerts.evaluate(now, results=results, health=health)
+            new = [d for r in results if isinstance(r, StepResult) for d in r.new]
             incidents = self.incidents.observe(
                 now,
-                divergences=[d for r in results if isinstance(r, StepResult) for d in r.new],
+                divergences=new,
                 resolved=[d for r in results if isinstance(r, StepResult) for d in r.resolved],
                 alerts=transitions,
                 health=changed,
                 stacks=self.stacks.drain(self.store),
             )
+            touched = {h.run for h, _ in changed} | {d.run for d in new}
+            bodies, covered = self.outlet.judge(incidents, transitions, touched, health)
+            tables: list[tuple[str, RankInputs]] = []
             steps, self._tick_steps = self._tick_steps, []
             events, self._tick_events = self._tick_events, []
             if self.feed.has_subscribers:
                 self._publish_points(steps)
                 self._publish_events(events)
-                self._publish_ranks(health, {h.run for h, _ in changed}, now)
+                tables = self._ranks_due(health, {h.run for h, _ in changed}, now)
             if self.config.resend_gaps:
                 self._request_resends(health, now)
             self._retire_runs(health, now)
-        for change in incidents:
-            self._incident(change)
-        for alert in transitions:
+        for run, inputs in tables:  # built without the lock, as the snapshot's are
+            self.feed.publish({"type": "ranks", "run": run, "ranks": rank_entries(inputs)})
+        self.n["sink_errors"] += self.outlet.announce(incidents, bodies, self.sinks)
+        for alert, hit in zip(transitions, covered, strict=True):
             self.feed.publish({"type": "alert", **alert_dict(alert)})
-            self.n["sink_errors"] += deliver(self.sinks, alert)
+            self.n["sink_errors"] += deliver(self.sinks, alert, covered=hit)
         return transitions
 
     def _health_snapshot(self, now: float) -> dict[str, dict[int, RankHealth]]:
@@ -364,36 +372,22 @@ class Aggregator:
         for ev in events:
             self.feed.publish(event_message(ev))
 
-    def _incident(self, change: IncidentChange) -> None:
-        """An incident opened, changed culprit or cause, or resolved: stored, on the live
-        stream, and told to the sinks that take incidents."""
-        body = jsonable(change.incident.as_dict())
-        try:
-            self.store.append_incident(body)
-        except StoreError as exc:  # only when closed: the process is stopping
-            log.error("rankwatch: incident not stored: %s", exc)
-        self.feed.publish(
-            {"type": "incident", "run": body["run"], "change": change.change, "incident": body}
-        )
-        self.n["sink_errors"] += deliver(self.sinks, change)
-
     def incidents_of(self, run: str) -> list[dict[str, Any]]:
-        """Every incident of ``run``, newest first: as the tracker judges them now, and those
-        only the store still holds (an earlier `serve`, a run retired from the live state)."""
+        """Every incident of ``run``, newest first, live or stored (``IncidentOutlet.read``)."""
         with self.lock:
-            live = {inc.id: jsonable(inc.as_dict()) for inc in self.incidents.incidents(run)}
-        stored = {inc["id"]: inc for inc in self.store.incidents(run)}
-        merged = {**stored, **live}
-        return sorted(merged.values(), key=lambda i: (i.get("opened", 0.0), i["id"]), reverse=True)
+            live = live_dicts(self.incidents, run)
+        return self.outlet.read(run, live)
 
-    def _publish_ranks(
+    def _ranks_due(
         self, health: dict[str, dict[int, RankHealth]], changed: set[str], now: float
-    ) -> None:
+    ) -> list[tuple[str, RankInputs]]:
+        """The inputs of the rank tables to stream this tick (copied: built after the lock)."""
+        due = []
         for run, ranks in health.items():
             if run in changed or now - self._ranks_sent.get(run, 0.0) >= RANKS_REFRESH_S:
                 self._ranks_sent[run] = now
-                entries = self._rank_entries(run, ranks)
-                self.feed.publish({"type": "ranks", "run": run, "ranks": entries})
+                due.append((run, self.rank_inputs_of(run, ranks)))
+        return due
 
     def _request_resends(self, health: dict[str, dict[int, RankHealth]], now: float) -> None:
         if self.receiver is not None:
@@ -402,9 +396,6 @@ class Aggregator:
             )
 
     # --- reading -----------------------------------------------------------------------------
-
-    def _rank_entries(self, run: str, ranks: dict[int, RankHealth]) -> list[dict[str, Any]]:
-        return rank_entries(self.rank_inputs_of(run, ranks))
 
     def rank_inputs_of(self, run: str, ranks: dict[int, RankHealth]) -> RankInputs:
         return rank_inputs(

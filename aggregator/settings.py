@@ -13,6 +13,7 @@ from rankwatch.aggregator.alerts.config import AlertConfig
 from rankwatch.aggregator.alerts.sinks.http import WebhookConfig
 from rankwatch.aggregator.divergence.detector import DivergenceConfig
 from rankwatch.aggregator.health import DEFAULT_MIN_STALL_S
+from rankwatch.aggregator.incidents.tracker import IncidentConfig
 
 DEFAULT_DATA_DIR = "rankwatch_data"
 DEFAULT_PORT = DEFAULT_HTTP_PORT
@@ -50,6 +51,8 @@ class ServeConfig:
     alerts: AlertConfig = dataclasses.field(default_factory=AlertConfig)
     divergence: DivergenceConfig = dataclasses.field(default_factory=DivergenceConfig)
     webhooks: list[WebhookConfig] = dataclasses.field(default_factory=list)
+    incidents: IncidentConfig = dataclasses.field(default_factory=IncidentConfig)
+    public_url: str | None = None  # the dashboard as people reach it: incident messages link it
     flush_interval_s: float = FLUSH_INTERVAL_S
     store_flush_s: float = STORE_FLUSH_S
     store_backlog_records: int = STORE_BACKLOG_RECORDS

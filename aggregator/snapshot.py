@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rankwatch.aggregator.divergence.types import Divergence, RankScore, z_map
 from rankwatch.aggregator.feed import jsonable, rank_entry
 from rankwatch.aggregator.health import RankHealth, run_state
+from rankwatch.aggregator.incidents.model import Incident
 
 if TYPE_CHECKING:
     from rankwatch.aggregator.service import Aggregator
@@ -81,6 +82,20 @@ def rank_entries(inputs: RankInputs) -> list[dict[str, Any]]:
     ]
 
 
+def incident_body(inc: Incident, ranks: Mapping[int, RankHealth]) -> dict[str, Any]:
+    """An incident as stored and streamed: ``Incident.as_dict()`` with ``hosts``, rank ->
+    [host, pid] of its culprits, affected and terminated ranks as health knows them now, so a
+    later `serve` (which has no rank entries for them) still says where they ran."""
+    body = jsonable(inc.as_dict())
+    hosts = {}
+    for rank in inc.ranks:
+        h = ranks.get(rank)
+        if h is not None and h.host:
+            hosts[str(rank)] = [h.host, h.pid]
+    body["hosts"] = hosts
+    return body
+
+
 # --- history runs: stored, no live state (before this aggregator started, imported, retired) --
 
 # A stored rank's final state: its last life event says how it ended. Without one its records
@@ -110,6 +125,7 @@ def stored_rank_entry(row: Mapping[str, Any], life: str | None) -> dict[str, Any
         "first_seen": row.get("first_time"),
         "records": row.get("records"),
         "message": message,
+        "message_line": message,
         "divergent": [],
         "z": {},
         "values": {},

@@ -75,6 +75,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "VictoriaMetrics' http://HOST:8428/api/v1/import/prometheus (docs/cluster.md)",
     )
     parser.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="the dashboard's address as people reach it (a proxy, a DNS name); incident "
+        "messages then link to the run at the fault step, e.g. https://rankwatch.example.org/",
+    )
+    parser.add_argument(
         "--curve",
         metavar="DIR",
         help="encrypt and authenticate ingest with CurveZMQ, keys from `rankwatch keys --dir "
@@ -119,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
             webhooks=args.webhook,
             min_stall_s=args.min_stall_s,
             remote_write=args.remote_write,
+            public_url=args.public_url,
         )
         if args.curve:
             curve = Path(args.curve).expanduser()
@@ -278,6 +285,8 @@ def _banner(config: ServeConfig, ingest_port: int, port: int) -> None:
         "  and call mon.log(step, loss=loss) each step "
         f"(or export RANKWATCH_ADDR={head}:{ingest_port} and use Monitor())",
     ]
+    if config.public_url:
+        lines.append(f"rankwatch: incident messages link to the dashboard at {config.public_url}")
     if config.curve_dir is not None:
         lines.append(
             f"rankwatch: ingest is encrypted (CurveZMQ): give every node server.key and "

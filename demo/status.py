@@ -54,6 +54,7 @@ class Reporter:
         self.flags: dict[tuple[int, str], Flag] = {}
         self.states: dict[int, str] = {}
         self.messages: dict[int, str] = {}
+        self.lines: dict[int, str] = {}  # the messages in one line
         self.last_step: int | None = None
 
     def poll(self) -> None:
@@ -91,11 +92,13 @@ class Reporter:
             message = str(row.get("message") or "") if state in TELLING_STATES else ""
             if message:
                 self.messages[rank] = message
+                # the server's one line (exception type and what failed); cut here without one
+                self.lines[rank] = str(row.get("message_line") or _first_line(message))
             if first_sight and state == "alive":
                 continue  # a rank joining is not news; leaving the healthy state is
             step = row.get("last_step")
             at = f" at step {step}" if step is not None else ""
-            suffix = f": {_first_line(message)}" if message else ""
+            suffix = f": {self.lines[rank]}" if message else ""
             self.say(f"  rank {rank}: {state}{at}{suffix}")
 
     def _flag(self, item: Any, kind: Any) -> None:
@@ -162,7 +165,7 @@ class Reporter:
         states = ", ".join(f"{r} {s}" for r, s in data["ranks"].items())
         lines.append(f"  ranks: {states or 'none seen'}")
         for rank, message in data["messages"].items():
-            lines.append(f"  rank {rank}: {_first_line(message)}")
+            lines.append(f"  rank {rank}: {self.lines.get(int(rank)) or _first_line(message)}")
         if not data["flagged"]:
             lines.append("  flagged: no rank")
         for flag in sorted(self.flags.values(), key=lambda f: (f.rank, f.since_step or 0)):

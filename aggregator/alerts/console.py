@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rankwatch.aggregator.feed import message_line
 from rankwatch.aggregator.metrics import KNOWN_METRICS, display_order
 
 MAX_METRIC_COLUMNS = 4  # metric columns in the status table, beyond the fixed ones
@@ -155,7 +156,10 @@ def render_run(run: Mapping[str, Any], now: float, all_ranks: bool = False) -> l
     for r in ranks:
         quiet = ("alive", None, usual, *(("unknown",) if stored else ()))  # said above
         if r.get("message") and r.get("state") not in quiet:
-            lines.append(f"  rank {r.get('rank')}: {r['message']}")
+            # the server's one line (an older server's entry has none: cut it here)
+            crashed = r.get("state") == "crashed"
+            line = r.get("message_line") or message_line(str(r["message"]), crashed)
+            lines.append(f"  rank {r.get('rank')}: {line}")
     for d in run.get("divergences") or []:
         lines.append(
             f"  ! rank {d.get('rank')} {d.get('metric')} {d.get('kind')}"

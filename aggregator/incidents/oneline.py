@@ -27,7 +27,9 @@ _BANNER = re.compile(
 )
 # glog/c10 prefixes: "[rank1]:[E1201 19:20:11.120534 3021 ProcessGroupNCCL.cpp:616] "
 _LOG_PREFIX = re.compile(r"^(?:\[[^\]]{0,80}\]:?\s*)+")
-_LONG_PATH = re.compile(r"[\w.+-]*(?:/[\w.+@-]*){" + str(PATH_MIN_PARTS - 1) + ",}")
+# A name starts where a word does: tried from inside a word too, the pattern backtracks through
+# every word of the line (it finds the same names either way).
+_LONG_PATH = re.compile(r"(?<![\w.+-])[\w.+-]*(?:/[\w.+@-]*){" + str(PATH_MIN_PARTS - 1) + ",}")
 
 # Wording of a failed collective or lost peer, as MindSpore (HCCL, NCCL, gloo, MPI backends),
 # torch.distributed (gloo, NCCL watchdog) and the launchers print it, lower case. A rank that

@@ -13,7 +13,7 @@ from rankwatch.aggregator.incidents.model import Incident, IncidentChange
 LINK_STEPS = 20  # steps shown either side of the fault step in a link
 STATUS_RANKS = 8  # ranks listed in a status line before "+N more"
 
-__all__ = ["dashboard_link", "status_lines", "text", "title"]
+__all__ = ["dashboard_link", "spread_line", "status_lines", "text", "title"]
 
 
 def title(change: IncidentChange) -> str:
@@ -27,6 +27,8 @@ def text(change: IncidentChange, public_url: str | None = None) -> str:
     """The sentence, what changed, when, and a link when the server knows its address."""
     inc = change.incident
     lines = [inc.summary + "."]
+    if spread := spread_line(inc):
+        lines.append(spread)
     prev = change.previous
     if change.change == "updated" and prev is not None:
         lines.append(
@@ -40,6 +42,20 @@ def text(change: IncidentChange, public_url: str | None = None) -> str:
     if public_url:
         lines.append(dashboard_link(public_url, inc))
     return "\n".join(lines)
+
+
+def spread_line(inc: Incident) -> str:
+    """``fault step 20; 63 ranks affected after it; 1 terminated by the launcher`` (or "")."""
+    parts = [f"fault step {inc.step}"] if inc.step is not None else []
+    if inc.affected:
+        parts.append(f"{len(inc.affected)} {_ranks_word(inc.affected)} affected after it")
+    if inc.terminated:
+        parts.append(f"{len(inc.terminated)} terminated by the launcher")
+    return "; ".join(parts)
+
+
+def _ranks_word(ranks: tuple[int, ...]) -> str:
+    return "rank" if len(ranks) == 1 else "ranks"
 
 
 def dashboard_link(public_url: str, inc: Incident) -> str:

@@ -148,7 +148,7 @@ function culpritLine(inc, ranksByNumber) {
     return line;
   }
   for (const rank of culprits) {
-    const r = ranksByNumber.get(rank) || {};
+    const r = whereOf(inc, rank, ranksByNumber.get(rank)) || {};
     const who = el('span', { class: 'inc-who' });
     who.append(el('strong', {}, `rank ${rank}`));
     const where = [r.host, r.pid !== null && r.pid !== undefined ? `pid ${r.pid}` : null].filter(Boolean);
@@ -202,12 +202,12 @@ function timeline(inc) {
   return box;
 }
 
-// Until the rank entry carries message_line: the exception line of a traceback (its last
-// "SomeError: ..." line), else the message's first line.
-function firstMeaningful(text) {
-  const lines = text.split('\n').map((l) => l.trim()).filter(Boolean);
-  const error = lines.filter((l) => /^[\w.]*(Error|Exception|Interrupt)\b/.test(l)).pop();
-  return error || lines[0] || text;
+// Where a rank ran: its entry, else what the incident stored (a restarted server has no live
+// entry for a rank that crashed before it started).
+function whereOf(inc, rank, entry) {
+  if (entry && entry.host) return entry;
+  const [host, pid] = (inc.hosts || {})[rank] || [];
+  return host ? { ...(entry || {}), host, pid } : entry;
 }
 
 // The culprit's crash message: one line here, the whole text one click away.
@@ -216,7 +216,7 @@ function messageOf(inc, ranksByNumber) {
   const r = ranksByNumber.get(rank);
   if (!r || !r.message) return null;
   const full = String(r.message);
-  const line = r.message_line ? String(r.message_line) : firstMeaningful(full);
+  const line = String(r.message_line ?? full.split('\n')[0]); // the server's one line
   const box = el('details', { class: 'inc-message' });
   const short = line.length > MESSAGE_LINE_MAX ? `${line.slice(0, MESSAGE_LINE_MAX)}…` : line;
   box.append(el('summary', {}, `rank ${rank}: ${short}`), el('pre', {}, full));
@@ -236,7 +236,7 @@ export function renderIncidentCard(node, ranks, serverNow) {
   }
   const byNumber = new Map((ranks || []).map((r) => [r.rank, r]));
   const about = (inc.culprits || []).slice(0, CULPRITS_NAMED).map((r) => {
-    const e = byNumber.get(r) || {};
+    const e = whereOf(inc, r, byNumber.get(r)) || {};
     return [r, e.host, e.pid, e.message, e.message_line];
   });
   const key = JSON.stringify([inc, about, model.showAllTimeline]);
@@ -326,6 +326,9 @@ export function markRanks(tbody, legend, ranks, highlighted, selected) {
       node.classList.add(`role-${role}`);
       // The role in words too: a peer that "crashed" in a collective is not where to look.
       if (node.cells.length) node.cells[0].append(el('span', { class: 'role-tag' }, role));
+      const host = node.cells[1];
+      const stored = host && !host.textContent && whereOf(shown() || {}, rank, null);
+      if (stored) host.textContent = stored.host;
       continue;
     }
     const r = byNumber.get(rank);

@@ -112,7 +112,20 @@ BAD_FILES = [
     ("[[webhooks]]\nkind = 'slack'\nurl = 'https://x.y/z'\nattempts = 'x'\n", "'attempts' must"),
     ("webhooks = 'https://x.y'\n", "array of tables"),
     ("[serve\nport = 1\n", "not valid TOML"),
-]
+    ("[serve]\npublic_url = 'rw.example.org'\n",
+     "'serve.public_url' 'rw.example.org' is not the dashboard's address: it must start with "
+     "http:// or https:// and name a host"),
+    ("[serve]\npublic_url = 'https://rw.example.org/?x=1'\n", "must not have a ?query"),
+    ("[serve]\npublic_url = 'https://rw.example.org:99999/'\n", "it does not parse"),
+    ("[incidents]\nwindow = 30\n",
+     "unknown key 'incidents.window'; known: window_s, spread_steps, timeline_max"),
+    ("[incidents]\nwindow_s = 0\n", "incidents.window_s must be a positive number, got 0"),
+    ("[incidents]\nwindow_s = 'long'\n", "'incidents.window_s' must be a number"),
+    ("[incidents]\nspread_steps = -1\n", "incidents.spread_steps must be >= 0"),
+    ("[incidents]\nspread_steps = 1.5\n", "'incidents.spread_steps' must be an integer"),
+    ("[incidents]\ntimeline_max = 0\n", "incidents.timeline_max must be >= 1"),
+    ("incidents = 3\n", "'incidents' must be a table"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("text", "message"), BAD_FILES)
@@ -180,3 +193,25 @@ def test_token_file_and_allow_hosts(tmp_path: Path) -> None:
         parse_config({"serve": {"allow_hosts": ["", 3]}}, "f.toml", ServeConfig())
     with pytest.raises(ConfigError, match=re.escape("'serve.allow_hosts' must be a list")):
         parse_config({"serve": {"allow_hosts": "head"}}, "f.toml", ServeConfig())
+
+
+def test_public_url_and_incident_knobs_reach_the_aggregator(tmp_path: Path) -> None:
+    from rankwatch.aggregator.service import Aggregator
+
+    path = write(tmp_path, f"""
+[serve]
+data = "{tmp_path / 'data'}"
+public_url = "https://rw.example.org/watch/"
+[incidents]
+window_s = 30
+spread_steps = 2
+""")  # fmt: skip
+    cfg = load_config(path)
+    assert cfg.public_url == "https://rw.example.org/watch/"
+    assert (cfg.incidents.window_s, cfg.incidents.spread_steps) == (30, 2)
+    assert with_overrides(cfg, public_url="http://head:8670").public_url == "http://head:8670"
+    agg = Aggregator(cfg)
+    try:
+        assert agg.incidents.config == cfg.incidents
+    finally:
+        agg.stop()

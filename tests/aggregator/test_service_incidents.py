@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-from rankwatch.agent.wire.records import StepRecord
+from rankwatch.agent.wire.records import EventRecord, StepRecord
 from rankwatch.aggregator.alerts.console import render_status
 from rankwatch.aggregator.alerts.sinks.console import ConsoleSink
 from rankwatch.aggregator.provider import AggregatorProvider
@@ -111,3 +111,63 @@ def test_at_a_thousand_ranks_the_grouped_alert_does_not_make_every_rank_a_culpri
         assert inc.step == 20
     finally:
         agg.stop()
+
+
+CRASH = Path(__file__).parents[1] / "fixtures" / "crashes" / "mindspore_allreduce_kernel.txt"
+ONE_LINE = "RuntimeError: Launch kernel failed, name:.../AllReduce-op2"
+
+
+def crash_then_peers(agg: Aggregator, world: int = WORLD) -> None:
+    """Rank 1 crashes with a MindSpore kernel error (32 lines) at step 6; the others are
+    killed by the launcher (SIGTERM) a second later."""
+    t0 = time.time() - 10
+    for s in range(1, 6):
+        agg.add([step(r, s, 1.0, t0 + s) for r in range(world)], imported=False, now=t0 + s)
+        agg.tick(now=t0 + s + 0.5)
+    text = CRASH.read_text().split("RuntimeError: ", 1)[1]  # str(exc): the agent's message
+    crash = EventRecord(RUN, 1, 6, t0 + 6, world, "node0", 101, "crash", 6,
+                        {"exc_type": "builtins.RuntimeError", "message": text})  # fmt: skip
+    agg.add([crash], imported=False, now=t0 + 6)
+    agg.tick(now=t0 + 6.5)
+    ends = [EventRecord(RUN, r, 6, t0 + 7, world, f"node{r // 2}", 100 + r, "end", 5,
+                        {"reason": "SIGTERM"}) for r in range(world) if r != 1]  # fmt: skip
+    agg.add(ends, imported=False, now=t0 + 7)
+    agg.tick(now=t0 + 7.5)
+
+
+def test_a_crash_message_is_one_line_in_the_table_and_status_and_whole_in_the_api(
+    tmp_path: Path,
+) -> None:
+    agg = Aggregator(config(tmp_path))
+    try:
+        crash_then_peers(agg)
+        client = TestClient(create_app(AggregatorProvider(agg)), base_url=BASE_URL)
+        ranks = {r["rank"]: r for r in client.get(f"/api/runs/{RUN}/ranks").json()["ranks"]}
+        assert ranks[1]["message_line"] == ONE_LINE
+        assert "allreduce_cpu_kernel.cc:62" in ranks[1]["message"]  # the whole text
+        assert ranks[0]["message_line"] == ranks[0]["message"] == "finished (SIGTERM)"
+        text = render_status(agg.snapshot())
+        assert f"  rank 1: {ONE_LINE}" in text.splitlines()
+        assert "allreduce_cpu_kernel" not in text
+    finally:
+        agg.stop()
+
+
+def test_a_restarted_serve_still_says_where_the_incidents_ranks_ran(tmp_path: Path) -> None:
+    agg = Aggregator(config(tmp_path))
+    crash_then_peers(agg)
+    (inc,) = agg.incidents.incidents(RUN)
+    assert (inc.cause, inc.culprits, inc.terminated) == ("crash", (1,), (0, 2, 3))
+    agg.stop()  # flushes and closes the store
+
+    again = Aggregator(config(tmp_path))  # a new `serve` over the same files: no live state
+    try:
+        (stored,) = again.incidents_of(RUN)
+        assert stored["terminated"] == [0, 2, 3]  # joined after it opened: stored all the same
+        assert stored["hosts"] == {"1": ["node0", 101], "0": ["node0", 100],
+                                   "2": ["node1", 102], "3": ["node1", 103]}  # fmt: skip
+        client = TestClient(create_app(AggregatorProvider(again)), base_url=BASE_URL)
+        (api,) = client.get(f"/api/runs/{RUN}/incidents").json()["incidents"]
+        assert api["hosts"]["1"] == ["node0", 101]
+    finally:
+        again.stop()

@@ -72,6 +72,18 @@ def test_an_unknown_flag_is_named_and_a_missing_command_is_listed() -> None:
     )
 
 
+def test_a_bad_public_url_says_what_is_wrong_and_what_one_looks_like(tmp_path: Path) -> None:
+    bad = cli("serve", "--data", str(tmp_path / "data"), "--port", "0", "--ingest-port", "0",
+              "--public-url", "rankwatch.example.org")  # fmt: skip
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (
+        "rankwatch serve: --public-url 'rankwatch.example.org' is not the dashboard's address: it "
+        "must start with http:// or https:// and name a host (like https://rankwatch.example.org/ "
+        "or http://head-node:8670)"
+    )
+    assert not (tmp_path / "data").exists()  # refused before anything was made
+
+
 def test_help_is_plain_words() -> None:
     for name in subcommands(build_parser()):
         text = cli(name, "--help").stdout

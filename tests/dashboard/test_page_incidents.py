@@ -17,6 +17,8 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from rankwatch.aggregator.incidents.model import Evidence, Incident
+from rankwatch.aggregator.incidents.words import dashboard_link
 
 from .procs import Rank, Server
 from .test_browser import CHROMIUM, CHROMIUM_ARGS, READY_TIMEOUT_MS, SERIES_JS, Watched
@@ -31,6 +33,16 @@ pytestmark = [
     pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed"),
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}"),
 ]
+
+
+def as_incident(body: dict[str, Any]) -> Incident:
+    """An incident of the API as the tracker's value (the stored ``hosts`` is not a field)."""
+    keep = {k: v for k, v in body.items() if k in Incident.__dataclass_fields__}
+    for key in ("culprits", "affected", "terminated"):
+        keep[key] = tuple(keep[key])
+    keep["timeline"] = tuple(Evidence(**e) for e in keep["timeline"])
+    return Incident(**keep)
+
 
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
@@ -286,6 +298,24 @@ def test_nan_spread_names_the_culprit_on_desktop_and_phone(
     server = serving.restart()
     page = open_run(desk, server, run)
     assert "rank 2" in card_text(page) and "3 ranks affected" in card_text(page)
+    where = f"{ranks_now[2]['host']} · pid {ranks_now[2]['pid']}"
+    assert where in card_text(page)
+    # A server restarted while the job runs on has no entry for a rank that crashed before it
+    # started: the card then says where the culprit ran from the stored incident.
+    without_entries = page.evaluate("""async () => {
+      const m = await import('/static/incidents.js');
+      const node = document.createElement('div');
+      m.renderIncidentCard(node, [], Date.now() / 1000);
+      return node.querySelector('.inc-culprit').innerText; }""")
+    assert where in without_entries
+    # the link incident messages carry (serve --public-url): that run, the culprit, the step
+    link = dashboard_link(server.url, as_incident(incidents(server, run)[0]))
+    page.goto("about:blank")
+    page.goto(link)
+    page.wait_for_function("() => window.rankwatch && window.rankwatch.ready")
+    got = page.evaluate("() => { const s = window.rankwatch.state;"
+                        " return [s.run, [...s.selected], s.zoom]; }")  # fmt: skip
+    assert got == [run, [2], {"start": 0, "end": FAULT_STEP + 20}]
     # A restarted server lists no rank entries for a stored run (its rank table is empty), so
     # only the charts carry the roles here.
     check_colours(page, 2, [0, 1, 3], "after serve restarted", table=False)

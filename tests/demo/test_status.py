@@ -106,6 +106,17 @@ def test_messages_are_cut_to_their_gist() -> None:
     ]
 
 
+def test_the_servers_one_line_is_what_the_demo_says() -> None:
+    rep, said = reporter()
+    row = rank_row(1, "crashed", "crashed: builtins.RuntimeError: Launch kernel failed\n----\n"
+                   "- C++ Call Stack:\nkernel.cc:12 at step 30")  # fmt: skip
+    row["message_line"] = "RuntimeError: Launch kernel failed"
+    rep.ingest(snapshot([row], []), None)
+    assert said == ["  rank 1: crashed at step 30: RuntimeError: Launch kernel failed"]
+    assert "  rank 1: RuntimeError: Launch kernel failed" in rep.summary_lines("none", 1, 0)
+    assert "C++ Call Stack" in rep.summary("none", 1, 0)["messages"]["1"]  # kept whole
+
+
 def test_verdict_names_who_went_first_and_what_became_of_the_others() -> None:
     rep, _ = reporter()
     nan = [dict(divergence(2, "loss", 20, 20), kind="nonfinite")]

@@ -6,6 +6,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from rankwatch.aggregator.alerts.sinks.words import IncidentNote
+
 CLOSE_TIMEOUT_S = 2.0
 
 
@@ -15,7 +17,9 @@ class Sink(Protocol):
 
     A sink that also takes incident transitions (one message when an incident opens, changes
     culprit or cause, or resolves) has a ``submit_incident(change)`` method as well; the service
-    looks for it by name, so a sink without one keeps working unchanged."""
+    looks for it by name, so a sink without one keeps working unchanged. Such a sink with
+    ``covered_alerts = False`` (the webhooks) is not given the rank alerts an incident stands
+    for: the incident's messages say them once."""
 
     @property
     def name(self) -> str:
@@ -47,6 +51,8 @@ class WebhookKind:
     """One chat or HTTP service: how a message looks, how it is signed, how it fails.
 
     ``payload(alerts)``: the JSON body for a batch of alerts (dataclasses or dicts).
+    ``incident(notes)``: the JSON body for a batch of incident changes (``IncidentNote``); a
+    kind without one sends each note through ``payload`` as an alert (``note_as_alert``).
     ``sign(url, payload, secret, now_s)``: the URL and body to send when a secret is set.
     ``check(body)``: an error text when a 2xx answer still means "refused", else None.
     """
@@ -56,6 +62,7 @@ class WebhookKind:
     sign: Callable[[str, Payload, str, float], tuple[str, Payload]] = _unsigned
     check: Callable[[bytes], str | None] = _http_status_only
     aliases: tuple[str, ...] = ()
+    incident: Callable[[Sequence[IncidentNote]], Payload] | None = None
 
 
 def describe(kinds: Mapping[str, WebhookKind]) -> str:

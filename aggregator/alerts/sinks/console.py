@@ -10,7 +10,7 @@ from typing import Any, TextIO
 from rankwatch.aggregator.alerts.sinks.base import CLOSE_TIMEOUT_S
 from rankwatch.aggregator.alerts.sinks.words import alert_dict, alert_line
 from rankwatch.aggregator.incidents.model import IncidentChange
-from rankwatch.aggregator.incidents.words import title
+from rankwatch.aggregator.incidents.words import dashboard_link, title
 
 
 def format_alert(alert: Any) -> str:
@@ -25,8 +25,9 @@ def format_alert(alert: Any) -> str:
 class ConsoleSink:
     name = "console"
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, public_url: str | None = None) -> None:
         self._stream = stream
+        self.public_url = public_url  # the dashboard's address: incident lines end with a link
         self._lock = threading.Lock()
         self.printed = 0
         self.failed = 0
@@ -35,7 +36,8 @@ class ConsoleSink:
         """One line a person reads first: what broke, on which rank, why."""
         inc = change.incident
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(inc.updated))
-        self._write(f"{stamp} rankwatch {title(change)}: {inc.summary}")
+        link = f" {dashboard_link(self.public_url, inc)}" if self.public_url else ""
+        self._write(f"{stamp} rankwatch {title(change)}: {inc.summary}{link}")
 
     def submit(self, alert: Any) -> None:
         self._write(format_alert(alert))

@@ -11,7 +11,13 @@ from typing import Any
 
 from rankwatch.aggregator.alerts.sinks.base import Payload, WebhookKind
 from rankwatch.aggregator.alerts.sinks.chat import service_error
-from rankwatch.aggregator.alerts.sinks.words import markdown, message_parts
+from rankwatch.aggregator.alerts.sinks.words import (
+    IncidentNote,
+    incident_markdown,
+    incident_title,
+    markdown,
+    message_parts,
+)
 
 
 def payload(alerts: Sequence[Any]) -> Payload:
@@ -30,4 +36,9 @@ def sign(url: str, body: Payload, secret: str, now_s: float) -> tuple[str, Paylo
     return signed_url(url, secret, int(now_s * 1000)), body
 
 
-KIND = WebhookKind("dingtalk", payload, sign, service_error)
+def incident(notes: Sequence[IncidentNote]) -> Payload:
+    text = incident_markdown(notes)
+    return {"msgtype": "markdown", "markdown": {"title": incident_title(notes), "text": text}}
+
+
+KIND = WebhookKind("dingtalk", payload, sign, service_error, incident=incident)

@@ -13,9 +13,10 @@ from rankwatch.aggregator.incidents.model import IncidentChange
 log = logging.getLogger("rankwatch.service")
 
 
-def deliver(sinks: Sequence[Sink], item: Alert | IncidentChange) -> int:
+def deliver(sinks: Sequence[Sink], item: Alert | IncidentChange, covered: bool = False) -> int:
     """``item`` to every sink that takes it (incidents: sinks with ``submit_incident``);
-    returns how many sinks failed."""
+    returns how many sinks failed. ``covered``: an incident stands for this alert, so sinks
+    that take incidents and say ``covered_alerts = False`` (webhooks) do not get it."""
     failed = 0
     for sink in sinks:
         if isinstance(item, IncidentChange):
@@ -23,6 +24,9 @@ def deliver(sinks: Sequence[Sink], item: Alert | IncidentChange) -> int:
             if submit is None:
                 continue
         else:
+            takes = hasattr(sink, "submit_incident")
+            if covered and takes and not getattr(sink, "covered_alerts", True):
+                continue
             submit = sink.submit
         try:
             submit(item)

@@ -10,7 +10,13 @@ from typing import Any
 
 from rankwatch.aggregator.alerts.sinks.base import Payload, WebhookKind
 from rankwatch.aggregator.alerts.sinks.chat import service_error
-from rankwatch.aggregator.alerts.sinks.words import clip, message_parts
+from rankwatch.aggregator.alerts.sinks.words import (
+    IncidentNote,
+    clip,
+    incident_text,
+    incident_title,
+    message_parts,
+)
 
 
 def payload(alerts: Sequence[Any]) -> Payload:
@@ -29,4 +35,9 @@ def sign(url: str, body: Payload, secret: str, now_s: float) -> tuple[str, Paylo
     return url, {"timestamp": str(stamp), "sign": signature(secret, stamp), **body}
 
 
-KIND = WebhookKind("feishu", payload, sign, service_error, aliases=("lark",))
+def incident(notes: Sequence[IncidentNote]) -> Payload:
+    text = incident_title(notes) + "\n" + incident_text(notes)
+    return {"msg_type": "text", "content": {"text": clip(text)}}
+
+
+KIND = WebhookKind("feishu", payload, sign, service_error, aliases=("lark",), incident=incident)

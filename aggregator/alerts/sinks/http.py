@@ -2,9 +2,12 @@
 
 Each webhook has its own thread and bounded queue, so a slow or dead endpoint never slows
 ingest or the other webhooks. Alerts queued while a webhook waits (rate limit, retry backoff)
-are sent together in one message. What differs between kinds (payload, signing, the answer's
-error code) is the kind's table (``WebhookKind``, one module per kind). URLs and secrets carry
-credentials: they are never logged; logs and counters name a webhook by its kind and host only.
+are sent together in one message; so are incident changes (one message for those, another for
+the alerts). A webhook is told of incidents (``submit_incident``: opened, culprit or cause
+changed, resolved) and not of the rank alerts an incident stands for (``covered_alerts``).
+What differs between kinds (payload, signing, the answer's error code) is the kind's table
+(``WebhookKind``, one module per kind). URLs and secrets carry credentials: they are never
+logged; logs and counters name a webhook by its kind and host only.
 """
 
 from __future__ import annotations
@@ -24,6 +27,14 @@ from typing import Any
 
 from rankwatch.aggregator.alerts.sinks.base import CLOSE_TIMEOUT_S, Payload, WebhookKind
 from rankwatch.aggregator.alerts.sinks.registry import resolve
+from rankwatch.aggregator.alerts.sinks.words import (
+    IncidentNote,
+    incident_note,
+    incident_severity,
+    merge_changes,
+    note_as_alert,
+)
+from rankwatch.aggregator.incidents.model import IncidentChange
 
 log = logging.getLogger("rankwatch.webhooks")
 
@@ -91,25 +102,41 @@ def build_payload(kind: str, alerts: Sequence[Any]) -> Payload:
     return resolve(kind).payload(alerts)
 
 
+def incident_payload(kind: WebhookKind, notes: Sequence[IncidentNote]) -> Payload:
+    """The JSON body of one message about incident changes, for ``kind``."""
+    if kind.incident is not None:
+        return kind.incident(notes)
+    return kind.payload([note_as_alert(n) for n in notes])
+
+
 class _Stop:
     pass
 
 
 class WebhookSink:
-    """One endpoint: a thread, a bounded queue, rate limiting, retries with backoff."""
+    """One endpoint: a thread, a bounded queue, rate limiting, retries with backoff.
 
-    def __init__(self, config: WebhookConfig) -> None:
+    ``public_url``: the dashboard's address as people reach it; incident messages then link to
+    the run at the fault step."""
+
+    covered_alerts = False  # the rank alerts an incident stands for are not sent: its messages are
+
+    def __init__(self, config: WebhookConfig, public_url: str | None = None) -> None:
         self.config = config
+        self.public_url = public_url
         self._kind = config.table
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=config.queue_max)
         self._stop = threading.Event()
         self._last_send = -1e18
         self.counters: dict[str, Any] = {
+            "queued": 0,  # alerts and incident changes taken
             "sent": 0,
             "alerts_sent": 0,
             "retries": 0,
             "failed": 0,
             "alerts_failed": 0,
+            "incidents_sent": 0,
+            "incidents_failed": 0,
             "dropped": 0,
             "last_error": None,
         }
@@ -134,12 +161,21 @@ class WebhookSink:
         return SEVERITIES.index(severity) >= SEVERITIES.index(self.config.min_severity)
 
     def submit(self, alert: Any) -> None:
-        """Queue one alert; never blocks (drops the oldest queued alert when full)."""
-        if self._stop.is_set() or not self.wants(alert):
+        """Queue one alert; never blocks (drops the oldest queued item when full)."""
+        if not self._stop.is_set() and self.wants(alert):
+            self._put(alert)
+
+    def submit_incident(self, change: IncidentChange) -> None:
+        """Queue one incident change (opened, updated, resolved); never blocks."""
+        if self._stop.is_set() or not self.wants({"severity": incident_severity(change)}):
             return
+        self._put(change)
+
+    def _put(self, item: Any) -> None:
         while True:
             try:
-                self._queue.put_nowait(alert)
+                self._queue.put_nowait(item)
+                self.counters["queued"] += 1
                 return
             except queue.Full:
                 with contextlib.suppress(queue.Empty):
@@ -167,19 +203,29 @@ class WebhookSink:
                 return
 
     def _deliver(self, batch: list[Any]) -> None:
+        """The batch's incident changes in one message (first: they say what broke), then its
+        alerts in another."""
+        changes = [item for item in batch if isinstance(item, IncidentChange)]
+        alerts = [item for item in batch if not isinstance(item, IncidentChange)]
+        if changes:
+            notes = [incident_note(c, self.public_url) for c in merge_changes(changes)]
+            self._send(incident_payload(self._kind, notes), "incidents", len(changes))
+        if alerts:
+            self._send(self._kind.payload(alerts), "alerts", len(alerts))
+
+    def _send(self, payload: Payload, what: str, count: int) -> None:
         cfg = self.config
         interval = 60.0 / cfg.rate_per_min
         wait = self._last_send + interval - time.monotonic()
         if wait > 0:
             self._stop.wait(wait)  # returns early on close: then each batch gets one try
-        payload = self._kind.payload(batch)
         delay = cfg.backoff_s
         for attempt in range(1, cfg.attempts + 1):
             self._last_send = time.monotonic()
             error = self._post(payload)
             if error is None:
                 self.counters["sent"] += 1
-                self.counters["alerts_sent"] += len(batch)
+                self.counters[f"{what}_sent"] += count
                 if self._logged_failure:
                     log.info("webhook %s delivers again", cfg.label)
                     self._logged_failure = False
@@ -192,13 +238,14 @@ class WebhookSink:
                 break
             delay *= 2
         self.counters["failed"] += 1
-        self.counters["alerts_failed"] += len(batch)
+        self.counters[f"{what}_failed"] += count
         if not self._logged_failure:
             self._logged_failure = True
             log.warning(
-                "webhook %s: gave up on a message of %d alert(s) after %d attempt(s): %s",
+                "webhook %s: gave up on a message of %d %s after %d attempt(s): %s",
                 cfg.label,
-                len(batch),
+                count,
+                what,
                 attempt,
                 error,
             )
@@ -239,6 +286,12 @@ class WebhookSink:
     def pending(self) -> int:
         return self._queue.qsize()
 
+    def settled(self) -> bool:
+        """Everything taken was sent, given up or dropped (nothing queued or in flight)."""
+        c = self.counters
+        done = sum(c[k] for k in ("alerts_sent", "alerts_failed", "incidents_sent"))
+        return done + c["incidents_failed"] + c["dropped"] == c["queued"]
+
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """Stop: what is queued gets one try each, bounded by ``timeout``; a hung endpoint is
         abandoned (the thread is a daemon)."""
@@ -251,14 +304,19 @@ class WebhookSink:
 
 
 class Webhooks:
-    """All configured webhooks: ``submit(alert)`` fans an alert transition out to each."""
+    """All configured webhooks: ``submit(alert)`` fans an alert transition out to each,
+    ``submit_incident(change)`` an incident change."""
 
-    def __init__(self, configs: Sequence[WebhookConfig]) -> None:
-        self.sinks = [WebhookSink(c) for c in configs]
+    def __init__(self, configs: Sequence[WebhookConfig], public_url: str | None = None) -> None:
+        self.sinks = [WebhookSink(c, public_url) for c in configs]
 
     def submit(self, alert: Any) -> None:
         for sink in self.sinks:
             sink.submit(alert)
+
+    def submit_incident(self, change: IncidentChange) -> None:
+        for sink in self.sinks:
+            sink.submit_incident(change)
 
     def counters(self) -> dict[str, dict[str, Any]]:
         return {s.name: s.snapshot() for s in self.sinks}

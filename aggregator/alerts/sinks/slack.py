@@ -6,7 +6,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from rankwatch.aggregator.alerts.sinks.base import Payload, WebhookKind
-from rankwatch.aggregator.alerts.sinks.words import clip, message_parts
+from rankwatch.aggregator.alerts.sinks.words import (
+    IncidentNote,
+    clip,
+    incident_title,
+    message_parts,
+)
 
 
 def escape(text: str) -> str:
@@ -20,4 +25,13 @@ def payload(alerts: Sequence[Any]) -> Payload:
     return {"text": clip(f"*{escape(title)}*\n{body}")}
 
 
-KIND = WebhookKind("slack", payload)
+def incident(notes: Sequence[IncidentNote]) -> Payload:
+    blocks = [f"*{escape(incident_title(notes))}*"]
+    for note in notes:
+        head = [f"*{escape(note.title.removeprefix('rankwatch '))}*"] if len(notes) > 1 else []
+        link = [f"<{note.link}|open the dashboard at this step>"] if note.link else []
+        blocks.append("\n".join([*head, *(escape(line) for line in note.lines), *link]))
+    return {"text": clip("\n\n".join(blocks))}
+
+
+KIND = WebhookKind("slack", payload, incident=incident)

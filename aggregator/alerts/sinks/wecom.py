@@ -7,7 +7,12 @@ from typing import Any
 
 from rankwatch.aggregator.alerts.sinks.base import Payload, WebhookKind
 from rankwatch.aggregator.alerts.sinks.chat import service_error
-from rankwatch.aggregator.alerts.sinks.words import markdown, message_parts
+from rankwatch.aggregator.alerts.sinks.words import (
+    IncidentNote,
+    incident_markdown,
+    markdown,
+    message_parts,
+)
 
 
 def payload(alerts: Sequence[Any]) -> Payload:
@@ -15,4 +20,10 @@ def payload(alerts: Sequence[Any]) -> Payload:
     return {"msgtype": "markdown", "markdown": {"content": markdown(title, lines)}}
 
 
-KIND = WebhookKind("wecom", payload, check=service_error, aliases=("wechat", "wxwork"))
+def incident(notes: Sequence[IncidentNote]) -> Payload:
+    return {"msgtype": "markdown", "markdown": {"content": incident_markdown(notes)}}
+
+
+KIND = WebhookKind(
+    "wecom", payload, check=service_error, aliases=("wechat", "wxwork"), incident=incident
+)

@@ -103,6 +103,10 @@ def test_demo_injected_crash_is_not_a_collective_failure() -> None:
             "    g()\nRuntimeError: config broken",
             "RuntimeError: config broken",
         ),
+        (  # names start where a word does, or after a character no name holds
+            "OSError: cannot open ab@c/d/e/f.so and name:Default/x-y/z/w/AllReduce-op2",
+            "OSError: cannot open ab@.../f.so and name:.../AllReduce-op2",
+        ),
     ],
 )
 def test_odd_texts(text: str, line: str) -> None:

@@ -23,6 +23,7 @@ def test_opened_updated_resolved_words() -> None:
     assert words.splitlines() == [
         "rank 2 (node-0, pid 1002) went non-finite first (loss at step 20); 3 ranks (0, 1, 3)"
         " followed from step 21.",
+        "fault step 20; 3 ranks affected after it",
         "was: ranks 0, 1, 3 non-finite (non-finite first, at step 21 (loss)); "
         "now: non-finite first, at step 20 (loss)",
         "job#1, opened 2023-11-14 22:15:00 UTC",

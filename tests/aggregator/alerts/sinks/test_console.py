@@ -7,6 +7,10 @@ import io
 from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.alerts.sinks.base import Sink
 from rankwatch.aggregator.alerts.sinks.console import ConsoleSink, format_alert
+from rankwatch.aggregator.incidents.tracker import IncidentTracker
+
+from tests.aggregator.incidents.builders import T0, nan
+from tests.aggregator.incidents.scenario import deliver, world
 
 NOW = 1_700_000_100.0
 
@@ -35,3 +39,17 @@ def test_a_closed_stream_is_counted_not_raised() -> None:
     sink.submit({"rule": "lost", "severity": "critical", "run": "r", "rank": 1})
     assert sink.snapshot() == {"printed": 0, "failed": 1}
     sink.close()
+
+
+def test_an_incident_is_one_line_with_the_dashboard_link_when_the_address_is_known() -> None:
+    t = IncidentTracker()
+    deliver(t, world(4))
+    (opened,) = t.observe(T0 + 100, divergences=[nan(2, 20)])
+    out = io.StringIO()
+    ConsoleSink(out, public_url="https://rw.example.org").submit_incident(opened)
+    line = out.getvalue()
+    assert line.count("\n") == 1
+    assert line.endswith(
+        "rankwatch [INCIDENT] job: rank 2 non-finite: rank 2 (node-0, pid 1002) went non-finite "
+        "first (loss at step 20) https://rw.example.org/#run=job&sel=2&zoom=0-40\n"
+    )

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import hmac
-import json
 import logging
-import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -23,59 +18,10 @@ from rankwatch.aggregator.alerts.sinks.http import (
     build_payload,
 )
 
+from tests.aggregator.alerts.sinks.conftest import Capture, fast, wait_for
+
 SECRET = "SECdeadbeef"
 TOKEN = "tok3n-in-the-path"
-
-
-class Capture:
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, dict[str, Any]]] = []
-        self.release = threading.Event()  # lets /hang requests finish at teardown
-        self.lock = threading.Lock()
-
-    def bodies(self, prefix: str) -> list[tuple[str, dict[str, Any]]]:
-        with self.lock:
-            return [(p, b) for p, b in self.requests if p.startswith(prefix)]
-
-
-@pytest.fixture
-def server() -> Iterator[tuple[str, Capture]]:
-    capture = Capture()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length", 0))
-            body = json.loads(self.rfile.read(length))
-            with capture.lock:
-                capture.requests.append((self.path, body))
-            if self.path.startswith("/hang"):
-                capture.release.wait(10)
-            status, answer = 200, {"errcode": 0, "errmsg": "ok"}
-            if self.path.startswith("/fail"):
-                status = 500
-            elif self.path.startswith("/denied"):
-                status = 403
-            elif self.path.startswith("/badsign"):
-                answer = {"errcode": 310000, "errmsg": "sign not match"}
-            data = json.dumps(answer).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            with contextlib.suppress(OSError):  # a client that timed out has gone
-                self.wfile.write(data)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", capture
-    capture.release.set()
-    httpd.shutdown()
-    httpd.server_close()
 
 
 def alert(i: int = 0, state: str = "firing", severity: str = "critical") -> dict[str, Any]:
@@ -85,18 +31,6 @@ def alert(i: int = 0, state: str = "firing", severity: str = "critical") -> dict
         "since_time": 1000.0, "time": 1010.0, "value": float("nan"),
         "message": "rank 2 loss <b>&</b> 8.1 MADs above the median",
     }  # fmt: skip
-
-
-def wait_for(predicate: Any, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
-
-
-def fast(kind: str, url: str, **kw: Any) -> WebhookConfig:
-    return WebhookConfig(kind, url, rate_per_min=6000, backoff_s=0.02, timeout_s=2, **kw)
 
 
 def test_each_kind_posts_its_documented_message_shape(server: tuple[str, Capture]) -> None:

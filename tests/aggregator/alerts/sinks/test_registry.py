@@ -15,9 +15,8 @@ from rankwatch.aggregator.alerts.sinks.words import message_parts
 from rankwatch.aggregator.config import ConfigError, parse_config, parse_webhook_flag
 from rankwatch.aggregator.service import ServeConfig
 
-from tests.aggregator.alerts.sinks.test_http import Capture, alert, server, wait_for
-
-__all__ = ["server"]  # the fixture, imported for the tests below
+from tests.aggregator.alerts.sinks.conftest import Capture, wait_for
+from tests.aggregator.alerts.sinks.test_http import alert
 
 
 def teams_payload(alerts: Sequence[Any]) -> Payload:

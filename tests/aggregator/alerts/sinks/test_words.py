@@ -37,3 +37,18 @@ def test_the_dict_form_is_strict_json_and_reads_the_same() -> None:
 def test_titles() -> None:
     assert title_of([alert_dict(LOST)]) == "rankwatch FIRING: lost"
     assert title_of([alert_dict(LOST), alert_dict(PLATEAU)]) == "rankwatch: 1 firing, 1 resolved"
+
+
+def test_a_crash_alert_is_one_line_and_its_dict_keeps_the_whole_text() -> None:
+    stack = "\n".join(["", "----------", "- C++ Call Stack: (For framework developers)",
+                       "----------", "mindspore/ccsrc/kernel.cc:12 Launch"])  # fmt: skip
+    crash = Alert(
+        "crashed|r|1|", "crashed", "critical", "firing", "r", 1, None, 20, 0.0, 1.0, None,
+        f"rank 1 (node0) crashed: builtins.RuntimeError: Launch kernel failed, name:Default/"
+        f"grad_reducer/AllReduce-op2{stack} at step 20",
+    )  # fmt: skip
+    assert alert_line(alert_dict(crash)) == (
+        "FIRING [critical] run r, rank 1: rank 1 (node0) crashed: RuntimeError: Launch kernel "
+        "failed, name:Default/grad_reducer/AllReduce-op2 (since step 20)"
+    )
+    assert "C++ Call Stack" in alert_dict(crash)["message"]
