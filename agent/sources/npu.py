@@ -246,11 +246,11 @@ class NpuSource:
         interval_s: float = NPU_MIN_INTERVAL_S,
         *,
         env: Mapping[str, str] | None = None,
-        timeout_s: float = SMI_TIMEOUT_S,
+        timeout_s: float | None = None,
     ) -> None:
         self.interval_s = interval_s
         self._env = dict(os.environ if env is None else env)
-        self._timeout_s = timeout_s
+        self._timeout_s = SMI_TIMEOUT_S if timeout_s is None else timeout_s
         self._tool: str | None = None
         self._chip: Chip | None = None
         self._dropped: set[str] = set()  # subcommands that failed once
