@@ -219,7 +219,7 @@ def test_npu_values_reach_the_jsonl_as_telemetry(
     monkeypatch.setenv("DEVICE_ID", "3")
     mon = Monitor(run="npu-ok", log_dir=tmp_path / "logs", telemetry="npu")
     deadline = time.monotonic() + 10
-    while "telemetry" not in mon.jsonl_path.read_text() and time.monotonic() < deadline:
+    while '"kind":"telemetry"' not in mon.jsonl_path.read_text() and time.monotonic() < deadline:
         time.sleep(0.02)
     mon.close()
     recs = [records.from_json_line(x) for x in mon.jsonl_path.read_text().splitlines()]

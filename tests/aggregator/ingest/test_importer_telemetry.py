@@ -20,7 +20,9 @@ def jsonl_with_telemetry(tmp_path: Path) -> Path:
     )
     deadline = time.monotonic() + 10
     step = 0
-    while mon.jsonl_path.read_text().count('"telemetry"') < 3 and time.monotonic() < deadline:
+    while (
+        mon.jsonl_path.read_text().count('"kind":"telemetry"') < 3 and time.monotonic() < deadline
+    ):
         step += 1
         mon.log(step, loss=1.0)
         time.sleep(0.02)
