@@ -285,3 +285,27 @@ def test_a_resend_request_of_either_version_is_taken(
     router.send(next(iter(router.peers)), {"v": version, "resend_from": 3})  # steps 2 and 3
     router.wait_for(lambda recs: len(steps(recs)) == 5)
     assert mon._sender is not None and mon._sender.resends == 1
+
+
+def test_a_resend_sends_telemetry_again_in_frames_of_its_own(
+    router: Any, make_monitor: Any
+) -> None:
+    class Constant:
+        name, interval_s = "const", 0.02
+
+        def sample(self, now: float) -> dict[str, float]:
+            return {"v": 1.0}
+
+    def tele(recs: list[Record]) -> list[int]:
+        return [r.seq for r in recs if isinstance(r, records.TelemetryRecord)]
+
+    mon = make_monitor(addr=router.addr, heartbeat_s=60.0, sources=[Constant()])
+    router.wait_for(lambda recs: len(tele(recs)) >= 3)
+    assert mon._sampler.close(1.0)
+    router.poll(0.5)  # what was queued before the sampler stopped
+    first = sorted(set(tele(router.received)))
+    versions = len(router.versions)
+    router.send(next(iter(router.peers)), {"v": 1, "resend_from": 1})
+    router.wait_for(lambda recs: len(tele(recs)) >= 2 * len(first))
+    assert sorted(tele(router.received))[::2] == first  # each one twice now
+    assert 2 in router.versions[versions:] and 1 in router.versions[versions:]
