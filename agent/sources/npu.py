@@ -207,6 +207,10 @@ _PARSERS: dict[str, Callable[[Mapping[str, str]], Parsed]] = {
 # --- running npu-smi ---------------------------------------------------------------------
 
 
+class SmiTimeout(SourceError):
+    """npu-smi ran past its timeout: every later call would too, so the source stops."""
+
+
 def run_smi(tool: str, args: Sequence[str], timeout_s: float = SMI_TIMEOUT_S) -> str:
     """``npu-smi <args>``'s output; ``SourceError`` when it cannot run, exits non-zero (with
     what it said) or runs past ``timeout_s`` (then it and its children are killed)."""
@@ -226,7 +230,7 @@ def run_smi(tool: str, args: Sequence[str], timeout_s: float = SMI_TIMEOUT_S) ->
         except OSError:
             proc.kill()
         proc.communicate()
-        raise SourceError(
+        raise SmiTimeout(
             f"telemetry source 'npu': {command} did not answer within {timeout_s:g} s; "
             "NPU values are not sent"
         ) from None
@@ -251,8 +255,7 @@ class NpuSource:
         self.interval_s = interval_s
         self._env = dict(os.environ if env is None else env)
         self._timeout_s = SMI_TIMEOUT_S if timeout_s is None else timeout_s
-        self._tool: str | None = None
-        self._chip: Chip | None = None
+        self._target: tuple[str, Chip] | None = None  # (npu-smi's path, the rank's chip)
         self._dropped: set[str] = set()  # subcommands that failed once
 
     def _start(self) -> tuple[str, Chip]:
@@ -276,12 +279,11 @@ class NpuSource:
                 f"telemetry source 'npu': this rank's device (logic id {logic}) is not in "
                 f"npu-smi info -m (logic ids {known}); NPU values are not sent"
             )
-        self._tool, self._chip = tool, chip
+        self._target = (tool, chip)
         return tool, chip
 
     def sample(self, now: float) -> Reading:
-        tool, chip = (self._tool, self._chip) if self._chip else self._start()
-        assert tool is not None and chip is not None
+        tool, chip = self._target or self._start()
         card, per_chip = ["-i", str(chip.npu_id)], ["-i", str(chip.npu_id), "-c", str(chip.chip_id)]
         values: dict[str, float] = {}
         labels = {"card": str(chip.npu_id), "chip": str(chip.chip_id)}
@@ -293,9 +295,9 @@ class NpuSource:
                 continue
             try:
                 text = run_smi(tool, ["info", "-t", kind, *args], self._timeout_s)
+            except SmiTimeout:
+                raise
             except SourceError as exc:
-                if "did not answer" in str(exc):
-                    raise  # a hanging tool: every later call would hang too
                 self._dropped.add(kind)
                 log.warning("%s; its values are not sent", exc)
                 continue

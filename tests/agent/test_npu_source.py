@@ -169,6 +169,15 @@ def test_a_hanging_tool_is_killed_with_its_children(
     assert time.monotonic() - started < 3  # the sleeping grandchild held the pipe: killed too
 
 
+def test_one_hanging_subcommand_stops_the_source_not_just_itself(
+    smi: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NPU_SMI_HANG_ON", "temp")
+    src = NpuSource(10.0, env=dict(os.environ), timeout_s=0.3)
+    with pytest.raises(SourceError, match=r"npu-smi info -t temp -i 0 -c 0 did not answer"):
+        src.sample(0.0)
+
+
 @pytest.mark.parametrize(
     ("mode", "words"),
     [
