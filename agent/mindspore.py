@@ -151,8 +151,8 @@ class TrainMonitor(Callback):
         }
         if monitor is not None and any(v is not None for v in self._monitor_args.values()):
             raise ValueError(
-                "TrainMonitor: pass either a Monitor or the arguments of one "
-                "(run/rank/world_size/addr/log_dir/telemetry/ckpt_dir), not both"
+                "TrainMonitor: pass either a Monitor or "
+                "run/rank/world_size/addr/log_dir/telemetry/ckpt_dir, not both"
             )
         self.log_interval = _check_interval("log_interval", log_interval, 1)
         lr_default = log_interval if lr_interval is None else lr_interval
