@@ -92,6 +92,8 @@ class _MonitorArgs(TypedDict):
     world_size: int | None
     addr: str | None
     log_dir: str | None
+    telemetry: str | float | bool | None
+    ckpt_dir: str | None
 
 
 # --- the callback ------------------------------------------------------------------------
@@ -112,8 +114,9 @@ class TrainMonitor(Callback):
     """Record every rank's training metrics through a rankwatch ``Monitor``.
 
     ``monitor``: an existing Monitor (left open at the end of training), or None to create one
-    at the start of training from ``run``, ``rank``, ``world_size``, ``addr``, ``log_dir``
-    (None = from the environment) and close it when training ends.
+    at the start of training from ``run``, ``rank``, ``world_size``, ``addr``, ``log_dir``,
+    ``telemetry`` and ``ckpt_dir`` (None = from the environment; see ``Monitor``) and close it
+    when training ends.
     ``batch_size`` (samples per step on this rank, for throughput): defaults to
     ``train_dataset.get_batch_size()``. Intervals are in steps; ``lr_interval`` defaults to
     ``log_interval`` and 0 turns lr off; ``weight_stats_interval`` defaults to ``log_interval``.
@@ -135,6 +138,8 @@ class TrainMonitor(Callback):
         world_size: int | None = None,
         addr: str | None = None,
         log_dir: str | None = None,
+        telemetry: str | float | bool | None = None,
+        ckpt_dir: str | None = None,
     ) -> None:
         super().__init__()
         self._monitor_args: _MonitorArgs = {
@@ -143,10 +148,13 @@ class TrainMonitor(Callback):
             "world_size": world_size,
             "addr": addr,
             "log_dir": log_dir,
+            "telemetry": telemetry,
+            "ckpt_dir": ckpt_dir,
         }
         if monitor is not None and any(v is not None for v in self._monitor_args.values()):
             raise ValueError(
-                "TrainMonitor: pass either a Monitor or run/rank/world_size/addr/log_dir, not both"
+                "TrainMonitor: pass either a Monitor or "
+                "run/rank/world_size/addr/log_dir/telemetry/ckpt_dir, not both"
             )
         self.log_interval = _check_interval("log_interval", log_interval, 1)
         lr_default = log_interval if lr_interval is None else lr_interval

@@ -28,7 +28,22 @@ spike      loss += magnitude sigma, at the onset step only             sigma (20
 slow       step_time x magnitude, throughput / magnitude               factor (2)
 hang       no more step records; heartbeats go on (last_step stuck)    -
 lost       silence: no steps, heartbeats or end event                  -
+hot        card temperature += magnitude °C (telemetry)                °C (25)
+throttle   SM clock x magnitude, thermal slowdown reasons set,         clock factor
+           step_time / magnitude                                       (0.7)
+ecc        an ECC burst: corrected += 100 x magnitude per sample,      errors (4)
+           uncorrected += magnitude once
+nodeslow   every rank of that rank's node: step_time x magnitude,      factor (1.5)
+           host CPU at 100 %, load x 3
 =========  ==========================================================  ===============
+
+With ``--telemetry-s`` (0: off) each rank also sends telemetry records (schema version 2, in
+frames of their own) every that many seconds, staggered: a ``gpu`` record for its card
+(``gpu:<rank % ranks_per_node>``: ``util_pct``, ``mem_used_bytes``, ``mem_total_bytes``,
+``temp_c``, ``power_w``, ``power_limit_w``, ``sm_clock_mhz``, ``throttle_mask``,
+``ecc_corrected_total``, ``ecc_uncorrected_total``, label ``throttle``) and a ``host`` record
+(``cpu_pct``, ``load1``, ``mem_available_bytes``), with seeded per-card noise; the hardware
+faults above show there from their onset step.
 
 Prints progress every 5 s and a JSON summary (records and frames sent, schedule lag) at the end.
 """
@@ -57,8 +72,31 @@ STEP_TIME_SIGMA = 0.02  # relative per-rank noise of step_time
 BATCH_SIZE = 32  # samples per step per rank (throughput = BATCH_SIZE / step_time)
 BASE_LR = 1e-3
 WARMUP_STEPS = 100  # lr warm-up
-FAULT_KINDS = ("drift", "nan", "spike", "slow", "hang", "lost")
-DEFAULT_MAGNITUDE = {"drift": 3.0, "spike": 20.0, "slow": 2.0}
+FAULT_KINDS = (
+    "drift",
+    "nan",
+    "spike",
+    "slow",
+    "hang",
+    "lost",
+    "hot",
+    "throttle",
+    "ecc",
+    "nodeslow",
+)
+DEFAULT_MAGNITUDE = {
+    "drift": 3.0, "spike": 20.0, "slow": 2.0, "hot": 25.0, "throttle": 0.7, "ecc": 4.0,
+    "nodeslow": 1.5,
+}  # fmt: skip
+# Telemetry of a healthy card and host: (mean, relative sigma) of each value.
+CARD = {
+    "util_pct": (97.0, 0.01), "temp_c": (60.0, 0.03), "power_w": (600.0, 0.02),
+    "sm_clock_mhz": (1980.0, 0.005), "mem_used_bytes": (70e9, 0.01),
+}  # fmt: skip
+CARD_TOTAL_BYTES = 85899345920.0
+POWER_LIMIT_W = 700.0
+HOST = {"cpu_pct": (30.0, 0.1), "load1": (8.0, 0.1), "mem_available_bytes": (5e11, 0.02)}
+THERMAL_SLOWDOWN = 0x20 | 0x40  # NVML's sw_thermal and hw_thermal clock event reasons
 PROGRESS_S = 5.0  # progress line period of the CLI
 READY_TIMEOUT_S = 120.0  # workers must have their sockets within this
 START_DELAY_S = 0.5  # between "all workers ready" and step 1
@@ -100,8 +138,8 @@ def parse_faults(text: str, world: int, default_step: int) -> list[Fault]:
             raise ValueError(f"fault {item!r}: onset step must be >= 1")
         if magnitude is not None and not math.isfinite(magnitude):
             raise ValueError(f"fault {item!r}: magnitude must be finite")
-        if kind == "slow" and magnitude is not None and magnitude <= 0:
-            raise ValueError(f"fault {item!r}: slow factor must be > 0")
+        if kind in ("slow", "throttle", "nodeslow") and magnitude is not None and magnitude <= 0:
+            raise ValueError(f"fault {item!r}: {kind} factor must be > 0")
         out.append(Fault(kind, rank, magnitude, step))
     return out
 
@@ -109,9 +147,17 @@ def parse_faults(text: str, world: int, default_step: int) -> list[Fault]:
 class Model:
     """Seeded metric values of every rank at a step (pure: no clock, no sockets)."""
 
-    def __init__(self, world: int, rate: float, seed: int, faults: Sequence[Fault]) -> None:
+    def __init__(
+        self, world: int, rate: float, seed: int, faults: Sequence[Fault], ranks_per_node: int = 8
+    ) -> None:
         self.world, self.rate, self.seed = world, rate, seed
         self.faults = list(faults)
+        self.node = ranks_per_node
+
+    def node_ranks(self, rank: int) -> slice:
+        """The ranks on ``rank``'s node (``node<rank // ranks_per_node>``)."""
+        first = rank // self.node * self.node
+        return slice(first, min(first + self.node, self.world))
 
     def lr(self, step: int) -> float:
         warm = min(1.0, step / WARMUP_STEPS)
@@ -137,6 +183,10 @@ class Model:
                 loss[f.rank] += mag * LOSS_SIGMA * loss_level
             elif f.kind == "slow":
                 step_time[f.rank] *= mag
+            elif f.kind == "throttle":
+                step_time[f.rank] /= mag
+            elif f.kind == "nodeslow":
+                step_time[self.node_ranks(f.rank)] *= mag
         return {
             "loss": loss,
             "lr": np.full(self.world, self.lr(step)),  # a shared schedule: bit-identical
@@ -144,6 +194,40 @@ class Model:
             "step_time": step_time,
             "grad_norm": grad,
         }
+
+    def telemetry(self, step: int) -> dict[str, np.ndarray]:
+        """``gpu/<key>`` and ``host/<key>`` -> float64 array over all ranks, for samples
+        taken at ``step`` (seeded by step as ``values`` is; faults from their onset)."""
+        rng = np.random.default_rng([self.seed, step, 1])
+        out: dict[str, np.ndarray] = {}
+        for key, (mean, sigma) in {**CARD, **HOST}.items():
+            prefix = "gpu" if key in CARD else "host"
+            out[f"{prefix}/{key}"] = mean * (1 + sigma * rng.standard_normal(self.world))
+        out["gpu/mem_total_bytes"] = np.full(self.world, CARD_TOTAL_BYTES)
+        out["gpu/power_limit_w"] = np.full(self.world, POWER_LIMIT_W)
+        out["gpu/throttle_mask"] = np.zeros(self.world)
+        out["gpu/ecc_corrected_total"] = np.zeros(self.world)
+        out["gpu/ecc_uncorrected_total"] = np.zeros(self.world)
+        for f in self.faults:
+            if step < f.step:
+                continue
+            mag = f.magnitude or 0.0
+            if f.kind == "hot":
+                out["gpu/temp_c"][f.rank] += mag
+            elif f.kind == "throttle":
+                out["gpu/sm_clock_mhz"][f.rank] *= mag
+                out["gpu/temp_c"][f.rank] += 30.0
+                out["gpu/throttle_mask"][f.rank] = THERMAL_SLOWDOWN
+            elif f.kind == "ecc":
+                samples = step - f.step + 1
+                out["gpu/ecc_corrected_total"][f.rank] += 100 * mag * samples
+                out["gpu/ecc_uncorrected_total"][f.rank] += mag
+            elif f.kind == "nodeslow":
+                node = self.node_ranks(f.rank)
+                out["host/cpu_pct"][node] = 100.0
+                out["host/load1"][node] *= 3
+                out["gpu/util_pct"][node] /= f.magnitude or 1.0
+        return out
 
 
 @dataclass
@@ -159,6 +243,7 @@ class LoadConfig:
     run: str = "loadgen"
     heartbeat_s: float = 5.0
     ranks_per_node: int = 8  # simulated host names: node<rank // ranks_per_node>
+    telemetry_s: float = 0.0  # seconds between a rank's telemetry samples (0: none)
 
     @property
     def steps(self) -> int:
@@ -169,6 +254,8 @@ class LoadConfig:
             raise ValueError("ranks, procs and ranks_per_node must be >= 1")
         if not (self.rate > 0 and self.duration > 0 and self.heartbeat_s > 0):
             raise ValueError("rate, duration and heartbeat_s must be > 0")
+        if not 0 <= self.telemetry_s < math.inf:
+            raise ValueError("telemetry_s must be >= 0 (0: no telemetry)")
         if self.sockets not in ("rank", "process"):
             raise ValueError(f"sockets must be 'rank' or 'process', got {self.sockets!r}")
         if not self.addrs or len(self.addrs) > self.ranks:
@@ -327,6 +414,7 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
         run=args.run,
         heartbeat_s=args.heartbeat_s,
         ranks_per_node=args.ranks_per_node,
+        telemetry_s=args.telemetry_s,
     )
 
 
@@ -343,6 +431,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--run", default=f"loadgen-{int(time.time())}")
     ap.add_argument("--heartbeat-s", type=float, default=5.0)
     ap.add_argument("--ranks-per-node", type=int, default=8)
+    ap.add_argument("--telemetry-s", type=float, default=0.0, help="telemetry every (0: none)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import msgpack
 import zmq
 from loadgen import METRICS, Fault, Model
-from rankwatch.agent.wire.records import MAX_FRAME_BYTES, SCHEMA_VERSION
+from rankwatch.agent.wire.records import MAX_FRAME_BYTES, frame_groups, version_of
 
 RECORDS_PER_FRAME = 4_000  # shared-socket mode: records per frame before the size check
 SNDHWM_FRAMES = 100_000  # generous: backlog shows up at the aggregator, not here
@@ -33,7 +33,7 @@ def pack(records: list[dict[str, Any]]) -> list[tuple[bytes, int]]:
     """Frames under MAX_FRAME_BYTES (halving a batch that packs too large), with record counts."""
     if not records:
         return []
-    frame = msgpack.packb({"v": SCHEMA_VERSION, "records": records}, use_bin_type=True)
+    frame = msgpack.packb({"v": version_of(records), "records": records}, use_bin_type=True)
     if len(frame) <= MAX_FRAME_BYTES or len(records) == 1:
         return [(frame, len(records))]
     half = len(records) // 2
@@ -48,18 +48,23 @@ class Worker:
         self.rate: float = spec["rate"]
         self.steps = max(1, round(spec["duration"] * self.rate))
         self.faults = [Fault(**f) for f in spec["faults"]]
-        self.model = Model(self.world, self.rate, spec["seed"], self.faults)
+        self.model = Model(
+            self.world, self.rate, spec["seed"], self.faults, int(spec["ranks_per_node"])
+        )
         self.segments: list[tuple[int, int, str]] = [tuple(s) for s in spec["segments"]]
         self.per_rank = spec["sockets"] == "rank"
         self.hb_every = max(1, round(spec["heartbeat_s"] * self.rate))  # steps between beats
         self.heartbeat_s = float(spec["heartbeat_s"])
+        telemetry_s = float(spec.get("telemetry_s", 0.0))
+        # steps between a rank's telemetry samples (0: none)
+        self.tele_every = max(1, round(telemetry_s * self.rate)) if telemetry_s > 0 else 0
         self.node = int(spec["ranks_per_node"])
         self.ranks = [r for lo, hi, _ in self.segments for r in range(lo, hi)]
         self.seq = {r: 0 for r in self.ranks}
         self.last_step: dict[int, int | None] = {r: None for r in self.ranks}
         self.hang = {f.rank: f.step for f in self.faults if f.kind == "hang"}
         self.lost = {f.rank: f.step for f in self.faults if f.kind == "lost"}
-        self.by_kind = {"step": 0, "event": 0, "heartbeat": 0}
+        self.by_kind = {"step": 0, "event": 0, "heartbeat": 0, "telemetry": 0}
         self.records = self.frames = self.again = 0
         self.ctx = zmq.Context()
         self.ctx.set(zmq.MAX_SOCKETS, len(self.ranks) + 64)
@@ -96,9 +101,26 @@ class Worker:
         onset = self.lost.get(rank)
         return onset is not None and step >= onset
 
+    def _telemetry(self, r: int, now: float, values: dict[str, list[float]]) -> list[dict]:
+        """A rank's two telemetry records of one sample: its card and its host."""
+        out = []
+        for source, device in (("gpu", f"gpu:{r % self.node}"), ("host", "")):
+            rec = self._common(r, "telemetry", now)
+            rec.update(host=self._host(r), pid=PID_BASE + r, source=source, device=device)
+            rec["values"] = {k: v[r] for k, v in values.items() if k.startswith(source + "/")}
+            rec["labels"] = {}
+            if source == "gpu":
+                mask = int(rec["values"]["gpu/throttle_mask"])
+                rec["labels"]["gpu/throttle"] = "sw_thermal,hw_thermal" if mask else ""
+            out.append(rec)
+        return out
+
     def step_records(self, step: int, now: float) -> dict[int, list[dict[str, Any]]]:
         values = self.model.values(step)
         lists = {m: values[m].tolist() for m in METRICS}
+        tele: dict[str, list[float]] | None = None
+        if self.tele_every:
+            tele = {k: v.tolist() for k, v in self.model.telemetry(step).items()}
         out: dict[int, list[dict[str, Any]]] = {}
         for r in self.ranks:
             if self._silent(r, step):
@@ -115,18 +137,23 @@ class Worker:
                 beat = self._common(r, "heartbeat", now)
                 beat.update(last_step=self.last_step[r], next_in=self.heartbeat_s, dropped=0)
                 batch.append(beat)
+            if tele is not None and (step + r) % self.tele_every == 0:
+                batch.extend(self._telemetry(r, now, tele))
         return out
 
     # --- sending -------------------------------------------------------------------------
 
     def send(self, batches: dict[int, list[dict[str, Any]]]) -> None:
         for key, recs in batches.items():
-            if self.per_rank:
-                frames = [(msgpack.packb({"v": SCHEMA_VERSION, "records": recs}), len(recs))]
-            else:
-                frames = []
-                for i in range(0, len(recs), RECORDS_PER_FRAME):
-                    frames.extend(pack(recs[i : i + RECORDS_PER_FRAME]))
+            frames: list[tuple[bytes, int]] = []
+            for part in frame_groups(recs):  # telemetry (schema version 2) in frames of its own
+                if self.per_rank:
+                    frames.append(
+                        (msgpack.packb({"v": version_of(part), "records": part}), len(part))
+                    )
+                else:
+                    for i in range(0, len(part), RECORDS_PER_FRAME):
+                        frames.extend(pack(part[i : i + RECORDS_PER_FRAME]))
             self.pending[key].extend(frames)
         self.flush()
 

@@ -342,6 +342,19 @@ def test_given_monitor_is_left_open(tmp_path: Path) -> None:
     assert events_of(recs) == [("start", None), ("end", "normal")]
 
 
+def test_telemetry_and_ckpt_dir_reach_the_monitor_it_makes(tmp_path: Path) -> None:
+    callback = TrainMonitor(run="t", log_dir=str(tmp_path), telemetry="host,30s", ckpt_dir="c")
+    mon = callback.monitor
+    assert mon._sampler is not None and mon._sampler.registry.names() == ["host"]
+    (host,) = mon._sampler.registry.sources()
+    assert host.interval_s == 30.0 and host._dirs["ckpt"] == Path("c").absolute()
+    mon.close()
+    given = Monitor(run="u", log_dir=tmp_path)
+    with pytest.raises(ValueError, match="telemetry/ckpt_dir"):
+        TrainMonitor(given, telemetry="off")
+    given.close()
+
+
 class Bomb(Callback):
     def __init__(self, at_step: int) -> None:
         self.at_step = at_step

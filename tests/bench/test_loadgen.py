@@ -26,6 +26,8 @@ from serve_proc import ServeProc
         ("nan:5@40", [Fault("nan", 5, None, 40)]),
         ("spike:9, slow:3:1.5@2", [Fault("spike", 9, 20.0, 10), Fault("slow", 3, 1.5, 2)]),
         ("hang:7,lost:8@30,", [Fault("hang", 7, None, 10), Fault("lost", 8, None, 30)]),
+        ("hot:2,throttle:3@5", [Fault("hot", 2, 25.0, 10), Fault("throttle", 3, 0.7, 5)]),
+        ("ecc:4:9,nodeslow:9:2", [Fault("ecc", 4, 9.0, 10), Fault("nodeslow", 9, 2.0, 10)]),
         ("", []),
     ],
 )
@@ -42,6 +44,7 @@ def test_parse_faults(text: str, expected: list[Fault]) -> None:
         ("drift:64", "not in 0..63"),
         ("nan:1@0", "onset step must be >= 1"),
         ("slow:1:0", "slow factor must be > 0"),
+        ("throttle:1:0", "throttle factor must be > 0"),
         ("drift:1:nan", "magnitude must be finite"),
     ],
 )
@@ -66,6 +69,34 @@ def test_model_is_seeded_and_faults_act_from_their_onset() -> None:
         np.testing.assert_array_equal(a["loss"][7:], b["loss"][7:])
 
 
+def test_hardware_faults_show_in_the_telemetry_from_their_onset() -> None:
+    faults = [
+        Fault("hot", 2, 25.0, 5), Fault("throttle", 3, 0.7, 5), Fault("ecc", 4, 2.0, 5),
+        Fault("nodeslow", 9, 1.5, 5),
+    ]  # fmt: skip
+    clean, faulty = Model(24, 5.0, 7, [], 8), Model(24, 5.0, 7, faults, 8)
+    for step in (4, 5, 7):
+        a, b = clean.telemetry(step), faulty.telemetry(step)
+        np.testing.assert_array_equal(
+            a["gpu/temp_c"], Model(24, 5.0, 7, [], 8).telemetry(step)["gpu/temp_c"]
+        )
+        on = step >= 5
+        assert b["gpu/temp_c"][2] - a["gpu/temp_c"][2] == pytest.approx(25.0 if on else 0.0)
+        assert b["gpu/sm_clock_mhz"][3] == pytest.approx(
+            a["gpu/sm_clock_mhz"][3] * (0.7 if on else 1)
+        )
+        assert b["gpu/throttle_mask"][3] == (0x60 if on else 0)
+        assert b["gpu/ecc_uncorrected_total"][4] == (2.0 if on else 0.0)
+        assert b["gpu/ecc_corrected_total"][4] == (200.0 * (step - 4) if on else 0.0)
+        node = slice(8, 16)  # rank 9's node: ranks 8..15
+        assert (b["host/cpu_pct"][node] == 100.0).all() == on
+        ratio = faulty.values(step)["step_time"] / clean.values(step)["step_time"]
+        np.testing.assert_allclose(ratio[node], 1.5 if on else 1.0)
+        assert ratio[3] == pytest.approx(1 / 0.7 if on else 1.0)
+        for key in ("gpu/temp_c", "gpu/sm_clock_mhz", "host/cpu_pct"):  # nobody else moved
+            np.testing.assert_array_equal(a[key][16:], b[key][16:])
+
+
 def test_segments_cover_every_rank_once_per_address() -> None:
     cfg = LoadConfig(ranks=10, procs=3, addrs=["tcp://a:1", "tcp://b:1"])
     segs = [s for worker in cfg.segments() for s in worker]
@@ -84,6 +115,38 @@ def test_pack_keeps_frames_under_the_limit() -> None:
     assert all(len(f) <= records.MAX_FRAME_BYTES for f, _ in frames)
     got = [r["seq"] for f, _ in frames for r in msgpack.unpackb(f)["records"]]
     assert got == list(range(1, 20_001))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sockets", ["rank", "process"])
+def test_telemetry_reaches_a_real_receiver_in_frames_of_its_own(sockets: str) -> None:
+    from rankwatch.aggregator.ingest.receiver import Receiver
+
+    receiver = Receiver("127.0.0.1", 0)
+    config = LoadConfig(
+        ranks=16, rate=4.0, duration=3.0, procs=1, sockets=sockets, run=f"tele-{sockets}",
+        addrs=[f"tcp://127.0.0.1:{receiver.port}"], telemetry_s=0.5,
+        faults=[Fault("hot", 5, 25.0, 2)],
+    )  # fmt: skip
+    gen = LoadGen(config)
+    got: list[records.Record] = []
+    try:
+        gen.start()
+        while any(w.proc.poll() is None for w in gen.workers):
+            got.extend(records.unblock(receiver.recv(50)))
+        summary = gen.wait(timeout_s=30)
+        deadline = time.monotonic() + 10
+        while len(got) < summary["records"] and time.monotonic() < deadline:
+            got.extend(records.unblock(receiver.recv(50)))
+    finally:
+        gen.kill()
+        receiver.close()
+    tele = [r for r in got if isinstance(r, records.TelemetryRecord)]
+    assert len(got) == summary["records"] and receiver.counters()["reasons"] == {}
+    assert len(tele) == summary["by_kind"]["telemetry"] == 16 * 2 * 6  # 2 a sample, 6 samples
+    hot = [r.values["gpu/temp_c"] for r in tele if r.source == "gpu" and r.rank == 5]
+    others = [r.values["gpu/temp_c"] for r in tele if r.source == "gpu" and r.rank != 5]
+    assert min(hot[1:]) > max(others) and {r.device for r in tele if r.rank == 9} == {"gpu:1", ""}
 
 
 # --- CI-sized load test --------------------------------------------------------------------

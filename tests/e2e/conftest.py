@@ -250,6 +250,7 @@ def launch_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RANKWATCH_")}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONUNBUFFERED"] = "1"
+    env["RANKWATCH_TELEMETRY"] = "off"  # records are counted exactly; telemetry is tested alone
     env.update(extra)
     return env
 

@@ -230,7 +230,8 @@ class Rank:
         if stop_file is not None:
             cmd += ["--stop-file", str(stop_file)]
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("RANKWATCH_")}
-        full_env.update(PYTHONUNBUFFERED="1", **(env or {}))
+        # records are compared one for one with the store: telemetry has tests of its own
+        full_env.update(PYTHONUNBUFFERED="1", RANKWATCH_TELEMETRY="off", **(env or {}))
         with open(self.out, "ab") as out:
             self.proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
