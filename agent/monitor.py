@@ -45,7 +45,7 @@ from .stall import stack_dump_s as stack_dump_s_of
 from .values import NotANumber, check_name, plain, to_float
 from .wire.curve import CURVE_DIR_ENV, curve_keys
 from .wire.jsonsafe import NONFINITE_TO_JSON, json_value
-from .wire.records import EVENT_KINDS, MAX_INC, MAX_METRICS, SCHEMA_VERSION
+from .wire.records import BASE_VERSION, EVENT_KINDS, MAX_INC, MAX_METRICS
 
 log = logging.getLogger("rankwatch.agent")
 
@@ -174,7 +174,7 @@ class Monitor:
         # The constant part of every step line, serialised once; % fields: seq, time, step,
         # epoch, then (in a cached template) one %r per metric.
         prefix = (
-            f'{{"v":{SCHEMA_VERSION},"kind":"step","run":{json.dumps(self.run)},'
+            f'{{"v":{BASE_VERSION},"kind":"step","run":{json.dumps(self.run)},'
             f'"rank":{self.rank},"world_size":{self.world_size},'
             f'"host":{json.dumps(self.host)},"pid":{self.pid},{inc}"seq":'
         )
@@ -422,7 +422,7 @@ class Monitor:
         self._write_and_queue(wire, self._queue_max + EVENT_SLACK)
 
     def _write_and_queue(self, wire: dict[str, Any], limit: int) -> None:
-        line = json.dumps({"v": SCHEMA_VERSION, **wire}, allow_nan=False, separators=_COMPACT)
+        line = json.dumps({"v": BASE_VERSION, **wire}, allow_nan=False, separators=_COMPACT)
         self._writer.write((line + "\n").encode("utf-8", "replace"))
         queue = self._queue
         if queue is not None:
@@ -455,7 +455,7 @@ class Monitor:
                 stack = None
             if stack is not None:
                 wire["stack"] = stack
-        line = json.dumps({"v": SCHEMA_VERSION, **wire}, separators=_COMPACT)
+        line = json.dumps({"v": BASE_VERSION, **wire}, separators=_COMPACT)
         self._writer.write((line + "\n").encode("utf-8", "replace"))
         return wire
 
@@ -481,7 +481,7 @@ class Monitor:
         seq, now = next(self._seq), time.time()
         wire = {"kind": "step", **self._base, "seq": seq, "time": now, "step": step, "epoch": None}
         text = {k: json_value(v) for k, v in metrics.items()}
-        line = json.dumps({"v": SCHEMA_VERSION, **wire, "metrics": text}, separators=_COMPACT)
+        line = json.dumps({"v": BASE_VERSION, **wire, "metrics": text}, separators=_COMPACT)
         self._writer.write((line + "\n").encode("utf-8", "replace"))
         queue = self._queue
         if queue is not None:

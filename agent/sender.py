@@ -37,7 +37,15 @@ import zmq
 from . import reach
 from .fallback import read_records
 from .wire.curve import CurveKeys
-from .wire.records import MAX_FRAME_BYTES, SCHEMA_VERSION, Record, encode_frame, to_wire
+from .wire.records import (
+    BASE_VERSION,
+    MAX_FRAME_BYTES,
+    SCHEMA_VERSION,
+    Record,
+    encode_frame,
+    frame_groups,
+    to_wire,
+)
 
 log = logging.getLogger("rankwatch.agent")
 
@@ -188,7 +196,8 @@ class Sender:
         if not self._send_pending(sock):
             return  # ZeroMQ's queue is full: keep the frames, leave the deque alone
         while batch := self._take():
-            self._pending.extend(self._pack(batch))
+            for part in frame_groups(batch):  # telemetry in frames of its own
+                self._pending.extend(self._pack(part))
             if not self._send_pending(sock):
                 return
 
@@ -268,7 +277,8 @@ class Sender:
             except Exception:
                 self._warn_once("control", "rankwatch: ignored a malformed control frame")
                 continue
-            if version != SCHEMA_VERSION or type(start) is not int or self._jsonl is None:
+            known = version in (BASE_VERSION, SCHEMA_VERSION)
+            if not known or type(start) is not int or self._jsonl is None:
                 self._warn_once("control", "rankwatch: ignored control frame %r", msg)
                 continue
             if inc != self._inc:  # meant for an earlier process of this rank

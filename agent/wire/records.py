@@ -6,7 +6,7 @@ A frame may carry a batch of records. A *record* is a msgpack/JSON map with thes
 ====== ======= ===============================================================
 field  type    meaning
 ====== ======= ===============================================================
-kind   str     ``"step"``, ``"event"`` or ``"heartbeat"``
+kind   str     ``"step"``, ``"event"``, ``"heartbeat"`` or ``"telemetry"``
 run    str     run name, shared by all ranks of one launch
 rank   int     global rank, ``0 <= rank``
 seq    int     per-rank sequence number, increasing across all kinds from 1
@@ -43,6 +43,21 @@ cannot read does not cost the heartbeat: it is dropped and ``Heartbeat.stack_pro
 from before ``stack`` ignores the field like any unknown one: its fast msgspec path refuses the
 frame (unknown field) and the schema decoder below takes the heartbeat without it.
 
+``telemetry`` (schema version 2) is one source's sample of hardware or host state, time-indexed
+rather than step-indexed: ``host`` (str), ``pid`` (int), ``source`` (``"host"``, ``"npu"``,
+``"gpu"``, ``"memory"`` or a user source's name; at most ``MAX_SOURCE_CHARS``), ``device`` (``""``
+for host-wide values, else ``"npu:<physical id>"``, ``"gpu:<index>"``, ``"cpu"``; at most
+``MAX_SOURCE_CHARS``), ``values`` (map of ``<source>/<key>`` -> float, as a step's ``metrics``:
+NaN and ±Inf allowed, at most ``MAX_METRICS``) and ``labels`` (map of name -> short text such as
+``npu/health`` = ``"Warning"``; at most ``MAX_LABELS`` of at most ``MAX_LABEL_CHARS`` chars). Its
+``seq`` comes from the rank's one counter, so dedupe and resend treat it like any record.
+
+Schema version 2 only adds ``telemetry``. A frame (or JSONL line) is written with ``"v": 2`` only
+when it carries a telemetry record; every other one keeps ``"v": BASE_VERSION`` (1), so an
+aggregator of version 1 goes on taking a newer agent's steps, events and heartbeats and refuses
+only its telemetry frames, with its message naming the newer version. Agents put telemetry in
+frames of their own (``frame_groups``). This decoder reads versions 1 and 2.
+
 Unknown fields are ignored, so newer agents can talk to older aggregators within one schema
 version. A missing or mistyped required field raises ``DecodeError`` naming the field.
 
@@ -66,7 +81,8 @@ import msgpack
 from .jsonsafe import JSON_TO_NONFINITE, json_safe, json_value
 from .stacks import StackSample, truncation
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # the newest version this module reads and writes (2: telemetry records)
+BASE_VERSION = 1  # the version of frames and lines holding no telemetry record
 MAX_FRAME_BYTES = 4 * 1024 * 1024  # aggregator's ZMQ_MAXMSGSIZE; agents batch below this
 MAX_NAME_CHARS = 256  # run and metric names longer than this are rejected
 MAX_METRICS = 1024  # metrics in one step record
@@ -79,6 +95,9 @@ MAX_FRAME_RECORDS = MAX_FRAME_BYTES // MIN_RECORD_BYTES
 # Below this many records a frame is cheap to decode whatever it holds, and each bad record
 # gets its own error (which field is wrong) rather than the frame's.
 COUNT_CHECK_RECORDS = 64
+MAX_SOURCE_CHARS = 64  # a telemetry record's source and device names
+MAX_LABELS = 32  # labels in one telemetry record
+MAX_LABEL_CHARS = 256  # one label's text
 MAX_INC = 2**53  # agents pick their incarnation below this (exact in a JavaScript number)
 _INT64_END = 2**63  # ints are 64-bit signed on the wire and in the store
 
@@ -104,7 +123,7 @@ STEP_FIELDS: tuple[FieldSpec, ...] = (
 )  # fmt: skip
 _STEP_FIELDS = tuple(f.name for f in STEP_FIELDS if f.required)
 
-KINDS = ("step", "event", "heartbeat")
+KINDS = ("step", "event", "heartbeat", "telemetry")
 EVENT_KINDS = ("start", "end", "crash", "eval", "note", "pause", "resume")
 AGGREGATOR_EVENTS = ("restart",)  # events the aggregator records itself (in the store and feed)
 
@@ -171,7 +190,23 @@ class Heartbeat:
     kind: str = field(default="heartbeat", init=False)
 
 
-Record = StepRecord | EventRecord | Heartbeat
+@dataclass(frozen=True, slots=True)
+class TelemetryRecord:
+    run: str
+    rank: int
+    seq: int
+    time: float  # when the sample was taken
+    host: str
+    pid: int
+    source: str
+    device: str
+    values: Mapping[str, float]
+    labels: Mapping[str, str]
+    inc: int = 0
+    kind: str = field(default="telemetry", init=False)
+
+
+Record = StepRecord | EventRecord | Heartbeat | TelemetryRecord
 
 
 @final  # so that the hot paths' ``type(x) is StepBlock`` checks narrow for the type checker
@@ -231,9 +266,30 @@ def to_wire(record: Record) -> dict[str, Any]:
 
 
 def encode_frame(records: list[Record] | list[dict[str, Any]]) -> bytes:
-    """One ZeroMQ message carrying ``records`` (dataclasses or already-wire maps)."""
+    """One ZeroMQ message carrying ``records`` (dataclasses or already-wire maps), with the
+    lowest schema version that holds them (``version_of``)."""
     wire = [r if isinstance(r, dict) else to_wire(r) for r in records]
-    return msgpack.packb({"v": SCHEMA_VERSION, "records": wire}, use_bin_type=True)
+    return msgpack.packb({"v": version_of(wire), "records": wire}, use_bin_type=True)
+
+
+def version_of(wire: Sequence[dict[str, Any]]) -> int:
+    """The schema version a frame of these wire maps is written with: 2 when one of them is
+    a telemetry record, else ``BASE_VERSION``, which aggregators of version 1 still read."""
+    for item in wire:
+        if item.get("kind") == "telemetry":
+            return SCHEMA_VERSION
+    return BASE_VERSION
+
+
+def frame_groups(wire: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """``wire`` as the batches to send as separate frames: its telemetry records apart from
+    the rest, so an aggregator of version 1 refuses only the telemetry. Order is kept within
+    each batch (the aggregator dedupes on seqs, not on arrival order)."""
+    telemetry = [item for item in wire if item.get("kind") == "telemetry"]
+    if not telemetry:
+        return [wire]
+    rest = [item for item in wire if item.get("kind") != "telemetry"]
+    return [rest, telemetry] if rest else [telemetry]
 
 
 def decode_frame(frame: bytes) -> list[Record]:
@@ -474,6 +530,17 @@ def _decode_checked(raw: Any) -> Record:
             stack=stack,
             stack_problem=problem,
         )
+    if kind == "telemetry":
+        return TelemetryRecord(
+            *_common(raw),
+            host=_str(raw, "host", allow_empty=True),
+            pid=_int(raw, "pid", minimum=0),
+            source=_str(raw, "source", max_chars=MAX_SOURCE_CHARS),
+            device=_str(raw, "device", allow_empty=True, max_chars=MAX_SOURCE_CHARS),
+            values=_metrics(raw, "values"),
+            labels=_labels(raw),
+            inc=_inc(raw),
+        )
     raise DecodeError("field", f"field 'kind' is {_show(kind)}, expected one of {KINDS}")
 
 
@@ -524,9 +591,11 @@ def _step_fast(raw: Any, copy: bool) -> StepRecord | None:
 def to_json_line(record: Record) -> str:
     """One JSONL line (with trailing newline) in strict RFC 8259 JSON."""
     wire = to_wire(record)
-    wire["v"] = SCHEMA_VERSION
+    wire["v"] = SCHEMA_VERSION if record.kind == "telemetry" else BASE_VERSION
     if "metrics" in wire:
         wire["metrics"] = {k: json_value(v) for k, v in wire["metrics"].items()}
+    if "values" in wire:  # a telemetry record's
+        wire["values"] = {k: json_value(v) for k, v in wire["values"].items()}
     if "next_in" in wire:
         wire["next_in"] = json_value(wire["next_in"])
     wire["time"] = json_value(wire["time"])
@@ -601,7 +670,9 @@ def _missing(name: str) -> DecodeError:
     return DecodeError("field", f"required field '{name}' is missing")
 
 
-def _str(raw: dict[str, Any], name: str, allow_empty: bool = False) -> str:
+def _str(
+    raw: dict[str, Any], name: str, allow_empty: bool = False, max_chars: int = MAX_NAME_CHARS
+) -> str:
     if name not in raw:
         raise _missing(name)
     value = raw[name]
@@ -609,8 +680,8 @@ def _str(raw: dict[str, Any], name: str, allow_empty: bool = False) -> str:
         raise DecodeError("field", f"field '{name}' must be a string, got {type(value).__name__}")
     if not value and not allow_empty:
         raise DecodeError("field", f"field '{name}' is empty")
-    if len(value) > MAX_NAME_CHARS:
-        raise DecodeError("field", f"field '{name}' is {len(value)} chars, max {MAX_NAME_CHARS}")
+    if len(value) > max_chars:
+        raise DecodeError("field", f"field '{name}' is {len(value)} chars, max {max_chars}")
     return value
 
 
@@ -653,18 +724,20 @@ def _float(raw: dict[str, Any], name: str) -> float:
         raise DecodeError("field", f"field '{name}' is an integer too large for a float") from None
 
 
-def _metrics(raw: dict[str, Any]) -> dict[str, float]:
-    if "metrics" not in raw:
-        raise _missing("metrics")
-    metrics = raw["metrics"]
+def _metrics(raw: dict[str, Any], name: str = "metrics") -> dict[str, float]:
+    """A step's ``metrics`` (or a telemetry record's ``values``): name -> float."""
+    if name not in raw:
+        raise _missing(name)
+    metrics = raw[name]
     if not isinstance(metrics, dict):
-        raise DecodeError("field", "field 'metrics' must be a map of name -> number")
+        raise DecodeError("field", f"field '{name}' must be a map of name -> number")
     if len(metrics) > MAX_METRICS:
-        raise DecodeError("field", f"{len(metrics)} metrics in one record, max {MAX_METRICS}")
+        raise DecodeError("field", f"{len(metrics)} {name} in one record, max {MAX_METRICS}")
+    noun = "metric" if name == "metrics" else "value"
     out: dict[str, float] = {}
     for key, value in metrics.items():
         if not isinstance(key, str) or not key or len(key) > MAX_NAME_CHARS:
-            raise DecodeError("field", f"metric name {str(key)[:40]!r} is not a valid name")
+            raise DecodeError("field", f"{noun} name {str(key)[:40]!r} is not a valid name")
         if type(value) is float:
             out[key] = value
         elif type(value) is int:
@@ -672,12 +745,35 @@ def _metrics(raw: dict[str, Any]) -> dict[str, float]:
                 out[key] = float(value)
             except OverflowError:  # a JSON integer of hundreds of digits
                 raise DecodeError(
-                    "field", f"metric '{key[:40]}' is an integer too large for a float"
+                    "field", f"{noun} '{key[:40]}' is an integer too large for a float"
                 ) from None
         elif isinstance(value, str) and value in JSON_TO_NONFINITE:
             out[key] = JSON_TO_NONFINITE[value]
         else:
             raise DecodeError(
-                "field", f"metric '{key[:40]}' must be a number, got {type(value).__name__}"
+                "field", f"{noun} '{key[:40]}' must be a number, got {type(value).__name__}"
             )
     return out
+
+
+def _labels(raw: dict[str, Any]) -> dict[str, str]:
+    """A telemetry record's ``labels``: name -> short text."""
+    if "labels" not in raw:
+        raise _missing("labels")
+    labels = raw["labels"]
+    if not isinstance(labels, dict):
+        raise DecodeError("field", "field 'labels' must be a map of name -> string")
+    if len(labels) > MAX_LABELS:
+        raise DecodeError("field", f"{len(labels)} labels in one record, max {MAX_LABELS}")
+    for key, value in labels.items():
+        if not isinstance(key, str) or not key or len(key) > MAX_NAME_CHARS:
+            raise DecodeError("field", f"label name {str(key)[:40]!r} is not a valid name")
+        if not isinstance(value, str):
+            raise DecodeError(
+                "field", f"label '{key[:40]}' must be a string, got {type(value).__name__}"
+            )
+        if len(value) > MAX_LABEL_CHARS:
+            raise DecodeError(
+                "field", f"label '{key[:40]}' is {len(value)} chars, max {MAX_LABEL_CHARS}"
+            )
+    return dict(labels)

@@ -348,7 +348,8 @@ class Receiver:
         if identity is None:
             return False
         # run and rank let a relay pass the request on to the right agent; agents ignore them.
-        message = {"v": records.SCHEMA_VERSION, "resend_from": from_seq, "run": run, "rank": rank}
+        # The base version: agents from before telemetry read it too.
+        message = {"v": records.BASE_VERSION, "resend_from": from_seq, "run": run, "rank": rank}
         if inc:  # an agent of this incarnation only (one without any takes none)
             message["inc"] = inc
         self.send_control(identity, message)

@@ -53,6 +53,7 @@ class Router:
         self.addr = f"tcp://127.0.0.1:{port}"
         self.received: list[records.Record] = []
         self.frames = 0
+        self.versions: list[int] = []  # each frame's schema version, in arrival order
         self.peers: set[bytes] = set()
 
     def poll(self, timeout_s: float) -> None:
@@ -64,6 +65,7 @@ class Router:
             peer, frame = self.sock.recv_multipart()
             self.peers.add(peer)
             self.frames += 1
+            self.versions.append(records.frame_envelope(frame)[0])
             self.received.extend(records.decode_frame(frame))
 
     def wait_for(

@@ -9,10 +9,10 @@ from typing import Any
 import msgpack
 import pytest
 from rankwatch.agent.wire.records import (
+    BASE_VERSION,
     MAX_FRAME_BYTES,
     MAX_METRICS,
     MAX_NAME_CHARS,
-    SCHEMA_VERSION,
     DecodeError,
     EventRecord,
     Heartbeat,
@@ -80,7 +80,7 @@ def test_json_lines_are_strict_json() -> None:
     assert line.endswith("\n") and line.count("\n") == 1
     raw = json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard {c}"))
     assert raw["metrics"] == {"a": "NaN", "b": "Infinity", "c": "-Infinity"}
-    assert raw["v"] == SCHEMA_VERSION
+    assert raw["v"] == BASE_VERSION  # no telemetry in it: readable by version-1 aggregators
 
 
 @pytest.mark.parametrize(
@@ -153,7 +153,7 @@ def test_decode_record_errors(raw: Any, message: str) -> None:
         (msgpack.packb([1]), "envelope", "frame is a list"),
         (msgpack.packb({"records": []}), "envelope", "'v' missing"),
         (msgpack.packb({"v": "1", "records": []}), "envelope", "not an int"),
-        (msgpack.packb({"v": 2, "records": []}), "version", "newer than this aggregator"),
+        (msgpack.packb({"v": 3, "records": []}), "version", "newer than this aggregator"),
         (msgpack.packb({"v": 0, "records": []}), "version", "not valid"),
         (msgpack.packb({"v": 1}), "envelope", "no 'records' list"),
         (msgpack.packb({"v": 1, "records": [{"kind": "x"}]}), "field", "'kind'"),

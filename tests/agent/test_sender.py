@@ -251,3 +251,37 @@ def test_an_unpackable_record_is_dropped_not_fatal(value: Any) -> None:
     frames = list(sender._pack([wide(1, 1), bad, wide(3, 1)]))
     assert [r.seq for f, _ in frames for r in records.decode_frame(f)] == [1, 3]
     assert dropped == [1]
+
+
+def test_telemetry_goes_in_frames_of_its_own_with_version_2(router: Any) -> None:
+    queue: deque[Any] = deque()
+    sender = Sender(router.addr, queue, {}, lambda: None, 60.0, lambda n: None)
+    base = {"run": "r", "rank": 0, "host": "h", "pid": 1}
+    for seq in range(1, 7):
+        if seq % 2:
+            queue.append({"kind": "event", **base, "world_size": 1, "seq": seq, "time": 1.0,
+                          "event": "note", "step": None, "info": {}})  # fmt: skip
+        else:
+            queue.append({"kind": "telemetry", **base, "seq": seq, "time": 1.0, "source": "host",
+                          "device": "", "values": {"host/load1": 0.5}, "labels": {}})  # fmt: skip
+    sender.start()
+    got = router.wait_for(lambda recs: len(recs) == 6)
+    assert sender.close(2.0)
+    assert router.frames == 2 and sorted(router.versions) == [1, 2]
+    by_kind = {r.kind: [] for r in got}
+    for r in got:
+        by_kind[r.kind].append(r.seq)
+    assert by_kind == {"event": [1, 3, 5], "telemetry": [2, 4, 6]}
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_resend_request_of_either_version_is_taken(
+    router: Any, make_monitor: Any, version: int
+) -> None:
+    mon = make_monitor(addr=router.addr, heartbeat_s=60.0)
+    for step in range(1, 4):
+        mon.log(step, loss=1.0)
+    router.wait_for(lambda recs: len(steps(recs)) == 3)
+    router.send(next(iter(router.peers)), {"v": version, "resend_from": 3})  # steps 2 and 3
+    router.wait_for(lambda recs: len(steps(recs)) == 5)
+    assert mon._sender is not None and mon._sender.resends == 1
