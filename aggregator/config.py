@@ -13,6 +13,7 @@
 
     [alerts]                # AlertConfig: disabled, severity, thresholds, plateau, ...
     [divergence]            # DivergenceConfig: z_threshold, confirm_steps, rules.<metric> ...
+    [telemetry]             # HardwareConfig: interval_s, z_threshold, confirm_buckets, ...
 
     [[webhooks]]
     kind = "dingtalk"       # a kind of aggregator/alerts/sinks/: json, slack, dingtalk, ...
@@ -44,8 +45,9 @@ from rankwatch.aggregator.alerts.sinks.http import WebhookConfig
 from rankwatch.aggregator.alerts.sinks.registry import kinds
 from rankwatch.aggregator.divergence.detector import DivergenceConfig
 from rankwatch.aggregator.service import ServeConfig
+from rankwatch.aggregator.telemetry.outliers import HardwareConfig
 
-SECTIONS = ("serve", "alerts", "divergence", "webhooks")
+SECTIONS = ("serve", "alerts", "divergence", "telemetry", "webhooks")
 
 # [serve] key -> (ServeConfig field, accepted types)
 SERVE_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
@@ -172,7 +174,10 @@ def parse_config(raw: Mapping[str, Any], where: str, base: ServeConfig) -> Serve
         elif field == "data_dir":
             value = Path(value).expanduser()
         changes[field] = value
-    for section, cls in (("alerts", AlertConfig), ("divergence", DivergenceConfig)):
+    sections: tuple[tuple[str, Any], ...] = (
+        ("alerts", AlertConfig), ("divergence", DivergenceConfig), ("telemetry", HardwareConfig),
+    )  # fmt: skip
+    for section, cls in sections:
         table = raw.get(section)
         if table is None:
             continue

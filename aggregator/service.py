@@ -27,6 +27,7 @@ from rankwatch.agent.wire.records import (
     Record,
     StepBlock,
     StepRecord,
+    TelemetryRecord,
     unblock,
 )
 from rankwatch.aggregator.alerts.rules import Alert, AlertEngine
@@ -69,11 +70,13 @@ from rankwatch.aggregator.snapshot import RankInputs, build_snapshot, rank_entri
 from rankwatch.aggregator.stacks import StackIntake
 from rankwatch.aggregator.store.db import Store, StoreError
 from rankwatch.aggregator.store.flusher import Flusher
+from rankwatch.aggregator.telemetry.intake import TelemetryIntake
 
 log = logging.getLogger("rankwatch.service")
 
 __all__ = ["FLUSH_INTERVAL_S", "LIVE_RETENTION_S", "MAX_FEED_POINTS", "STORE_RETRY_S",
            "Aggregator", "ServeConfig", "tune_gc"]  # fmt: skip
+
 
 class Aggregator:
     """See the module docstring. ``start()`` binds the ingest port; ``stop()`` flushes."""
@@ -89,6 +92,7 @@ class Aggregator:
         self.detector = DivergenceDetector(cfg.divergence)
         self.alerts = AlertEngine(cfg.alerts, cfg.divergence)
         self.incidents = IncidentTracker()
+        self.telemetry = TelemetryIntake(cfg.telemetry)  # hardware findings and card notes
         self.webhooks = Webhooks(cfg.webhooks)
         self.sinks: list[Sink] = list(self.webhooks.sinks)
         if cfg.console_alerts:
@@ -272,7 +276,9 @@ class Aggregator:
             if held is not None:
                 observe(held, now)
             observe(rec, now)
-            if isinstance(rec, EventRecord):
+            if type(rec) is TelemetryRecord:
+                self.telemetry.take(rec)
+            elif isinstance(rec, EventRecord):
                 self._tick_events.append(rec)
             elif isinstance(rec, Heartbeat) and (rec.stack is not None or rec.stack_problem):
                 self.stacks.take(rec)
@@ -304,7 +310,10 @@ class Aggregator:
             health = self._health_snapshot(now)
             changed = self.health.changes(now, health)  # once a tick: it moves on every call
             results, self._results = self._results, []
-            transitions = self.alerts.evaluate(now, results=results, health=health)
+            hardware = self.telemetry.tick()
+            transitions = self.alerts.evaluate(
+                now, results=results, health=health, hardware=hardware
+            )
             incidents = self.incidents.observe(
                 now,
                 divergences=[d for r in results if isinstance(r, StepResult) for d in r.new],
@@ -319,6 +328,8 @@ class Aggregator:
                 self._publish_points(steps)
                 self._publish_events(events)
                 self._publish_ranks(health, {h.run for h, _ in changed}, now)
+                for message in self.telemetry.feed_messages(now):
+                    self.feed.publish(message)
             if self.config.resend_gaps:
                 self._request_resends(health, now)
             self._retire_runs(health, now)
@@ -346,7 +357,8 @@ class Aggregator:
             over = all(h.state.value in ("finished", "crashed", "lost") for h in ranks.values())
             last = max((h.last_seen for h in ranks.values()), default=now)
             if over and now - last > LIVE_RETENTION_S:
-                for part in (self.health, self.merger, self.detector, self.incidents):
+                for part in (self.health, self.merger, self.detector, self.incidents,
+                             self.telemetry):  # fmt: skip
                     part.forget(run)
                 for key in [k for k in self.values if k[0] == run]:
                     del self.values[key]
@@ -366,7 +378,8 @@ class Aggregator:
 
     def _incident(self, change: IncidentChange) -> None:
         """An incident opened, changed culprit or cause, or resolved: stored, on the live
-        stream, and told to the sinks that take incidents."""
+        stream, and told to the sinks that take incidents, with its culprits' card notes."""
+        change = self.telemetry.annotate(change)
         body = jsonable(change.incident.as_dict())
         try:
             self.store.append_incident(body)
@@ -381,7 +394,8 @@ class Aggregator:
         """Every incident of ``run``, newest first: as the tracker judges them now, and those
         only the store still holds (an earlier `serve`, a run retired from the live state)."""
         with self.lock:
-            live = {inc.id: jsonable(inc.as_dict()) for inc in self.incidents.incidents(run)}
+            note = self.telemetry.annotate_dict
+            live = {inc.id: note(jsonable(inc.as_dict())) for inc in self.incidents.incidents(run)}
         stored = {inc["id"]: inc for inc in self.store.incidents(run)}
         merged = {**stored, **live}
         return sorted(merged.values(), key=lambda i: (i.get("opened", 0.0), i["id"]), reverse=True)

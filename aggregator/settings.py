@@ -13,6 +13,7 @@ from rankwatch.aggregator.alerts.config import AlertConfig
 from rankwatch.aggregator.alerts.sinks.http import WebhookConfig
 from rankwatch.aggregator.divergence.detector import DivergenceConfig
 from rankwatch.aggregator.health import DEFAULT_MIN_STALL_S
+from rankwatch.aggregator.telemetry.outliers import HardwareConfig
 
 DEFAULT_DATA_DIR = "rankwatch_data"
 DEFAULT_PORT = DEFAULT_HTTP_PORT
@@ -49,6 +50,7 @@ class ServeConfig:
     token: str | None = None
     alerts: AlertConfig = dataclasses.field(default_factory=AlertConfig)
     divergence: DivergenceConfig = dataclasses.field(default_factory=DivergenceConfig)
+    telemetry: HardwareConfig = dataclasses.field(default_factory=HardwareConfig)
     webhooks: list[WebhookConfig] = dataclasses.field(default_factory=list)
     flush_interval_s: float = FLUSH_INTERVAL_S
     store_flush_s: float = STORE_FLUSH_S
