@@ -14,6 +14,7 @@ import duckdb
 from rankwatch.aggregator.store.telemetry import LEVELS, TeleRun
 
 Series = dict[int, dict[str, list[float]]]
+BAND_KEYS = ("time", "median", "p5", "p95", "min", "max")
 
 
 class TelemetryReads:
@@ -90,6 +91,50 @@ class TelemetryReads:
             pair = sorted({(t_mn, mn), (t_mx, mx)}, key=lambda p: p[0])
             points += [(rank, tt, v) for tt, v in pair]
         return _decimate(_by_rank(points), max_points)
+
+    def telemetry_band(
+        self,
+        run: str,
+        name: str,
+        start: float | None = None,
+        end: float | None = None,
+        max_points: int = 1000,
+    ) -> dict[str, list[float]]:
+        """The cross-rank band over time: per time bucket the median, 5th and 95th
+        percentile, minimum and maximum across ranks (of each rank's mean in the bucket)."""
+        with self._state_lock:
+            t: TeleRun | None = self._mirror.tele.get(run)
+            done = {w: self._mirror.tele_done.get((run, w)) for w in LEVELS}
+        empty: dict[str, list[float]] = {k: [] for k in BAND_KEYS}
+        if t is None or name not in t.names:
+            return empty
+        lo = t.lo if start is None else max(float(start), t.lo)
+        hi = t.hi if end is None else min(float(end), t.hi)
+        if hi < lo:
+            return empty
+        step = max(t.interval(), (hi - lo) / max(1, max_points - 1))
+        level = _level(hi - lo, t.interval(), max_points)
+        params: dict[str, Any] = {"run": run, "name": name, "lo": lo, "hi": hi, "w": step}
+        raw = "SELECT rank, time, value FROM telemetry WHERE run = $run AND name = $name AND " \
+              "time BETWEEN $lo AND $hi"  # fmt: skip
+        if level is not None and done[level] is not None:
+            params["edge"] = done[level]
+            raw = (
+                f"SELECT rank, (t_mn + t_mx) / 2 AS time, s / n AS value FROM telemetry_l{level} "
+                f"WHERE run = $run AND name = $name AND b BETWEEN floor($lo / {level}) AND "
+                f"floor($hi / {level}) AND (b + 1) * {level} <= $edge "
+                f"UNION ALL {raw} AND time >= $edge"
+            )
+        sql = (
+            "SELECT b * $w AS time, quantile_cont(v, 0.5), quantile_cont(v, 0.05), "
+            "quantile_cont(v, 0.95), min(v), max(v) FROM (SELECT rank, "
+            "CAST(floor(time / $w) AS BIGINT) AS b, avg(value) AS v FROM (" + raw + ") "
+            "WHERE NOT isnan(value) GROUP BY rank, b) GROUP BY b ORDER BY b"
+        )
+        with self._query() as cur:
+            rows = cur.execute(sql, params).fetchall()
+        cols = list(zip(*rows, strict=True)) if rows else [() for _ in BAND_KEYS]
+        return {k: [float(v) for v in col] for k, col in zip(BAND_KEYS, cols, strict=True)}
 
     def telemetry_latest(self, run: str) -> dict[int, dict[str, float]]:
         """rank -> name -> its latest stored value (a run the live state no longer holds)."""

@@ -145,3 +145,15 @@ def rank_rows(watch: HardwareWatch, run: str) -> dict[int, dict[str, Any]]:
         row["flags"] = sorted(flagged.get(rank, ()))
         rows[rank] = row
     return rows
+
+
+def stored_rows(latest: dict[int, dict[str, float]]) -> dict[int, dict[str, Any]]:
+    """The rank table's hardware columns from stored latest values (a run no longer live)."""
+    rows: dict[int, dict[str, Any]] = {}
+    for rank, values in latest.items():
+        row: dict[str, Any] = {"host": "", "device": "", "flags": []}
+        for m in tm.KNOWN:
+            if m.column and m.name in values and m.column not in row:
+                row[m.column] = values[m.name]
+        rows[rank] = row
+    return rows

@@ -74,3 +74,18 @@ def test_export_writes_the_telemetry_rows(tmp_path: Path) -> None:
     rows = list(csv.DictReader(out.open()))
     assert rows[0] == {"run": "r", "rank": "0", "inc": "0", "time": "5.0", "source": "gpu",
                        "device": "gpu:0", "name": "gpu/temp_c", "value": "60.0"}  # fmt: skip
+
+
+def test_the_band_across_ranks_over_time(tmp_path: Path) -> None:
+    with Store(tmp_path) as store:
+        store.append([rec(k, i + 1, 1000.0 + 10 * i + k, 60.0 + k) for k in range(5)
+                      for i in range(30)])  # fmt: skip
+        store.flush()
+        band = store.telemetry_band("r", "gpu/temp_c", max_points=40)  # from the raw rows
+        assert 28 <= len(band["time"]) <= 31
+        inner = slice(1, -1)  # the first and last buckets hold some of the ranks only
+        assert set(band["median"][inner]) == {62.0} and set(band["max"][inner]) == {64.0}
+        assert set(band["min"][inner]) == {60.0}
+        coarse = store.telemetry_band("r", "gpu/temp_c", max_points=10)  # rollups and raw
+        assert len(coarse["time"]) <= 11 and all(61 <= m <= 63 for m in coarse["median"])
+        assert store.telemetry_band("r", "nope") == {k: [] for k in band}
