@@ -157,3 +157,35 @@ def stored_rows(latest: dict[int, dict[str, float]]) -> dict[int, dict[str, Any]
                 row[m.column] = values[m.name]
         rows[rank] = row
     return rows
+
+
+STATUS_LINES = 6  # hardware lines `rankwatch status` prints per run at most
+
+
+def status_lines(hw: dict[str, Any]) -> list[str]:
+    """`rankwatch status`'s hardware lines of one run (``provider.hardware``'s answer): the
+    hottest, slowest-clocked and most loaded cards when they stand out, then the other faults
+    (nodes, ECC, health, slowdown reasons); nothing for a run without telemetry."""
+    ranks = hw.get("ranks") or {}
+    if not ranks:
+        return []
+    nodes = len(hw.get("nodes") or {})
+    head = (f"hardware of {hw.get('run')}: {len(ranks)} cards on {nodes} node(s), sampled every "
+            f"{float(hw.get('interval_s') or 0):g} s")  # fmt: skip
+    lines: list[str] = []
+    told: set[tuple[str, Any]] = set()
+    words: set[str] = set()
+    for lead in hw.get("leaders") or []:
+        if lead["word"] in words:
+            continue
+        words.add(lead["word"])
+        mark = " [flagged]" if lead["flagged"] else ""
+        lines.append(f"  {lead['word']}: rank {lead['rank']} ({lead['where']}): {lead['text']}"
+                     f", z {lead['z']:.1f}{mark}")  # fmt: skip
+        told.add((lead["metric"], lead["rank"]))
+    for f in hw.get("findings") or []:
+        if (f.get("metric"), f.get("rank")) not in told:
+            lines.append(f"  {f['rule']}: {f['message']}")
+    if len(lines) > STATUS_LINES:
+        lines = [*lines[:STATUS_LINES], f"  ... and {len(lines) - STATUS_LINES} more (the page)"]
+    return [head, *(lines or ["  every card is in line with its peers"])]
