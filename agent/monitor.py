@@ -32,19 +32,30 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Iterable
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from . import hooks, identity
 from .fallback import JsonlWriter, jsonl_path
 from .sender import STEP, Sender
-from .sources import Sampler, Source, resolve
+from .sources import (
+    CKPT_DIR_ENV,
+    TELEMETRY_ENV,
+    Context,
+    Sampler,
+    Source,
+    Telemetry,
+    parse_telemetry,
+    resolve,
+)
+from .sources.emit import json_line, telemetry_wire
 from .stacks import MIN_STALL_S, SAMPLE_INTERVAL_S
 from .stall import StallWatch
 from .stall import stack_dump_s as stack_dump_s_of
 from .values import NotANumber, check_name, plain, to_float
 from .wire.curve import CURVE_DIR_ENV, curve_keys
-from .wire.jsonsafe import NONFINITE_TO_JSON, json_value
+from .wire.jsonsafe import NONFINITE_TO_JSON
 from .wire.records import BASE_VERSION, EVENT_KINDS, MAX_INC, MAX_METRICS
 
 log = logging.getLogger("rankwatch.agent")
@@ -90,8 +101,12 @@ class Monitor:
     ``stage(**metrics)`` adds values to the next ``log()`` (for hooks such as the DDP one).
     ``curve_dir`` (or ``RANKWATCH_CURVE_DIR``): CurveZMQ keys for an aggregator run with
     ``serve --curve`` (see ``wire.curve.curve_keys``).
-    ``sources`` (or ``RANKWATCH_SOURCES``): metric sources polled off the training thread, as
-    ``Source`` objects or built-in names such as ``"process"`` (see ``sources``); none by default.
+    ``telemetry`` (or ``RANKWATCH_TELEMETRY``): host and accelerator telemetry, polled off the
+    training thread and sent as telemetry records (``sources.parse_telemetry``: ``"on"``, the
+    default, ``"off"``, source names, an interval such as ``"30s"``; default every 10 s);
+    ``ckpt_dir`` (or ``RANKWATCH_CKPT_DIR``): the checkpoint folder whose free disk it reports.
+    ``sources`` (or ``RANKWATCH_SOURCES``): more sources, as ``Source`` objects or built-in
+    names, sampled the same way.
     While the rank does not step for ``stall_min_s`` (and 3 usual step times), its heartbeats
     carry where the main thread is, at most every ``stall_interval_s`` (``stacks.StallSampler``);
     ``stack_dump_s`` (or ``RANKWATCH_STACK_DUMP_S``, default 600, 0: off) without a step,
@@ -113,6 +128,8 @@ class Monitor:
         enabled: bool = True,
         curve_dir: str | os.PathLike[str] | None = None,
         sources: Iterable[Source | str] | None = None,
+        telemetry: str | float | bool | None = None,
+        ckpt_dir: str | os.PathLike[str] | None = None,
         stack_dump_s: float | None = None,
         stall_min_s: float = MIN_STALL_S,
         stall_interval_s: float = SAMPLE_INTERVAL_S,
@@ -147,8 +164,11 @@ class Monitor:
         self._queue: deque[Any] | None = None
         self._sender: Sender | None = None
         self._sampler: Sampler | None = None
-        self._sampled: dict[str, int] = {}  # source name -> the step its last sample went to
-        registry = resolve(sources)  # also RANKWATCH_SOURCES
+        registry = resolve(
+            sources,  # and RANKWATCH_SOURCES
+            telemetry=_telemetry(telemetry),
+            context=Context(self.jsonl_path.parent, _ckpt_dir(ckpt_dir), dict(os.environ)),
+        )
         dump_s = stack_dump_s_of(stack_dump_s)
         self._stall: StallWatch | None = None
         self.incarnation = 0
@@ -459,34 +479,22 @@ class Monitor:
         self._writer.write((line + "\n").encode("utf-8", "replace"))
         return wire
 
-    def _sample(self, source: str, values: Any) -> None:
-        """One source's sample (sampler thread): a step record at the last logged step."""
-        step = self._last_step
-        if not self._active or step is None or self._sampled.get(source) == step:
+    def _sample(self, source: str, sample: Any, at: float) -> None:
+        """One source's sample (sampler thread): a telemetry record, written and queued."""
+        if not self._active:
             return
-        self._sampled[source] = step
-        metrics: dict[str, float] = {}
-        for key, value in values.items():
-            name = f"{source}/{key}"
-            reason = check_name(name) if isinstance(key, str) else f"key {key!r} is not a str"
-            if reason:
-                self._warn_once(("name", name), "rankwatch: source metric skipped: %s", reason)
-                continue
-            try:
-                metrics[name] = to_float(value)
-            except NotANumber as exc:
-                self._warn_once(("value", name), "rankwatch: metric %r skipped: %s", name, exc)
-        if not metrics:
+        ident: dict[str, Any] = {"run": self.run, "rank": self.rank}
+        if self.incarnation:
+            ident["inc"] = self.incarnation
+        where = {"host": self.host, "pid": self.pid}
+        wire = telemetry_wire(ident, where, source, sample, at, self._seq.__next__, self._warn_once)
+        if wire is None:
             return
-        seq, now = next(self._seq), time.time()
-        wire = {"kind": "step", **self._base, "seq": seq, "time": now, "step": step, "epoch": None}
-        text = {k: json_value(v) for k, v in metrics.items()}
-        line = json.dumps({"v": BASE_VERSION, **wire, "metrics": text}, separators=_COMPACT)
-        self._writer.write((line + "\n").encode("utf-8", "replace"))
+        self._writer.write((json_line(wire) + "\n").encode("utf-8", "replace"))
         queue = self._queue
         if queue is not None:
             if len(queue) < self._queue_max:
-                queue.append((STEP, seq, now, step, None, metrics))
+                queue.append(wire)
             else:
                 self._drop(1)
 
@@ -601,3 +609,19 @@ class Monitor:
 
     def __repr__(self) -> str:
         return f"Monitor(run={self.run!r}, rank={self.rank}, world_size={self.world_size})"
+
+
+def _telemetry(setting: str | float | bool | None) -> Telemetry:
+    """The argument's telemetry setting, else ``RANKWATCH_TELEMETRY``'s, parsed."""
+    if setting is not None:
+        return parse_telemetry(setting)
+    env = os.environ.get(TELEMETRY_ENV)
+    try:
+        return parse_telemetry(env)
+    except ValueError as exc:
+        raise ValueError(f"{TELEMETRY_ENV}={env!r}: {exc}") from None
+
+
+def _ckpt_dir(given: str | os.PathLike[str] | None) -> Path | None:
+    folder = given if given is not None else os.environ.get(CKPT_DIR_ENV) or None
+    return None if folder is None else Path(folder).absolute()

@@ -142,6 +142,8 @@ def describe(summary: FileSummary) -> str:
         f"{_count(summary.accepted, 'record')} stored, {summary.duplicates:,} already stored, "
         f"{summary.bad:,} rejected"
     )
+    if summary.telemetry:
+        text += f", {_count(summary.telemetry, 'telemetry record')} skipped (not stored yet)"
     if summary.bad_lines:
         first = summary.bad_lines[0]
         text += f" (first at line {first.line}: {first.reason})"

@@ -8,15 +8,16 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .base import SourceRegistry
+from .base import Reading, SourceError, SourceRegistry
 
 log = logging.getLogger("rankwatch.agent")
 
-Emit = Callable[[str, Mapping[str, Any]], None]  # (source name, values) -> None
+# (source name, sample, Unix time the sample was taken) -> None
+Emit = Callable[[str, Mapping[str, Any] | Reading, float], None]
 
 
 class Sampler:
-    """Calls ``emit(name, values)`` with each sample; a source that raises is said once and
+    """Calls ``emit(name, sample, time)`` with each sample; a source that raises is said once and
     dropped from the registry, and the thread ends when no source is left or on ``close``."""
 
     def __init__(self, registry: SourceRegistry, emit: Emit) -> None:
@@ -50,18 +51,24 @@ class Sampler:
             wait = min(due[s.name] for s in self.registry.sources() or sources)
             self._stop.wait(max(0.0, wait - time.monotonic()))
 
-    def _poll(self, name: str, sample: Callable[[float], Mapping[str, Any]]) -> None:
+    def _poll(self, name: str, sample: Callable[[float], Mapping[str, Any] | Reading]) -> None:
+        at = time.time()
         try:
-            values = sample(time.time())
-            if not isinstance(values, Mapping):
+            values = sample(at)
+            if not isinstance(values, (Mapping, Reading)):
                 raise TypeError(f"sample() returned {type(values).__name__}, not a mapping")
         except Exception as exc:  # the source's own bug or a missing file: never training's
-            log.warning("rankwatch: metric source %r failed and was stopped: %r", name, exc)
+            log.warning("rankwatch: metric source %r failed and was stopped: %s", name, _why(exc))
             self.registry.unregister(name)
             return
         try:
-            self._emit(name, values)
+            self._emit(name, values, at)
         except Exception as exc:  # a bug of ours: keep the other sources going
             if name not in self._unrecorded:
                 self._unrecorded.add(name)
                 log.warning("rankwatch: metric source %r: sample not recorded: %r", name, exc)
+
+
+def _why(exc: Exception) -> str:
+    """The failure in words: a source's own error as its message, anything else as its repr."""
+    return str(exc) if isinstance(exc, SourceError) and str(exc) else repr(exc)

@@ -51,6 +51,9 @@ StacksReader = Callable[[Path, int | None], dict[str, Any] | None]
 
 
 class Sink(Protocol):
+    """Takes records. A sink that stores telemetry says so with ``stores_telemetry = True``;
+    for any other, telemetry records are counted (``FileSummary.telemetry``) and not sent."""
+
     def add(self, records: Sequence[Record]) -> Any: ...
 
 
@@ -75,14 +78,18 @@ class FileSummary:
     bad_lines: list[BadLine] = field(default_factory=list)  # the first MAX_BAD_EXAMPLES
     error: str | None = None  # the file could not be read at all
     stacks: str = ""  # what became of a rank<k>.stacks.txt beside it ("" when there is none)
+    telemetry: int = 0  # telemetry records read but not imported: the sink does not store them
 
     def __str__(self) -> str:
         if self.error:
             return f"{self.path}: {self.error}"
-        return (
+        text = (
             f"{self.path}: {self.format}, {self.read} records, {self.accepted} new, "
             f"{self.duplicates} duplicates, {self.bad} bad lines"
         )
+        if self.telemetry:
+            text += f", {self.telemetry} telemetry records not imported (not stored here yet)"
+        return text
 
 
 def iter_file(
@@ -156,6 +163,7 @@ def import_paths(
     files = _expand(paths)
     report = _Progress(sum(f.stat().st_size for f in files), progress)
     summaries = []
+    telemetry = bool(getattr(sink, "stores_telemetry", False))
     for path in files:
         summary = FileSummary(path)
         kinds: set[str] = set()
@@ -171,6 +179,9 @@ def import_paths(
                     continue
                 summary.read += 1
                 kinds.add(kind)
+                if item.kind == "telemetry" and not telemetry:
+                    summary.telemetry += 1
+                    continue
                 batch.append(item)
                 last = item
                 if item.kind == "step":

@@ -3,9 +3,12 @@ leaves them to the schema's decoder, and a real receiver passes the records on d
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import zmq
+from rankwatch.agent.monitor import Monitor
 from rankwatch.agent.wire import records
 from rankwatch.agent.wire.records import StepRecord, TelemetryRecord, frame_groups, to_wire
 from rankwatch.aggregator.ingest import frames
@@ -45,3 +48,30 @@ def test_a_receiver_passes_telemetry_on_beside_the_steps(
     counters = receiver.counters()
     assert counters["messages"] == 2 and counters["records"] == 4
     assert counters["reasons"] == {}
+
+
+def test_real_host_values_from_a_real_monitor_arrive_decoded(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    addr = f"tcp://127.0.0.1:{receiver.port}"
+    got: list = []
+    with Monitor(run="live", addr=addr, log_dir=tmp_path, telemetry="host,0.1s") as mon:
+        deadline = time.monotonic() + 15
+        step = 0
+        while sum(isinstance(r, TelemetryRecord) for r in got) < 3:
+            assert time.monotonic() < deadline, got
+            step += 1
+            mon.log(step, loss=1.0 / step)
+            got.extend(records.unblock(receiver.recv(20)))
+    tele = [r for r in got if isinstance(r, TelemetryRecord)]
+    assert {(r.run, r.rank, r.source, r.device, r.host, r.pid) for r in tele} == {
+        ("live", 0, "host", "", mon.host, mon.pid)
+    }
+    last = tele[-1].values
+    assert 0 <= last["host/cpu_pct"] <= 100 and last["host/rss_bytes"] > 1e6
+    assert last["host/mem_available_bytes"] > 0 and last["host/disk_free_log_bytes"] > 0
+    assert {r.inc for r in got} == {mon.incarnation}
+    steps = [r.seq for r in got if isinstance(r, StepRecord)]
+    seqs = sorted(steps + [r.seq for r in tele])
+    assert len(set(seqs)) == len(seqs)  # one counter: no seq used twice
+    assert receiver.counters()["reasons"] == {}
