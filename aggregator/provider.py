@@ -30,7 +30,7 @@ from rankwatch.aggregator.metrics import display_order, metric_info
 from rankwatch.aggregator.stacks import StackView, stack_view
 from rankwatch.aggregator.store.columns import BAND_KEYS, SeriesColumns
 from rankwatch.aggregator.store.export import FORMATS as EXPORT_FORMATS
-from rankwatch.aggregator.store.export import ExportError, export_run
+from rankwatch.aggregator.store.export import ExportError, export_run, export_telemetry
 from rankwatch.aggregator.telemetry import cards as hw_cards
 from rankwatch.aggregator.telemetry.metrics import BY_NAME as _TELEMETRY_METRICS
 from rankwatch.aggregator.telemetry.metrics import TelemetryMetric, order_key
@@ -258,6 +258,10 @@ class DataProvider(Protocol):
         """The run's cards now: per-rank hardware columns, nodes, findings, leaders."""
         ...
 
+    def export_telemetry(self, run: str, out_path: Path, fmt: str) -> int:
+        """``run``'s telemetry as long rows; 0 (and no file) when it has none."""
+        ...
+
     def telemetry_latest(self) -> dict[str, dict[int, dict[str, Any]]]:
         """Every live run's cards: run -> rank -> {"host", "device", "values"} (/metrics)."""
         ...
@@ -415,3 +419,6 @@ class AggregatorProvider:
                       for rank, c in cards.items()}
                 for run, cards in agg.telemetry.watch.cards.items()
             }  # fmt: skip
+
+    def export_telemetry(self, run: str, out_path: Path, fmt: str) -> int:
+        return export_telemetry(self._agg.store, run, out_path, fmt)

@@ -59,7 +59,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _from_store(args: argparse.Namespace, out: Path, fmt: str) -> int:
     from rankwatch.aggregator.store.db import STORE_FILENAME, Store, StoreError
-    from rankwatch.aggregator.store.export import ExportError, export_run
+    from rankwatch.aggregator.store.export import (
+        ExportError,
+        export_run,
+        export_telemetry,
+        telemetry_path,
+    )
     from rankwatch.cli.status import DEFAULT_URL
 
     data = Path(args.data)
@@ -69,6 +74,7 @@ def _from_store(args: argparse.Namespace, out: Path, fmt: str) -> int:
     try:
         with Store(data) as store:
             rows = export_run(store, args.run, out, fmt)
+            tele = export_telemetry(store, args.run, telemetry_path(out), fmt)
     except ExportError as exc:
         return _fail(str(exc))
     except StoreError as exc:
@@ -79,17 +85,30 @@ def _from_store(args: argparse.Namespace, out: Path, fmt: str) -> int:
             )
         return _fail(str(exc))
     print(f"wrote {rows:,} rows of run {args.run!r} to {out}")
+    if tele:
+        print(f"wrote {tele:,} telemetry rows of run {args.run!r} to {telemetry_path(out)}")
     return 0
 
 
 def _through_server(args: argparse.Namespace, out: Path, fmt: str) -> int:
+    from rankwatch.aggregator.store.export import telemetry_path
+
+    code = _fetch(args, out, fmt, "steps")
+    if code == 0:
+        code = _fetch(args, telemetry_path(out), fmt, "telemetry", quiet_empty=True)
+    return code
+
+
+def _fetch(
+    args: argparse.Namespace, out: Path, fmt: str, what: str, quiet_empty: bool = False
+) -> int:
     from rankwatch.cli.status import TOKEN_ENV, ApiError, detail_of, server_url
 
     try:
         base = server_url(args.url)
     except ApiError as exc:
         return _fail(str(exc))
-    query = urllib.parse.urlencode({"run": args.run, "format": fmt})
+    query = urllib.parse.urlencode({"run": args.run, "format": fmt, "what": what})
     url = f"{base}/api/run/export?{query}"
     token = args.token or os.environ.get(TOKEN_ENV)
     headers = {"User-Agent": "rankwatch-cli"}
@@ -123,8 +142,12 @@ def _through_server(args: argparse.Namespace, out: Path, fmt: str) -> int:
     except OSError as exc:
         part.unlink(missing_ok=True)
         return _fail(f"{exc}")
+    if quiet_empty and rows == "0":
+        out.unlink(missing_ok=True)
+        return 0
     count = f"{int(rows):,}" if rows.isdigit() else rows
-    print(f"wrote {count} rows of run {args.run!r} to {out} (through {base}, {size:,} bytes)")
+    kind = "telemetry rows" if what == "telemetry" else "rows"
+    print(f"wrote {count} {kind} of run {args.run!r} to {out} (through {base}, {size:,} bytes)")
     return 0
 
 

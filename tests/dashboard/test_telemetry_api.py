@@ -94,3 +94,12 @@ def test_metrics_speaks_dcgm_and_npu_exporter(client: TestClient, aggregator: An
         'Hostname="node0"} 60.0' in text
     )
     assert "# TYPE DCGM_FI_DEV_GPU_UTIL gauge" in text
+
+
+def test_export_through_the_server_carries_the_telemetry(
+    client: TestClient, aggregator: Any
+) -> None:
+    feed(aggregator, samples=2)
+    res = client.get("/api/run/export", params={"run": "hw", "what": "telemetry"})
+    assert res.status_code == 200 and res.headers["x-rankwatch-rows"] == str(2 * RANKS * 3)
+    assert res.text.splitlines()[0] == "run,rank,inc,time,source,device,name,value"

@@ -89,3 +89,23 @@ def test_the_band_across_ranks_over_time(tmp_path: Path) -> None:
         coarse = store.telemetry_band("r", "gpu/temp_c", max_points=10)  # rollups and raw
         assert len(coarse["time"]) <= 11 and all(61 <= m <= 63 for m in coarse["median"])
         assert store.telemetry_band("r", "nope") == {k: [] for k in band}
+
+
+def test_rankwatch_export_writes_the_telemetry_beside_the_steps(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from rankwatch.agent.wire.records import StepRecord
+
+    data = tmp_path / "data"
+    with Store(data) as store:
+        store.append([rec(0, 1, 5.0, 60.0), StepRecord("r", 0, 2, 6.0, 1, "n", 1, 1, None,
+                                                        {"loss": 1.0})])  # fmt: skip
+    out = tmp_path / "r.csv"
+    done = subprocess.run(
+        [sys.executable, "-m", "rankwatch.cli.main", "export", "--run", "r", "--out", str(out),
+         "--data", str(data)], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"wrote 2 telemetry rows of run 'r' to {tmp_path / 'r.telemetry.csv'}" in done.stdout
+    assert (tmp_path / "r.telemetry.csv").read_text().count("\n") == 3
