@@ -391,10 +391,10 @@ def _add_row(c: dict[str, list[list]], rec: Record) -> None:
         # no world_size: a sample says nothing of the rank's identity (rank_meta, ranks)
         _push(c["recs"], (*head, "telemetry", None, None, None, 0, None, *span, rec.inc))
         where = (rec.source, rec.device)
-        for name, value in rec.values.items():
-            _push(c["telemetry"], (*head, *where, name, value, rec.inc))
-        for name, text in (*rec.labels.items(), ("host", rec.host)):
-            _push(c["telemetry_labels"], (*head, *where, name, text, rec.inc))
+        for key, number in rec.values.items():
+            _push(c["telemetry"], (*head, *where, key, number, rec.inc))
+        for key, text in (*rec.labels.items(), ("host", rec.host)):
+            _push(c["telemetry_labels"], (*head, *where, key, text, rec.inc))
     elif isinstance(rec, Heartbeat):
         _push(c["recs"], (*head, "heartbeat", None, None, None, 0, None, *span, rec.inc))
         _push(c["heartbeats"], (*head, rec.last_step, rec.next_in, rec.dropped, rec.paused,

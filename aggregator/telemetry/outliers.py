@@ -214,8 +214,8 @@ class HardwareWatch:
         elif name == tm.THROTTLE_MASK:
             # samples in a row with the same slowdown reasons: a new reason starts again
             mask = int(value) & sum(tm.THROTTLE_BITS) if math.isfinite(value) else 0
-            count, since, held = self._throttle.get((run, rank), (0, t, 0))
-            same = bool(mask) and mask == held
+            count, since, before = self._throttle.get((run, rank), (0, t, 0))
+            same = bool(mask) and mask == before
             self._throttle[(run, rank)] = (
                 (count + 1, since, mask) if same else (int(bool(mask)), t, mask)
             )
@@ -291,10 +291,10 @@ class HardwareWatch:
                     word = card.labels.get(tm.HEALTH_LABEL) or "not OK"
                     msg = f"rank {rank} ({where(card)}): health {word}"
                     out.append(Finding("hw_health", run, rank, tm.HEALTH_OK, ok, msg, card.time))
-                words = self.throttle_reasons(run, rank, shared.get(run, 0))
-                if words:
+                reasons = self.throttle_reasons(run, rank, shared.get(run, 0))
+                if reasons:
                     since = self._throttle[(run, rank)][1]
-                    msg = f"rank {rank} ({where(card)}): clock slowdown: {', '.join(words)}"
+                    msg = f"rank {rank} ({where(card)}): clock slowdown: {', '.join(reasons)}"
                     mask = card.values.get(tm.THROTTLE_MASK)
                     out.append(Finding("hw_throttle", run, rank, tm.THROTTLE_MASK, mask, msg,
                                        since))  # fmt: skip
@@ -359,13 +359,17 @@ class HardwareWatch:
         return self._width.get(run, self.config.interval_s)
 
     def forget(self, run: str) -> None:
-        for d in (self.cards, self._width, self._newest):
-            d.pop(run, None)  # type: ignore[attr-defined]
+        self.cards.pop(run, None)
+        self._width.pop(run, None)
+        self._newest.pop(run, None)
         self._learned.discard(run)
-        for store in (self.peers, self.flags, self._last, self._buckets, self._streak,
-                      self._ecc_last, self.ecc, self._throttle):  # fmt: skip
+        stores: tuple[dict[Any, Any], ...] = (
+            self.peers, self.flags, self._last, self._buckets, self._streak, self._ecc_last,
+            self.ecc, self._throttle,
+        )  # fmt: skip
+        for store in stores:
             for key in [k for k in store if k[0] == run]:
-                del store[key]  # type: ignore[attr-defined]
+                del store[key]
 
 
 def rule_words(rule: str) -> str:
