@@ -206,8 +206,10 @@ def bucket_series(
 def telemetry_entry(name: str) -> dict[str, Any]:
     """What the page needs to draw a telemetry metric's chart."""
     m = telemetry_info(name)
+    # a share, a size, a rate, a power or a clock below 0 is impossible: the axis starts at 0
+    nonnegative = m.unit in ("%", "B", "B/s", "W", "MHz") or name.endswith("_total")
     return {"name": name, "unit": m.unit, "title": m.title, "chart": m.chart,
-            "direction": m.direction}  # fmt: skip
+            "direction": m.direction, "nonnegative": nonnegative}  # fmt: skip
 
 
 def telemetry_shown(hardware: Mapping[str, Any], metric: str, selected: Sequence[int]) -> list[int]:

@@ -152,3 +152,46 @@ def test_hardware_section_at_desktop_and_phone_size(
         page.locator("#hardware").screenshot(path=artifacts / f"hardware-section-{tag}.png")
         assert w.errors == [], w.errors
         context.close()
+
+
+def test_real_host_telemetry_from_a_monitor_reaches_the_page(
+    server: Server,  # noqa: F811
+    browser: Browser,  # noqa: F811
+    artifacts: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """psutil's values on this machine, sampled by a real Monitor, over ZeroMQ to the serve."""
+    from rankwatch.agent.monitor import Monitor
+
+    mons = [
+        Monitor(run="host-real", rank=rank, world_size=2, addr=server.ingest,
+                log_dir=tmp_path / "logs", telemetry="host,1s")
+        for rank in range(2)
+    ]  # fmt: skip
+    try:
+        for step in range(40):
+            for mon in mons:
+                mon.log(step, loss=1.0 / (1 + step))
+            time.sleep(0.1)
+
+        def stored() -> bool:
+            hw = server.get("/api/run/telemetry", run="host-real")
+            names = {m["name"] for m in hw.get("metrics", [])}
+            return {"host/cpu_pct", "host/rss_bytes"} <= names and len(hw["ranks"]) == 2
+
+        server.wait_for("host telemetry of both ranks", stored)
+    finally:
+        for mon in mons:
+            mon.close()
+    context = browser.new_context(viewport=DESKTOP)
+    w = Watched(context.new_page())
+    page = open_run(w, server, "host-real")
+    hardware_ready(page)
+    rss = page.evaluate(
+        "() => window.rankwatch.hardware.charts.get('host/rss_bytes').chart.getOption()"
+        ".series.filter((s) => String(s.id).startsWith('r:')).map((s) => s.data.length)"
+    )
+    assert len(rss) == 2 and min(rss) >= 2
+    page.locator("#hardware").screenshot(path=artifacts / "hardware-host-real-desktop.png")
+    assert w.errors == [], w.errors
+    context.close()
