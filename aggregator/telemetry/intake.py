@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from rankwatch.aggregator.incidents.model import Evidence, IncidentChange
-from rankwatch.aggregator.telemetry import metrics as tm
 from rankwatch.aggregator.telemetry.cards import card_note, rank_rows
 from rankwatch.aggregator.telemetry.outliers import (
     Finding,
@@ -55,7 +54,8 @@ class TelemetryIntake:
     def feed_messages(self, now: float) -> list[dict[str, Any]]:
         """``{"type": "telemetry", "run", "ranks": {rank: row}}`` for the runs whose cards
         sent samples since their last message, at most every ``FEED_EVERY_S``; a row holds
-        the rank table's hardware columns and the chartable values."""
+        the rank table's hardware columns, host, card and flags (the charts re-read the
+        series: a message of every value of thousands of cards would dwarf the rest)."""
         out = []
         for run in list(self._changed):
             if now - self._sent.get(run, -FEED_EVERY_S) < FEED_EVERY_S:
@@ -63,14 +63,7 @@ class TelemetryIntake:
             ranks = self._changed.pop(run)
             self._sent[run] = now
             rows = rank_rows(self.watch, run)
-            cards = self.watch.cards.get(run, {})
-            body = {}
-            for rank in sorted(ranks):
-                card = cards.get(rank)
-                if card is None:
-                    continue
-                values = {k: v for k, v in card.values.items() if tm.info(k).chart}
-                body[str(rank)] = {**rows.get(rank, {}), "values": values}
+            body = {str(rank): rows[rank] for rank in sorted(ranks) if rank in rows}
             out.append({"type": "telemetry", "run": run, "time": now, "ranks": body})
         return out
 

@@ -249,10 +249,7 @@ export function hardwareView({ state, toggleRank: toggle, roleStyle, redrawTable
   // A live telemetry message: the cards' latest values (the table, the node tiles).
   function onMessage(msg) {
     if (!hw || msg.run !== run) return;
-    for (const [rank, row] of Object.entries(msg.ranks || {})) {
-      const { values, ...cols } = row;
-      hw.ranks[rank] = { ...(hw.ranks[rank] || {}), ...cols };
-    }
+    for (const [rank, row] of Object.entries(msg.ranks || {})) hw.ranks[rank] = { ...(hw.ranks[rank] || {}), ...row };
     renderNodes();
     redrawTable();
   }

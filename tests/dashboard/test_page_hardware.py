@@ -6,6 +6,8 @@ sizes go to test-artifacts/ (or $RANKWATCH_ARTIFACTS)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -152,6 +154,15 @@ def test_hardware_section_at_desktop_and_phone_size(
         page.locator("#hardware").screenshot(path=artifacts / f"hardware-section-{tag}.png")
         assert w.errors == [], w.errors
         context.close()
+    status = subprocess.run(
+        [sys.executable, "-m", "rankwatch.cli.main", "status", "--url", server.url, "--run", RUN],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    tail = status.stdout[status.stdout.index("hardware of hw32") :].splitlines()
+    assert tail[0] == "hardware of hw32: 32 cards on 4 node(s), sampled every 10 s"
+    assert any(x.startswith("  hottest: rank 5 (gpu:5 on node0)") for x in tail)
+    assert any(x.startswith("  hw_node: node node1: 8 of 8 cards (ranks 8-15)") for x in tail)
 
 
 def test_real_host_telemetry_from_a_monitor_reaches_the_page(

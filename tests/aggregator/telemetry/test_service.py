@@ -103,8 +103,10 @@ def test_a_hot_throttled_card_alerts_and_its_slow_rank_incident_says_why(
             what="a telemetry message",
         )
         tele = next(m for m in messages if m.get("type") == "telemetry")
-        assert tele["ranks"]["5"]["temp"] == 94.0 and "hw" not in tele["ranks"]["5"]
-        assert "gpu/temp_c" in tele["ranks"]["5"]["values"]
+        row = tele["ranks"]["5"]
+        assert (row["temp"], row["util"], row["host"], row["device"]) == (94.0, 97.0, "node1",
+                                                                        "gpu:1")  # fmt: skip
+        assert row["flags"] == ["gpu/sm_clock_mhz", "gpu/temp_c", "throttle"]
         for sock in socks:
             sock.close(0)
     with Store(tmp_path / "data") as store:
