@@ -25,7 +25,7 @@ LEVELS: tuple[int, ...] = (60, 900)  # bucket widths in seconds
 ROLL_LAG_S = 120.0  # a bucket rolls up once the run's newest sample is this far past it
 
 _ROLLUP = ("run VARCHAR, name VARCHAR, rank BIGINT, b BIGINT, n BIGINT, s DOUBLE, mn DOUBLE, "
-           "t_mn DOUBLE, mx DOUBLE, t_mx DOUBLE")  # fmt: skip
+           "t_mn DOUBLE, mx DOUBLE, t_mx DOUBLE, t_lo DOUBLE, t_hi DOUBLE")  # fmt: skip
 TABLES = (
     *(f"telemetry_l{w} ({_ROLLUP})" for w in LEVELS),
     "telemetry_done (run VARCHAR, width BIGINT, done DOUBLE)",
@@ -38,7 +38,7 @@ def _agg(width: int) -> str:
     return (
         f"run, name, rank, CAST(floor(time / {width}) AS BIGINT) AS b, count(*) AS n, "
         "sum(value) AS s, min(value) AS mn, arg_min(time, value) AS t_mn, max(value) AS mx, "
-        "arg_max(time, value) AS t_mx"
+        "arg_max(time, value) AS t_mx, min(time) AS t_lo, max(time) AS t_hi"
     )
 
 
@@ -67,9 +67,29 @@ _STATS = ("SELECT run, count(*), min(time), max(time), list(DISTINCT name), list
 
 
 def load(cur: duckdb.DuckDBPyConnection) -> tuple[dict[str, TeleRun], dict[tuple[str, int], float]]:
-    """The runs' telemetry summaries and rollup frontiers, at open."""
-    runs = {row[0]: _run(row) for row in cur.execute(_STATS.format(src="telemetry")).fetchall()}
+    """The runs' telemetry summaries and rollup frontiers, at open: from the coarsest rollup and
+    the raw rows after its frontier (each run's), so opening does not scan a long history."""
     done = {(r, int(w)): d for r, w, d in cur.execute("SELECT * FROM telemetry_done").fetchall()}
+    coarse = LEVELS[-1]
+    rolled = cur.execute(
+        f"SELECT run, sum(n), min(t_lo), max(t_hi), list(DISTINCT name), list(DISTINCT rank) "
+        f"FROM telemetry_l{coarse} GROUP BY run"
+    ).fetchall()
+    runs = {row[0]: _run(row) for row in rolled}
+    edges = {run: d for (run, w), d in done.items() if w == coarse}
+    for run, edge in edges.items():  # one query a run: its tail is found by its row groups' times
+        tail = cur.execute(
+            "SELECT run, count(*), min(time), max(time), list(DISTINCT name), "
+            "list(DISTINCT rank) FROM telemetry WHERE run = ? AND time >= ? GROUP BY run",
+            [run, edge],
+        ).fetchall()
+        for row in tail:
+            runs[run] = _run(row) if run not in runs else runs[run].merged(_run(row))
+    unrolled = cur.execute(  # a run without a frontier (none after its first flush): all raw
+        _STATS.format(src="telemetry WHERE run NOT IN (SELECT run FROM telemetry_done)")
+    ).fetchall()
+    for row in unrolled:
+        runs[row[0]] = _run(row)
     return runs, done
 
 

@@ -63,6 +63,11 @@ def test_a_long_window_reads_the_rollups_and_keeps_a_spike(tmp_path: Path) -> No
         # the same window raw, for a short span, in full
         short = store.telemetry_series("r", "gpu/temp_c", ranks=[1], start=13000, end=13600)
         assert list(short) == [1] and len(short[1]["time"]) == 61
+        before = store.telemetry_runs()["r"]
+    with Store(tmp_path) as store:  # reopened: summed from the coarse rollup and the raw tail
+        assert store.telemetry_runs()["r"] == before
+        assert before["rows"] == 2 * (4 * n + 1) and before["first_time"] == 1000.0
+        assert store.telemetry_series("r", "gpu/temp_c", max_points=200) == series
 
 
 def test_export_writes_the_telemetry_rows(tmp_path: Path) -> None:
