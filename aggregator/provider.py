@@ -15,7 +15,6 @@ thread pool.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
@@ -384,32 +383,14 @@ class AggregatorProvider:
         return self._agg.store.telemetry_band(run, metric, start, end, max_points)
 
     def hardware(self, run: str) -> Hardware:
-        """``ranks``: rank -> host, device, temp/util/mem(_total), flags (the live cards, else
-        the latest stored values); ``nodes``: host -> its ranks; ``findings``: the hardware
-        conditions holding now; ``leaders``: the hottest, slowest, most loaded cards;
-        ``outliers``: metric -> ranks flagged on it; ``z``: metric -> rank -> z."""
         agg = self._agg
         with agg.lock:
-            watch = agg.telemetry.watch
-            rows = hw_cards.rank_rows(watch, run)
-            leaders = hw_cards.leaders(watch, run)
-            findings = [dataclasses.asdict(f) for f in agg.telemetry.findings if f.run == run]
-            outliers: dict[str, list[int]] = {}
-            for frun, name, rank in watch.flags:
-                if frun == run:
-                    outliers.setdefault(name, []).append(rank)
-            z = {name: dict(p.z) for (prun, name), p in watch.peers.items() if prun == run}
-            width = watch.width(run)
-        if not rows:
-            rows = hw_cards.stored_rows(agg.store.telemetry_latest(run))
-        nodes: dict[str, list[int]] = {}
-        for rank, row in sorted(rows.items()):
-            nodes.setdefault(row.get("host") or "", []).append(rank)
-        return {
-            "run": run, "interval_s": width, "ranks": rows, "nodes": nodes,
-            "findings": findings, "leaders": leaders,
-            "outliers": {k: sorted(v) for k, v in outliers.items()}, "z": z,
-        }  # fmt: skip
+            view = hw_cards.hardware_view(agg.telemetry.watch, agg.telemetry.findings, run)
+        if not view["ranks"]:  # not live: the latest values the store holds
+            store = agg.store
+            stored = hw_cards.stored_rows(store.telemetry_latest(run), store.telemetry_hosts(run))
+            view = {**view, **hw_cards.nodes_of(stored)}
+        return view
 
     def telemetry_latest(self) -> dict[str, dict[int, dict[str, Any]]]:
         agg = self._agg

@@ -154,6 +154,16 @@ class TelemetryReads:
             out.setdefault(int(rank), {})[name] = float(value)
         return out
 
+    def telemetry_hosts(self, run: str) -> dict[int, dict[str, str]]:
+        """rank -> {"host", "device"}: where each rank's card was last (its host label)."""
+        with self._query() as cur:
+            rows = cur.execute(
+                "SELECT rank, arg_max(value, device <> ''), arg_max(device, device <> '') FROM "
+                "telemetry_labels_last WHERE run = ? AND name = 'host' GROUP BY rank",
+                [run],
+            ).fetchall()
+        return {int(rank): {"host": host, "device": device} for rank, host, device in rows}
+
     def telemetry_labels(self, run: str) -> list[dict[str, Any]]:
         """Every stored label change of ``run`` (host, health, throttle words), by time."""
         with self._query() as cur:

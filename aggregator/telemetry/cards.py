@@ -4,6 +4,7 @@ the rank table's hardware columns. Pure: reads a ``HardwareWatch``."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -147,11 +148,16 @@ def rank_rows(watch: HardwareWatch, run: str) -> dict[int, dict[str, Any]]:
     return rows
 
 
-def stored_rows(latest: dict[int, dict[str, float]]) -> dict[int, dict[str, Any]]:
-    """The rank table's hardware columns from stored latest values (a run no longer live)."""
+def stored_rows(
+    latest: dict[int, dict[str, float]], hosts: dict[int, dict[str, str]]
+) -> dict[int, dict[str, Any]]:
+    """The rank table's hardware columns from stored latest values and hosts (a run no longer
+    live)."""
     rows: dict[int, dict[str, Any]] = {}
     for rank, values in latest.items():
-        row: dict[str, Any] = {"host": "", "device": "", "flags": []}
+        where = hosts.get(rank, {})
+        row: dict[str, Any] = {"host": where.get("host", ""), "device": where.get("device", ""),
+                               "flags": []}  # fmt: skip
         for m in tm.KNOWN:
             if m.column and m.name in values and m.column not in row:
                 row[m.column] = values[m.name]
@@ -189,3 +195,28 @@ def status_lines(hw: dict[str, Any]) -> list[str]:
     if len(lines) > STATUS_LINES:
         lines = [*lines[:STATUS_LINES], f"  ... and {len(lines) - STATUS_LINES} more (the page)"]
     return [head, *(lines or ["  every card is in line with its peers"])]
+
+
+def nodes_of(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """``ranks`` and ``nodes`` (host -> its ranks, in rank order) of rank rows."""
+    nodes: dict[str, list[int]] = {}
+    for rank, row in sorted(rows.items()):
+        nodes.setdefault(row.get("host") or "", []).append(rank)
+    return {"ranks": rows, "nodes": nodes}
+
+
+def hardware_view(watch: HardwareWatch, findings: list[Any], run: str) -> dict[str, Any]:
+    """The provider's ``hardware(run)``: ``ranks`` (rank -> host, device, temp/util/mem(_total),
+    flags), ``nodes`` (host -> its ranks), ``findings`` (the hardware conditions holding now),
+    ``leaders`` (the hottest, slowest, most loaded cards), ``outliers`` (metric -> ranks flagged
+    on it), ``z`` (metric -> rank -> z of the last scored bucket), ``interval_s``."""
+    outliers: dict[str, list[int]] = {}
+    for frun, name, rank in watch.flags:
+        if frun == run:
+            outliers.setdefault(name, []).append(rank)
+    return {
+        "run": run, "interval_s": watch.width(run), **nodes_of(rank_rows(watch, run)),
+        "findings": [dataclasses.asdict(f) for f in findings if f.run == run],
+        "leaders": leaders(watch, run), "outliers": {k: sorted(v) for k, v in outliers.items()},
+        "z": {name: dict(p.z) for (prun, name), p in watch.peers.items() if prun == run},
+    }  # fmt: skip

@@ -31,6 +31,14 @@ def test_the_hottest_slowest_and_a_node_in_a_few_lines(tmp_path: Path) -> None:
         lines = status_lines(AggregatorProvider(agg).hardware("j"))
     finally:
         agg.stop()
+    again = Aggregator(ServeConfig(data_dir=tmp_path, console_alerts=False, resend_gaps=False))
+    try:  # a later serve: no live cards, the latest stored values
+        stored = AggregatorProvider(again).hardware("j")
+    finally:
+        again.stop()
+    assert len(stored["ranks"]) == 32 and stored["ranks"][3]["temp"] > 88
+    assert stored["findings"] == [] and list(stored["nodes"]) == ["h0", "h1", "h2", "h3"]
+    assert stored["ranks"][13]["device"] == "gpu:5"
     assert lines[0] == "hardware of j: 32 cards on 4 node(s), sampled every 10 s"
     hottest = next(x for x in lines if x.startswith("  hottest: "))
     assert hottest.startswith("  hottest: rank 3 (gpu:3 on h0): GPU temperature 9")
