@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 NOTE_CLOCK_RATIO = 0.95  # a clock below this share of its peers' is worth a word in a note
 NOTE_TEMP_GAP_C = 5.0  # ... a card this much hotter than its peers too
 LEADER_Z = 3.0  # status names a leader only this far from its peers
+SIMILAR_POWER = 0.9  # a slow clock at this share of the peers' power or more: "similar power"
 
 
 @dataclass
@@ -57,6 +58,19 @@ def outlier_words(m: tm.TelemetryMetric, value: float, median: float, n: int) ->
     return f"{m.title} {show(m, value)}, {show(m, value - median)} above {peers}"
 
 
+def power_words(watch: HardwareWatch, run: str, rank: int) -> str:
+    """ ", at similar power (98% of its peers')" for a slow clock: the card draws what the others
+    draw and does less with it; ", at 65% of its peers' power" when it draws less too."""
+    power = watch.card(run, rank).values.get(tm.POWER)
+    peers = watch.peers.get((run, tm.POWER))
+    if power is None or peers is None or not peers.median > 0 or not math.isfinite(power):
+        return ""
+    share = power / peers.median
+    if share >= SIMILAR_POWER:
+        return f", at similar power ({share:.0%} of its peers')"
+    return f", at {share:.0%} of its peers' power"
+
+
 def card_note(watch: HardwareWatch, run: str, rank: int) -> str | None:
     """What an incident on ``rank`` says about its card: "card 5 (gpu:5 on node0) at 94 °C
     (peers 66 °C), SM clock 71 % of its peers', thermal slowdown"; None when the card has no
@@ -76,7 +90,8 @@ def card_note(watch: HardwareWatch, run: str, rank: int) -> str | None:
         and peers.median > 0
         and (clock / peers.median <= NOTE_CLOCK_RATIO)
     ):
-        parts.append(f"SM clock {clock / peers.median:.0%} of its peers'")
+        parts.append(f"SM clock {clock / peers.median:.0%} of its peers'"
+                     + power_words(watch, run, rank))  # fmt: skip
     for (frun, name, frank), _ in watch.flags.items():
         if (frun, frank) == (run, rank) and tm.BY_NAME[name].rule == "hw_load":
             m = tm.BY_NAME[name]

@@ -39,6 +39,7 @@ class TelemetryMetric:
     prom_scale: float = 1.0  # our unit -> theirs (bytes -> MiB)
     column: str = ""  # the rank table's column: temp | util | mem
     chart: bool = True  # drawn in the page's hardware section
+    peers: bool = False  # its peers' median is kept (context for other findings), never flagged
 
 
 KNOWN: tuple[TelemetryMetric, ...] = (
@@ -58,8 +59,8 @@ KNOWN: tuple[TelemetryMetric, ...] = (
     TelemetryMetric("npu/hbm_used_bytes", "B", "HBM used", "high", "hw_load", gap=1024 * MIB,
                     ratio=1.2, abs_floor=256 * MIB, npu="npu_chip_info_hbm_used_memory",
                     prom_scale=1 / MIB, column="mem"),
-    TelemetryMetric("gpu/power_w", "W", "GPU power", dcgm="DCGM_FI_DEV_POWER_USAGE"),
-    TelemetryMetric("npu/power_w", "W", "NPU power", npu="npu_chip_info_power"),
+    TelemetryMetric("gpu/power_w", "W", "GPU power", dcgm="DCGM_FI_DEV_POWER_USAGE", peers=True),
+    TelemetryMetric("npu/power_w", "W", "NPU power", npu="npu_chip_info_power", peers=True),
     TelemetryMetric("gpu/power_limit_w", "W", "GPU power limit", chart=False,
                     dcgm="DCGM_FI_DEV_POWER_MGMT_LIMIT"),
     TelemetryMetric("gpu/mem_total_bytes", "B", "GPU memory total", chart=False,
@@ -109,6 +110,7 @@ HEALTH_LABEL = "npu/health"
 THROTTLE_MASK = "gpu/throttle_mask"
 THROTTLE_LABEL = "gpu/throttle"
 CLOCK = "gpu/sm_clock_mhz"
+POWER = "gpu/power_w"
 
 # NVML clock event reasons (nvmlClocksEventReason*): the ones that slow a card down. Idle,
 # application clocks, sync boost and display clock settings are not faults.

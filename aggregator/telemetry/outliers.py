@@ -30,7 +30,7 @@ import numpy as np
 from rankwatch.aggregator.divergence.config import DivergenceConfig, MetricRule
 from rankwatch.aggregator.divergence.robust import robust_scale
 from rankwatch.aggregator.telemetry import metrics as tm
-from rankwatch.aggregator.telemetry.cards import Card, outlier_words, where
+from rankwatch.aggregator.telemetry.cards import Card, outlier_words, power_words, where
 
 MIN_INTERVAL_S = 1.0  # learned intervals are clamped to this range
 MAX_INTERVAL_S = 600.0
@@ -184,7 +184,8 @@ class HardwareWatch:
         for name, value in rec.values.items():
             if name in tm.BY_NAME:
                 self._flags_of(run, rank, name, value, t)
-                if tm.BY_NAME[name].rule is not None and math.isfinite(value):
+                known = tm.BY_NAME[name]
+                if (known.rule is not None or known.peers) and math.isfinite(value):
                     buckets = self._buckets.setdefault((run, name), {})
                     buckets.setdefault(b, {})[rank] = value
 
@@ -246,12 +247,14 @@ class HardwareWatch:
         rule = MetricRule(m.direction, rel_floor=m.rel_floor, abs_floor=m.abs_floor)
         scale = robust_scale(_DIVERGENCE, rule, len(x), median, mad, 0.0)
         z = (x - median) / scale
-        if m.direction == "high":
+        if m.direction != "low":
             bad = (z >= cfg.z_threshold) & (x - median >= m.gap) & (x >= median * m.ratio)
         else:
             bad = (z <= -cfg.z_threshold) & (median - x >= m.gap) & (x <= median * m.ratio)
         rl, zl = ranks.tolist(), z.tolist()
         self.peers[key] = Peers(median, len(x), start, dict(zip(rl, zl, strict=True)))
+        if m.rule is None:
+            return  # context only (power): its median, never a flag
         for rank, is_bad, value, zi in zip(rl, bad.tolist(), x.tolist(), zl, strict=True):
             fkey = (run, name, rank)
             outl, clean = self._streak.get(fkey, (0, 0))
@@ -274,6 +277,8 @@ class HardwareWatch:
             assert m.rule is not None
             n = self.peers[(run, name)].n if (run, name) in self.peers else 0
             words = outlier_words(m, flag.value, flag.median, n)
+            if name == tm.CLOCK:
+                words += power_words(self, run, rank)
             msg = f"rank {rank} ({where(self.card(run, rank))}): {words}"
             out.append(Finding(m.rule, run, rank, name, flag.value, msg, flag.since))
         for (run, rank, name), (since, last, added) in self.ecc.items():

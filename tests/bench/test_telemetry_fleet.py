@@ -27,6 +27,7 @@ def test_at_1024_ranks_each_fault_names_its_card_or_node_and_no_other(tmp_path: 
         assert named == expected(DEFAULT_FAULTS)
         node = next(a for a in agg.alerts.firing() if a.rule == "hw_node")
         assert node.message.startswith("node node090: 8 of 8 cards (ranks 720-727) slower-clocked")
+        assert node.message.endswith("% of its peers' power")  # it draws less power too
         assert agg.flush_store()
         assert agg.store.telemetry_runs()["fleet"]["ranks"] == 1024
     finally:
