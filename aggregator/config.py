@@ -17,6 +17,7 @@
     [alerts]                # AlertConfig: disabled, severity, thresholds, plateau, ...
     [divergence]            # DivergenceConfig: z_threshold, confirm_steps, rules.<metric> ...
     [incidents]             # IncidentConfig: window_s, spread_steps, timeline_max
+    [telemetry]             # HardwareConfig: interval_s, z_threshold, confirm_buckets, ...
 
     [[webhooks]]
     kind = "dingtalk"       # a kind of aggregator/alerts/sinks/: json, slack, dingtalk, ...
@@ -50,8 +51,9 @@ from rankwatch.aggregator.alerts.sinks.registry import kinds
 from rankwatch.aggregator.divergence.detector import DivergenceConfig
 from rankwatch.aggregator.incidents.tracker import IncidentConfig
 from rankwatch.aggregator.service import ServeConfig
+from rankwatch.aggregator.telemetry.outliers import HardwareConfig
 
-SECTIONS = ("serve", "alerts", "divergence", "incidents", "webhooks")
+SECTIONS = ("serve", "alerts", "divergence", "incidents", "telemetry", "webhooks")
 
 # [serve] key -> (ServeConfig field, accepted types)
 SERVE_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
@@ -187,7 +189,10 @@ def parse_config(raw: Mapping[str, Any], where: str, base: ServeConfig) -> Serve
         elif field == "data_dir":
             value = Path(value).expanduser()
         changes[field] = value
-    for section, cls in (("alerts", AlertConfig), ("divergence", DivergenceConfig)):
+    sections: tuple[tuple[str, Any], ...] = (
+        ("alerts", AlertConfig), ("divergence", DivergenceConfig), ("telemetry", HardwareConfig),
+    )  # fmt: skip
+    for section, cls in sections:
         table = raw.get(section)
         if table is None:
             continue

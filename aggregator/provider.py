@@ -29,7 +29,11 @@ from rankwatch.aggregator.metrics import display_order, metric_info
 from rankwatch.aggregator.stacks import StackView, stack_view
 from rankwatch.aggregator.store.columns import BAND_KEYS, SeriesColumns
 from rankwatch.aggregator.store.export import FORMATS as EXPORT_FORMATS
-from rankwatch.aggregator.store.export import ExportError, export_run
+from rankwatch.aggregator.store.export import ExportError, export_run, export_telemetry
+from rankwatch.aggregator.telemetry import cards as hw_cards
+from rankwatch.aggregator.telemetry.metrics import BY_NAME as _TELEMETRY_METRICS
+from rankwatch.aggregator.telemetry.metrics import TelemetryMetric, order_key
+from rankwatch.aggregator.telemetry.metrics import info as telemetry_info
 
 if TYPE_CHECKING:
     from rankwatch.aggregator.service import Aggregator
@@ -44,6 +48,7 @@ __all__ = [
     "DataProvider",
     "ExportError",
     "FeedClosed",
+    "Hardware",
     "LiveRun",
     "SeriesColumns",
     "SeriesLists",
@@ -52,12 +57,16 @@ __all__ = [
     "StoredEvent",
     "StoredRun",
     "Subscription",
+    "TelemetryMetric",
+    "TelemetrySeries",
     "ZGrid",
     "compare_medians",
     "display_order",
     "metric_info",
     "previous_run",
     "ranks_delta",
+    "telemetry_info",
+    "telemetry_metrics",
     "z_columns",
     "z_grid",
 ]
@@ -65,6 +74,13 @@ __all__ = [
 Band = dict[str, np.ndarray]  # BAND_KEYS -> column: "step" int64, the statistics float64
 SeriesLists = dict[int, dict[str, list[Any]]]  # rank -> {"step", "value", "min", "max"}
 Counters = dict[str, Any]  # name -> number, or {label: number} (one level, for Prometheus)
+TelemetrySeries = dict[int, dict[str, list[float]]]  # rank -> {"time", "value"}
+Hardware = dict[str, Any]  # see AggregatorProvider.hardware
+
+
+def telemetry_metrics() -> dict[str, TelemetryMetric]:
+    """The known telemetry metrics by name (units, Prometheus names, chart titles)."""
+    return dict(_TELEMETRY_METRICS)
 
 
 class StoredRun(TypedDict):
@@ -213,6 +229,42 @@ class DataProvider(Protocol):
 
     def counters(self) -> Counters: ...
 
+    def list_telemetry(self, run: str) -> list[str]:
+        """The telemetry metrics of ``run``, in the known table's order."""
+        ...
+
+    def read_telemetry(
+        self,
+        run: str,
+        metric: str,
+        *,
+        ranks: Sequence[int] | None = None,
+        start: float | None = None,
+        end: float | None = None,
+        max_points: int,
+    ) -> TelemetrySeries:
+        """rank -> {"time", "value"} of one telemetry metric (time-indexed, downsampled)."""
+        ...
+
+    def read_telemetry_band(
+        self, run: str, metric: str, *, start: float | None = None, end: float | None = None,
+        max_points: int,
+    ) -> dict[str, list[float]]:  # fmt: skip
+        """The cross-rank band of a telemetry metric over time (median, p5, p95, min, max)."""
+        ...
+
+    def hardware(self, run: str) -> Hardware:
+        """The run's cards now: per-rank hardware columns, nodes, findings, leaders."""
+        ...
+
+    def export_telemetry(self, run: str, out_path: Path, fmt: str) -> int:
+        """``run``'s telemetry as long rows; 0 (and no file) when it has none."""
+        ...
+
+    def telemetry_latest(self) -> dict[str, dict[int, dict[str, Any]]]:
+        """Every live run's cards: run -> rank -> {"host", "device", "values"} (/metrics)."""
+        ...
+
 
 class AggregatorProvider:
     """``DataProvider`` over a running ``Aggregator`` (its store, alert engine and feed)."""
@@ -302,3 +354,52 @@ class AggregatorProvider:
 
     def counters(self) -> Counters:
         return self._agg.counters()
+
+    def list_telemetry(self, run: str) -> list[str]:
+        agg = self._agg
+        with agg.lock:
+            card_names = {n for c in agg.telemetry.watch.cards.get(run, {}).values()
+                          for n in c.values}  # fmt: skip
+        return sorted(card_names | set(agg.store.telemetry_names(run)), key=order_key)
+
+    def read_telemetry(
+        self,
+        run: str,
+        metric: str,
+        *,
+        ranks: Sequence[int] | None = None,
+        start: float | None = None,
+        end: float | None = None,
+        max_points: int,
+    ) -> TelemetrySeries:
+        return self._agg.store.telemetry_series(
+            run, metric, ranks=ranks, start=start, end=end, max_points=max_points
+        )
+
+    def read_telemetry_band(
+        self, run: str, metric: str, *, start: float | None = None, end: float | None = None,
+        max_points: int,
+    ) -> dict[str, list[float]]:  # fmt: skip
+        return self._agg.store.telemetry_band(run, metric, start, end, max_points)
+
+    def hardware(self, run: str) -> Hardware:
+        agg = self._agg
+        with agg.lock:
+            view = hw_cards.hardware_view(agg.telemetry.watch, agg.telemetry.findings, run)
+        if not view["ranks"]:  # not live: the latest values the store holds
+            store = agg.store
+            stored = hw_cards.stored_rows(store.telemetry_latest(run), store.telemetry_hosts(run))
+            view = {**view, **hw_cards.nodes_of(stored)}
+        return view
+
+    def telemetry_latest(self) -> dict[str, dict[int, dict[str, Any]]]:
+        agg = self._agg
+        with agg.lock:
+            return {
+                run: {rank: {"host": c.host, "device": c.device, "values": dict(c.values)}
+                      for rank, c in cards.items()}
+                for run, cards in agg.telemetry.watch.cards.items()
+            }  # fmt: skip
+
+    def export_telemetry(self, run: str, out_path: Path, fmt: str) -> int:
+        return export_telemetry(self._agg.store, run, out_path, fmt)

@@ -27,6 +27,7 @@ from rankwatch.agent.wire.records import (
     Record,
     StepBlock,
     StepRecord,
+    TelemetryRecord,
     unblock,
 )
 from rankwatch.aggregator.alerts.rules import Alert, AlertEngine
@@ -70,6 +71,7 @@ from rankwatch.aggregator.snapshot import RankInputs, build_snapshot, rank_entri
 from rankwatch.aggregator.stacks import StackIntake
 from rankwatch.aggregator.store.db import Store, StoreError
 from rankwatch.aggregator.store.flusher import Flusher
+from rankwatch.aggregator.telemetry.intake import TelemetryIntake
 
 log = logging.getLogger("rankwatch.service")
 
@@ -91,6 +93,7 @@ class Aggregator:
         self.detector = DivergenceDetector(cfg.divergence)
         self.alerts = AlertEngine(cfg.alerts, cfg.divergence)
         self.incidents = IncidentTracker(cfg.incidents)
+        self.telemetry = TelemetryIntake(cfg.telemetry)  # hardware findings and card notes
         self.webhooks = Webhooks(cfg.webhooks, cfg.public_url)
         self.sinks: list[Sink] = list(self.webhooks.sinks)
         if cfg.console_alerts:
@@ -275,7 +278,9 @@ class Aggregator:
             if held is not None:
                 observe(held, now)
             observe(rec, now)
-            if isinstance(rec, EventRecord):
+            if type(rec) is TelemetryRecord:
+                self.telemetry.take(rec)
+            elif isinstance(rec, EventRecord):
                 self._tick_events.append(rec)
             elif isinstance(rec, Heartbeat) and (rec.stack is not None or rec.stack_problem):
                 self.stacks.take(rec)
@@ -307,7 +312,10 @@ class Aggregator:
             health = self._health_snapshot(now)
             changed = self.health.changes(now, health)  # once a tick: it moves on every call
             results, self._results = self._results, []
-            transitions = self.alerts.evaluate(now, results=results, health=health)
+            hardware = self.telemetry.tick()
+            transitions = self.alerts.evaluate(
+                now, results=results, health=health, hardware=hardware
+            )
             new = [d for r in results if isinstance(r, StepResult) for d in r.new]
             incidents = self.incidents.observe(
                 now,
@@ -317,6 +325,7 @@ class Aggregator:
                 health=changed,
                 stacks=self.stacks.drain(self.store),
             )
+            incidents = [self.telemetry.annotate(c) for c in incidents]  # culprits' card notes
             touched = {h.run for h, _ in changed} | {d.run for d in new}
             bodies, covered = self.outlet.judge(incidents, transitions, touched, health)
             tables: list[tuple[str, RankInputs]] = []
@@ -326,6 +335,8 @@ class Aggregator:
                 self._publish_points(steps)
                 self._publish_events(events)
                 tables = self._ranks_due(health, {h.run for h, _ in changed}, now)
+                for message in self.telemetry.feed_messages(now):
+                    self.feed.publish(message)
             if self.config.resend_gaps:
                 self._request_resends(health, now)
             self._retire_runs(health, now)
@@ -354,7 +365,8 @@ class Aggregator:
             over = all(h.state.value in ("finished", "crashed", "lost") for h in ranks.values())
             last = max((h.last_seen for h in ranks.values()), default=now)
             if over and now - last > LIVE_RETENTION_S:
-                for part in (self.health, self.merger, self.detector, self.incidents):
+                for part in (self.health, self.merger, self.detector, self.incidents,
+                             self.telemetry):  # fmt: skip
                     part.forget(run)
                 for key in [k for k in self.values if k[0] == run]:
                     del self.values[key]
@@ -375,7 +387,8 @@ class Aggregator:
     def incidents_of(self, run: str) -> list[dict[str, Any]]:
         """Every incident of ``run``, newest first, live or stored (``IncidentOutlet.read``)."""
         with self.lock:
-            live = live_dicts(self.incidents, run)
+            note = self.telemetry.annotate_dict
+            live = [note(body) for body in live_dicts(self.incidents, run)]
         return self.outlet.read(run, live)
 
     def _ranks_due(

@@ -14,6 +14,7 @@ from rankwatch.aggregator.alerts.sinks.http import WebhookConfig
 from rankwatch.aggregator.divergence.detector import DivergenceConfig
 from rankwatch.aggregator.health import DEFAULT_MIN_STALL_S
 from rankwatch.aggregator.incidents.tracker import IncidentConfig
+from rankwatch.aggregator.telemetry.outliers import HardwareConfig
 
 DEFAULT_DATA_DIR = "rankwatch_data"
 DEFAULT_PORT = DEFAULT_HTTP_PORT
@@ -50,6 +51,7 @@ class ServeConfig:
     token: str | None = None
     alerts: AlertConfig = dataclasses.field(default_factory=AlertConfig)
     divergence: DivergenceConfig = dataclasses.field(default_factory=DivergenceConfig)
+    telemetry: HardwareConfig = dataclasses.field(default_factory=HardwareConfig)
     webhooks: list[WebhookConfig] = dataclasses.field(default_factory=list)
     incidents: IncidentConfig = dataclasses.field(default_factory=IncidentConfig)
     public_url: str | None = None  # the dashboard as people reach it: incident messages link it

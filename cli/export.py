@@ -75,8 +75,11 @@ def _hive(args: argparse.Namespace, out: Path) -> int:
     """One Parquet export (from the store or through the server), then laid out by rank."""
     if out.exists() and not out.is_dir():
         return _fail(f"--format hive writes a folder, and {out} is a file")
+    from rankwatch.aggregator.store.export import telemetry_path
+
     staged = out.with_name(f".{out.name}.{os.getpid()}.parquet")
     try:
+        # the steps only: telemetry has other columns (--format parquet writes it beside)
         code = _export(args, staged, "parquet", lambda _said: None)
         if code:
             return code
@@ -88,6 +91,7 @@ def _hive(args: argparse.Namespace, out: Path) -> int:
             return _fail(str(exc))
     finally:
         staged.unlink(missing_ok=True)
+        telemetry_path(staged).unlink(missing_ok=True)
     where = f" (through {args.url})" if args.url is not None else ""
     print(f"wrote {rows:,} rows of run {args.run!r} to {out}/run=.../rank=.../{where}")
     return 0
@@ -95,7 +99,12 @@ def _hive(args: argparse.Namespace, out: Path) -> int:
 
 def _from_store(args: argparse.Namespace, out: Path, fmt: str, say: Callable[[str], None]) -> int:
     from rankwatch.aggregator.store.db import STORE_FILENAME, Store, StoreError
-    from rankwatch.aggregator.store.export import ExportError, export_run
+    from rankwatch.aggregator.store.export import (
+        ExportError,
+        export_run,
+        export_telemetry,
+        telemetry_path,
+    )
     from rankwatch.cli.status import DEFAULT_URL
 
     data = Path(args.data)
@@ -105,6 +114,7 @@ def _from_store(args: argparse.Namespace, out: Path, fmt: str, say: Callable[[st
     try:
         with Store(data) as store:
             rows = export_run(store, args.run, out, fmt)
+            tele = export_telemetry(store, args.run, telemetry_path(out), fmt)
     except ExportError as exc:
         return _fail(str(exc))
     except StoreError as exc:
@@ -115,11 +125,29 @@ def _from_store(args: argparse.Namespace, out: Path, fmt: str, say: Callable[[st
             )
         return _fail(str(exc))
     say(f"wrote {rows:,} rows of run {args.run!r} to {out}")
+    if tele:
+        say(f"wrote {tele:,} telemetry rows of run {args.run!r} to {telemetry_path(out)}")
     return 0
 
 
 def _through_server(
     args: argparse.Namespace, out: Path, fmt: str, say: Callable[[str], None]
+) -> int:
+    from rankwatch.aggregator.store.export import telemetry_path
+
+    code = _fetch(args, out, fmt, "steps", say)
+    if code == 0:
+        code = _fetch(args, telemetry_path(out), fmt, "telemetry", say, quiet_empty=True)
+    return code
+
+
+def _fetch(
+    args: argparse.Namespace,
+    out: Path,
+    fmt: str,
+    what: str,
+    say: Callable[[str], None],
+    quiet_empty: bool = False,
 ) -> int:
     from rankwatch.cli.status import TOKEN_ENV, ApiError, detail_of, server_url
 
@@ -127,7 +155,7 @@ def _through_server(
         base = server_url(args.url)
     except ApiError as exc:
         return _fail(str(exc))
-    query = urllib.parse.urlencode({"run": args.run, "format": fmt})
+    query = urllib.parse.urlencode({"run": args.run, "format": fmt, "what": what})
     url = f"{base}/api/run/export?{query}"
     token = args.token or os.environ.get(TOKEN_ENV)
     headers = {"User-Agent": "rankwatch-cli"}
@@ -161,8 +189,12 @@ def _through_server(
     except OSError as exc:
         part.unlink(missing_ok=True)
         return _fail(f"{exc}")
+    if quiet_empty and rows == "0":
+        out.unlink(missing_ok=True)
+        return 0
     count = f"{int(rows):,}" if rows.isdigit() else rows
-    say(f"wrote {count} rows of run {args.run!r} to {out} (through {base}, {size:,} bytes)")
+    kind = "telemetry rows" if what == "telemetry" else "rows"
+    say(f"wrote {count} {kind} of run {args.run!r} to {out} (through {base}, {size:,} bytes)")
     return 0
 
 

@@ -53,6 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 class HttpSink:
     """An importer sink posting batches to ``/api/ingest``; ``add`` returns records new."""
 
+    stores_telemetry = True  # the aggregator takes telemetry records (schema version 2)
+
     def __init__(self, url: str, token: str | None) -> None:
         self.url = url.rstrip("/") + "/api/ingest"
         self.token = token

@@ -134,7 +134,34 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(render_status(snapshot, args.run, snapshot.get("now"), args.all))
+        lines = hardware_lines(server_url(args.url), snapshot, token_of(args), args.timeout)
+        if lines:
+            print("\n" + "\n".join(lines))
     return 0
+
+
+HARDWARE_RUNS = 5  # live runs whose cards status describes
+
+
+def hardware_lines(
+    base: str, snapshot: dict[str, Any], token: str | None, timeout: float
+) -> list[str]:
+    """The hottest, slowest and most loaded cards of the live runs (a server without
+    telemetry, or before it, answers nothing for them: no lines)."""
+    from rankwatch.aggregator.telemetry.cards import status_lines
+
+    out: list[str] = []
+    live = [r for r in snapshot.get("runs") or [] if not r.get("history")][:HARDWARE_RUNS]
+    for entry in live:
+        query = urllib.parse.urlencode({"run": entry.get("run")})
+        try:
+            hw = request_json(f"{base}/api/run/telemetry?{query}", token, timeout)
+        except ApiError:
+            continue
+        if isinstance(hw, dict):
+            lines = status_lines(hw)
+            out += ([""] if out and lines else []) + lines
+    return out
 
 
 def compare(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ from starlette.types import Scope
 
 import rankwatch
 
+from . import hwroutes  # noqa: F401 - registers the telemetry route on the API router
 from .access import Access, AccessCounts, AccessGuard
 from .auth import TokenGuard
 from .bodies import Bodies, BodyBudget

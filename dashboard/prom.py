@@ -13,6 +13,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rankwatch.agent.wire.jsonsafe import json_number
+from rankwatch.aggregator.provider import telemetry_metrics
+
+BY_NAME = telemetry_metrics()
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "rankwatch_aggregator_"
@@ -87,8 +90,15 @@ def _flatten(prefix: str, value: Any) -> Iterable[tuple[str, dict[str, str], Any
         yield prefix, {}, value
 
 
-def render(snapshot: Mapping[str, Any], counters: Mapping[str, Any], firing: int) -> str:
+def render(
+    snapshot: Mapping[str, Any],
+    counters: Mapping[str, Any],
+    firing: int,
+    telemetry: Mapping[str, Mapping[int, Mapping[str, Any]]] | None = None,
+) -> str:
+    """``telemetry``: run -> rank -> {"host", "device", "values"} (``telemetry_latest``)."""
     out = Exposition()
+    _telemetry(out, telemetry or {})
     for run in snapshot.get("runs", []):
         name = run.get("run", "")
         out.add(
@@ -208,3 +218,34 @@ def render(snapshot: Mapping[str, Any], counters: Mapping[str, Any], firing: int
         for name, labels, inner in _flatten(metric_name(str(key)), value):
             out.add(name, inner, labels, help_text=f"Aggregator counter '{key}'.")
     return out.render()
+
+
+def _telemetry(out: Exposition, telemetry: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> None:
+    """Each rank's latest telemetry: every value as ``rankwatch_telemetry{name=...}``, and the
+    values DCGM exporter and npu-exporter publish under their names, units and device label
+    (``gpu`` / ``id``: the card's index on its host; docs/telemetry.md has the table), with
+    ``run`` and ``rank`` added so a dashboard built for them can be filtered by rank."""
+    for run, ranks in telemetry.items():
+        for rank, card in sorted(ranks.items()):
+            device = str(card.get("device") or "")
+            kind, _, index = device.partition(":")
+            host = str(card.get("host") or "")
+            base = {"run": run, "rank": rank}
+            for name, value in sorted((card.get("values") or {}).items()):
+                out.add(
+                    "rankwatch_telemetry",
+                    value,
+                    {**base, "name": name, "device": device, "Hostname": host},
+                    help_text="Latest telemetry value of each rank (name: <source>/<key>).",
+                )
+                m = BY_NAME.get(name)
+                if m is None or not isinstance(value, (int, float)):
+                    continue
+                if m.dcgm and kind == "gpu":
+                    labels = {"gpu": index, "device": f"nvidia{index}", "Hostname": host, **base}
+                    out.add(m.dcgm, value * m.prom_scale, labels, help_text=f"{m.title} "
+                            "(DCGM exporter's name and unit).")  # fmt: skip
+                elif m.npu and kind == "npu":
+                    labels = {"id": index, "Hostname": host, **base}
+                    out.add(m.npu, value * m.prom_scale, labels, help_text=f"{m.title} "
+                            "(npu-exporter's name and unit).")  # fmt: skip

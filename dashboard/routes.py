@@ -367,6 +367,10 @@ def run_export(
         Literal["csv", "parquet"],
         Query(alias="format", description="csv, or parquet (the long rows of `rankwatch export`)"),
     ] = "csv",
+    what: Annotated[
+        Literal["steps", "telemetry"],
+        Query(description="steps (the metrics), or telemetry (time, source, device, name, value)"),
+    ] = "steps",
 ) -> FileResponse:
     provider = _provider(request)
     _require_run(provider, run)
@@ -375,7 +379,12 @@ def run_export(
     folder = Path(tempfile.mkdtemp(prefix="rankwatch-export-"))
     path = folder / f"export.{fmt}"
     try:
-        rows = provider.export_run(run, path, fmt)
+        if what == "telemetry":
+            rows = provider.export_telemetry(run, path, fmt)
+            if not rows:
+                path.write_bytes(b"")
+        else:
+            rows = provider.export_run(run, path, fmt)
     except ExportError as exc:
         shutil.rmtree(folder, ignore_errors=True)
         raise HTTPException(status_code=404, detail=str(exc)) from None
@@ -452,7 +461,8 @@ def metrics(request: Request) -> PlainTextResponse:
         **request.app.state.access_counts.counters(),
         **request.app.state.bodies.counters(),
     }
-    body = prom.render(provider.snapshot(), counters, len(provider.alerts_firing()))
+    body = prom.render(provider.snapshot(), counters, len(provider.alerts_firing()),
+                       provider.telemetry_latest())  # fmt: skip
     return PlainTextResponse(body, media_type=prom.CONTENT_TYPE)
 
 

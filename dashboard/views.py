@@ -9,12 +9,20 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rankwatch.aggregator.provider import ZGrid, display_order, z_columns, z_grid
+from rankwatch.aggregator.provider import (
+    ZGrid,
+    display_order,
+    telemetry_info,
+    z_columns,
+    z_grid,
+)
 
 BAND_THRESHOLD_RANKS = 32  # above this many ranks a chart shows a band, not every line
 MAX_OUTLIER_RANKS = 24  # individual lines drawn in band mode besides the selected ranks
 MAX_SELECTED_RANKS = 256  # ranks one URL may select
 MAX_RANK_ID = 1 << 20  # a rank id beyond this is a typo, not a cluster
+TELEMETRY_POINTS = 600  # points per rank of a hardware chart by default
+TELEMETRY_EXTREMES = 8  # ranks furthest from their peers drawn as lines in band mode
 
 # Order of the charts: the usual training metrics first, anything custom after them.
 METRIC_ORDER = display_order()
@@ -193,3 +201,23 @@ def bucket_series(
             for c in range(columns)
         ]
     return [lo + c * width for c in range(columns)], width, grid
+
+
+def telemetry_entry(name: str) -> dict[str, Any]:
+    """What the page needs to draw a telemetry metric's chart."""
+    m = telemetry_info(name)
+    # a share, a size, a rate, a power or a clock below 0 is impossible: the axis starts at 0
+    nonnegative = m.unit in ("%", "B", "B/s", "W", "MHz") or name.endswith("_total")
+    return {"name": name, "unit": m.unit, "title": m.title, "chart": m.chart,
+            "direction": m.direction, "nonnegative": nonnegative}  # fmt: skip
+
+
+def telemetry_shown(hardware: Mapping[str, Any], metric: str, selected: Sequence[int]) -> list[int]:
+    """The ranks drawn as lines over the band: flagged on ``metric``, the ones furthest from
+    their peers (its bad direction), the selected ones."""
+    m = telemetry_info(metric)
+    z = hardware.get("z", {}).get(metric, {})
+    sign = -1.0 if m.direction == "low" else 1.0
+    far = sorted(z, key=lambda r: -sign * z[r] if m.direction != "off" else -abs(z[r]))
+    extremes = [r for r in far[:TELEMETRY_EXTREMES] if abs(z[r]) >= 2.0]
+    return sorted({*hardware.get("outliers", {}).get(metric, []), *extremes, *selected})

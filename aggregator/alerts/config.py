@@ -8,10 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from rankwatch.aggregator.telemetry.metrics import RULES as HARDWARE_RULES
+
 SEVERITIES = ("info", "warning", "critical")
 RULES = (
     "divergence", "nonfinite", "straggler", "threshold", "plateau", "throughput_drop",
-    "stalled", "lost", "crashed",
+    "stalled", "lost", "crashed", *HARDWARE_RULES,
 )  # fmt: skip
 DEFAULT_SEVERITY = {
     "divergence": "warning",
@@ -23,6 +25,7 @@ DEFAULT_SEVERITY = {
     "stalled": "warning",
     "lost": "critical",
     "crashed": "critical",
+    **HARDWARE_RULES,  # the hardware family (telemetry/metrics.py)
 }
 OPS = {
     ">": lambda a, b: a > b,

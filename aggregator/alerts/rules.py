@@ -35,6 +35,8 @@ from rankwatch.aggregator.divergence.detector import (
     step_lag,
 )
 from rankwatch.aggregator.health import RankHealth, RankState, run_state
+from rankwatch.aggregator.telemetry.metrics import RULES as HARDWARE_RULES
+from rankwatch.aggregator.telemetry.outliers import Finding
 
 HEALTH_RULES = {RankState.STALLED: "stalled", RankState.LOST: "lost", RankState.CRASHED: "crashed"}
 GROUP_LISTED = 5  # ranks named in a grouped alert's message
@@ -153,8 +155,11 @@ class AlertEngine:
         *,
         results: Iterable[StepResult | QuietSteps] = (),
         health: Mapping[str, Mapping[int, RankHealth]] | None = None,
+        hardware: Sequence[Finding] | None = None,
     ) -> list[Alert]:
-        """Update the conditions; return the alerts that started firing or resolved."""
+        """Update the conditions; return the alerts that started firing or resolved.
+        ``hardware``: every hardware condition that holds now (``telemetry.outliers``); the
+        hardware rules' conditions are replaced by them (None: left as they are)."""
         for res in results:
             if isinstance(res, QuietSteps):  # nothing flagged or resolved: only the step rules
                 if self._watched(res.metric):
@@ -163,6 +168,8 @@ class AlertEngine:
             self._divergences(res, now)
             self._step_rules((res.stats,), now)
         self._settle()  # before health: a finished run drops every condition it has
+        if hardware is not None:
+            self._hardware(hardware)
         if health is not None:
             self._health(health, now)
         return self._publish(now)
@@ -342,6 +349,16 @@ class AlertEngine:
             }
             for d in step_lag(run, steps, self.divergence):
                 self._set(self._from_divergence("straggler", d, now), before)
+
+    def _hardware(self, findings: Sequence[Finding]) -> None:
+        before = {k: c for k, c in self._conds.items() if c.rule in HARDWARE_RULES}
+        for key in before:
+            del self._conds[key]
+        for f in findings:
+            sev = self.config.severity_of(f.rule)
+            cond = _Cond(f.rule, f.run, f.rank, f.metric, None, f.since_time, f.value, f.message,
+                         sev)  # fmt: skip
+            self._set(cond, before)
 
     # --- publishing ------------------------------------------------------------------------
 

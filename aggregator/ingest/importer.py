@@ -278,6 +278,8 @@ class _Progress:
 class StoreSink:
     """A sink writing to a Store, dropping (run, rank, inc, seq) it already holds."""
 
+    stores_telemetry = True  # the store keeps telemetry beside the steps (store/telemetry.py)
+
     def __init__(self, store: Store, flush_every: int = STORE_FLUSH_RECORDS) -> None:
         self.store = store
         self.flush_every = flush_every

@@ -13,7 +13,14 @@ from operator import attrgetter
 from typing import Any
 
 import numpy as np
-from rankwatch.agent.wire.records import EventRecord, Heartbeat, Record, StepBlock, StepRecord
+from rankwatch.agent.wire.records import (
+    EventRecord,
+    Heartbeat,
+    Record,
+    StepBlock,
+    StepRecord,
+    TelemetryRecord,
+)
 from rankwatch.aggregator.store.rows import BUFFERED, DTYPE, LAYOUT, NULL_CODE, NULL_INT
 
 
@@ -120,10 +127,10 @@ class Batch:
         for item in items:
             if isinstance(item, StepBlock):
                 _check_block(item)
-            elif not isinstance(item, (StepRecord, EventRecord, Heartbeat)):
+            elif not isinstance(item, (StepRecord, EventRecord, Heartbeat, TelemetryRecord)):
                 raise TypeError(
                     f"Store.append takes records, got {type(item).__name__} "
-                    "(expected StepRecord, EventRecord, Heartbeat or StepBlock)"
+                    "(expected StepRecord, EventRecord, Heartbeat, TelemetryRecord or StepBlock)"
                 )
         self.records.extend(items)
 
@@ -223,6 +230,8 @@ def _record_rows(item: Item) -> int:
     """Buffered rows of one record (its ``recs`` row plus its table's rows) or block."""
     if type(item) is StepBlock:
         return len(item) * (1 + max(1, len(item.metrics)))
+    if type(item) is TelemetryRecord:
+        return 1 + len(item.values) + len(item.labels)
     return 1 + max(1, len(item.metrics)) if type(item) is StepRecord else 2
 
 
@@ -378,6 +387,14 @@ def _add_row(c: dict[str, list[list]], rec: Record) -> None:
         _push(c["recs"], (*head, "event", *ident, 0, rec.event, *span, rec.inc))
         info = json.dumps(dict(rec.info), default=str)
         _push(c["events"], (*head, *ident, rec.event, rec.step, info, rec.inc))
+    elif isinstance(rec, TelemetryRecord):
+        # no world_size: a sample says nothing of the rank's identity (rank_meta, ranks)
+        _push(c["recs"], (*head, "telemetry", None, None, None, 0, None, *span, rec.inc))
+        where = (rec.source, rec.device)
+        for key, number in rec.values.items():
+            _push(c["telemetry"], (*head, *where, key, number, rec.inc))
+        for key, text in (*rec.labels.items(), ("host", rec.host)):
+            _push(c["telemetry_labels"], (*head, *where, key, text, rec.inc))
     elif isinstance(rec, Heartbeat):
         _push(c["recs"], (*head, "heartbeat", None, None, None, 0, None, *span, rec.inc))
         _push(c["heartbeats"], (*head, rec.last_step, rec.next_in, rec.dropped, rec.paused,

@@ -42,6 +42,7 @@ from rankwatch.aggregator.store.schema import (
     open_reason,
 )
 from rankwatch.aggregator.store.setaside import set_aside
+from rankwatch.aggregator.store.telemetry_reads import TelemetryReads
 
 __all__ = ["SCHEMA_VERSION", "STORE_FILENAME", "Store", "StoreError"]
 
@@ -62,7 +63,7 @@ _KEEP_MARKS = ("could not write", "no space", "file too large", "read-only", "pe
                "failed to commit")  # fmt: skip
 
 
-class Store(reads.Reads):
+class Store(reads.Reads, TelemetryReads):
     """DuckDB-backed history of every accepted record; see the module docstring."""
 
     def __init__(

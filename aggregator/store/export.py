@@ -1,4 +1,5 @@
-"""Export one run's step history as long rows (run, rank, step, epoch, time, metric, value).
+"""Export one run's step history as long rows (run, rank, step, epoch, time, metric, value), and
+its telemetry beside it (``telemetry_path``: run, rank, inc, time, source, device, name, value).
 
 CSV writes non-finite values as ``nan``, ``inf`` and ``-inf`` and an unknown epoch as an empty
 field; Parquet keeps them as IEEE doubles and nulls. DuckDB writes both (``COPY``), so a run of
@@ -75,3 +76,23 @@ def lay_out_hive(parquet: Path | str, out_dir: Path | str) -> int:
 def _quoted(path: Path) -> str:
     """``path`` inside a single-quoted SQL string literal."""
     return str(path).replace("'", "''")
+
+
+def telemetry_path(out_path: Path | str) -> Path:
+    """Where an export to ``out_path`` puts the telemetry: run.csv -> run.telemetry.csv."""
+    out_path = Path(out_path)
+    return out_path.with_name(f"{out_path.stem}.telemetry{out_path.suffix}")
+
+
+def export_telemetry(store: Store, run: str, out_path: Path | str, fmt: str | None = None) -> int:
+    """Write ``run``'s telemetry to ``out_path`` (checked as ``export_run`` does); 0 rows and
+    no file when the run has none."""
+    out_path = Path(out_path)
+    fmt = (fmt or out_path.suffix.lstrip(".")).lower()
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown export format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if run not in store.telemetry_runs():
+        return 0
+    if not out_path.parent.is_dir():
+        raise ExportError(f"cannot write {out_path}: {out_path.parent} is not a directory")
+    return store.export_telemetry(run, out_path, fmt)

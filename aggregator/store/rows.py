@@ -14,7 +14,7 @@ from typing import Any
 import duckdb
 import numpy as np
 from rankwatch.agent.wire.records import EventRecord, Heartbeat, Record, StepRecord
-from rankwatch.aggregator.store import incidents, rollup, stacks
+from rankwatch.aggregator.store import incidents, rollup, stacks, telemetry
 
 # Column kinds: "c" a repeated string (run, metric, host...) as an int32 code into the part's
 # name table (NULL_CODE: NULL), "s" free text as Python objects (event info), "i" int,
@@ -46,16 +46,22 @@ LAYOUT: dict[str, tuple[tuple[str, str], ...]] = {
     "recs": (("run", "c"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("kind", "c"),
              ("world_size", "n"), ("host", "c"), ("pid", "n"), ("step", "i"), ("event", "c"),
              ("hi", "i"), ("n", "i"), ("last_time", "f"), ("inc", "i")),
+    # telemetry: one row per value, one per label (kept where it changes: store/telemetry.py)
+    "telemetry": (("run", "c"), ("rank", "i"), ("seq", "i"), ("time", "f"), ("source", "c"),
+                  ("device", "c"), ("name", "c"), ("value", "f"), ("inc", "i")),
+    "telemetry_labels": (("run", "c"), ("rank", "i"), ("seq", "i"), ("time", "f"),
+                         ("source", "c"), ("device", "c"), ("name", "c"), ("value", "c"),
+                         ("inc", "i")),
     "ranks": (("run", "c"), ("rank", "i"), ("world_size", "n"), ("host", "c"), ("pid", "n"),
               ("first_time", "f"), ("last_time", "f"), ("records", "i"), ("last_step", "n"),
               ("meta_seq", "n"), ("life_seq", "n"), ("ended", "b"), ("inc", "i")),
 }  # fmt: skip
-BUFFERED = ("steps", "events", "heartbeats", "recs")
+BUFFERED = ("steps", "events", "heartbeats", "recs", "telemetry", "telemetry_labels")
 
 TABLES = (
     *(
         f"{name} ({', '.join(f'{c} {_T[k]}' for c, k in LAYOUT[name])})"
-        for name in ("steps", "events", "heartbeats", "ranks")
+        for name in ("steps", "events", "heartbeats", "ranks", "telemetry", "telemetry_labels")
     ),
     "rank_meta (run VARCHAR, rank BIGINT, seq BIGINT, world_size BIGINT, host VARCHAR, "
     "pid BIGINT, inc BIGINT DEFAULT 0)",  # change log: world_size/host/pid from this seq on
@@ -68,6 +74,7 @@ TABLES = (
     "meta (key VARCHAR, value VARCHAR)",
     incidents.TABLE,
     stacks.TABLE,
+    *telemetry.TABLES,
 )
 
 
@@ -257,6 +264,8 @@ class Mirror:
     stats: dict[tuple[str, str], MetricStats] = field(default_factory=dict)
     band: dict[str, int] = field(default_factory=dict)  # run -> last settled band step
     late: dict[tuple[str, str], int] = field(default_factory=dict)  # earliest step to repair
+    tele: dict[str, telemetry.TeleRun] = field(default_factory=dict)  # run -> its telemetry
+    tele_done: dict[tuple[str, int], float] = field(default_factory=dict)  # rolled up to
 
     @classmethod
     def load(cls, cur: duckdb.DuckDBPyConnection) -> Mirror:
@@ -264,6 +273,7 @@ class Mirror:
         for row in cur.execute(f"SELECT {', '.join(RANK_FIELDS)} FROM ranks").fetchall():
             m.ranks.setdefault(row[0], {})[row[1]] = RankRow(*row)
         m.band = dict(cur.execute("SELECT run, done FROM band_done").fetchall())
+        m.tele, m.tele_done = telemetry.load(cur)
         for run, metric, step in cur.execute("SELECT * FROM band_late").fetchall():
             m.late[(run, metric)] = step
         # The coarsest level plus every open bucket covers each stored value exactly once.
@@ -282,7 +292,8 @@ class Mirror:
 
     def copy(self) -> Mirror:
         """Shallow: merge_ranks replaces the per-run dicts it changes instead of mutating."""
-        return Mirror(dict(self.ranks), dict(self.stats), dict(self.band), dict(self.late))
+        return Mirror(dict(self.ranks), dict(self.stats), dict(self.band), dict(self.late),
+                      dict(self.tele), dict(self.tele_done))  # fmt: skip
 
     def identity(self, run: str, rank: int) -> tuple[Any, Any, Any, int] | None:
         row = self.ranks.get(run, {}).get(rank)

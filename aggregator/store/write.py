@@ -14,7 +14,7 @@ from typing import Any
 
 import duckdb
 import numpy as np
-from rankwatch.aggregator.store import rollup
+from rankwatch.aggregator.store import rollup, telemetry
 from rankwatch.aggregator.store.buffer import Batch
 from rankwatch.aggregator.store.buffer import columns as buffer_columns
 from rankwatch.aggregator.store.rows import (
@@ -67,6 +67,8 @@ def _insert_batch(
         "CREATE OR REPLACE TEMP TABLE buf_recs AS " + select_sql("recs", "raw_recs"),
         *(f"INSERT INTO {n} " + select_sql(n, f"raw_{n}") for n in ("events", "heartbeats")
           if n in raw),
+        *(f"CREATE OR REPLACE TEMP TABLE {t} AS " + select_sql(n, f"raw_{n}")
+          for n, t in (("telemetry", "buf_tel"), ("telemetry_labels", "buf_tlab")) if n in raw),
         SEQ_MERGE,
         "DELETE FROM seqs USING (SELECT DISTINCT run, rank FROM rw_seq) k "
         "WHERE seqs.run = k.run AND seqs.rank = k.rank",
@@ -100,9 +102,13 @@ def _insert_batch(
     # busy (docs/benchmarks.md, figures behind choices). Later statements read the buf_ tables.
     raw_names, raw_recs = raw["names"], raw["recs"]
     raw_steps, raw_events, raw_heartbeats = (raw.get(n) for n in BUFFERED[:3])
+    raw_telemetry, raw_telemetry_labels = raw.get("telemetry"), raw.get("telemetry_labels")
     sql = ";\n".join([*script, "SELECT " + lists])
     ((meta_rows, rank_rows, stat_rows),) = cur.execute(sql).fetchall()
     del raw_names, raw_recs, raw_steps, raw_events, raw_heartbeats
+    if raw_telemetry is not None:
+        telemetry.write(cur, mirror.tele, mirror.tele_done, raw_telemetry_labels is not None)
+    del raw_telemetry, raw_telemetry_labels
     meta, prev = [], None
     for row in map(_values, meta_rows or []):
         key, ident = row[:2], row[3:]

@@ -4,6 +4,7 @@
 
 import { MetricChart } from './charts.js';
 import { bindControls, syncControls } from './controls.js';
+import { hardwareView } from './hardware.js';
 import { Heatmap } from './heatmap.js';
 import { incidentView } from './incidentview.js';
 import * as incidents from './incidents.js';
@@ -55,6 +56,7 @@ const state = {
 const charts = new Map(); // metric -> MetricChart
 const firstDrawn = {}; // metric -> {step: Date.now() when the step was first drawn}
 let heatmap = null;
+let hardware = null; // hardware.js: the telemetry section and the table's hardware columns
 let stream = null;
 let loading = 0; // > 0 while series are being (re)loaded: live messages are kept and replayed
 let buffered = [];
@@ -300,6 +302,7 @@ async function selectRun(run, resetView = true) {
   window.rankwatch.ready = false;
   writeUrl(state);
   panels.renderRunPicker($('run'), state.runs, state.run);
+  hardware.selectRun(run).catch(showError); // its own reads: the training charts do not wait
   if (!run) return;
   openStream(); // before the first read, so nothing published meanwhile is missed
   // One failed read (say the store has not flushed a brand-new run yet) must not leave the
@@ -399,6 +402,9 @@ function handle(msg) {
     case 'event':
       refreshEventsSoon();
       break;
+    case 'telemetry':
+      hardware?.onMessage(msg);
+      break;
     case 'incident':
       if (msg.incident && msg.incident.run !== state.run) break;
       if (!incidentUi.onMessage(msg)) refreshIncidentsSoon();
@@ -445,6 +451,7 @@ function redraw() {
 // Ranks' roles changed: every chart restyles, the table and chips follow.
 function restyle() {
   for (const c of charts.values()) c.needsFull = true;
+  hardware?.restyle();
   scheduleRedraw();
   renderPanels();
 }
@@ -454,6 +461,7 @@ function renderPanels() {
   panels.renderLegend($('legend'), app);
   panels.renderTableHead($('rank-head'), app);
   panels.renderTable($('rank-body'), app, serverNow());
+  hardware?.decorateTable($('rank-head'), $('rank-body'));
   const minor = incidents.markRanks($('rank-body'), $('legend'), state.ranks, app.highlighted(), state.selected);
   const toggle = $('all-ranks');
   toggle.hidden = minor === 0;
@@ -533,6 +541,7 @@ async function main() {
     refetchZoom, selectionChanged, loadHeatmap, renderPanels, showError, loadRef: refUi.load,
   });
   heatmap = new Heatmap($('heatmap'), app);
+  hardware = hardwareView({ state, toggleRank: app.toggleRank, roleStyle: app.roleStyle, redrawTable: renderPanels });
   incidentUi.bind();
   bindLayoutControls();
   setInterval(tick, 1000);

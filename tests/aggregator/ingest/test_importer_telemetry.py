@@ -30,16 +30,38 @@ def jsonl_with_telemetry(tmp_path: Path) -> Path:
     return mon.jsonl_path
 
 
-def test_a_store_without_telemetry_takes_the_rest_and_says_what_it_left(tmp_path: Path) -> None:
+def test_the_store_keeps_the_telemetry_of_an_imported_jsonl(tmp_path: Path) -> None:
+    from rankwatch.aggregator.store.db import Store
+
     path = jsonl_with_telemetry(tmp_path)
     lines = path.read_text().splitlines()
     telemetry = sum('"kind":"telemetry"' in line for line in lines)
     (summary,) = import_into_store([path], tmp_path / "data")
-    assert summary.bad == 0 and summary.read == len(lines)
-    assert summary.telemetry == telemetry >= 3
-    assert summary.accepted == len(lines) - telemetry
-    assert f"{telemetry} telemetry records not imported" in str(summary)
-    assert describe(summary).endswith(f", {telemetry} telemetry records skipped (not stored yet)")
+    assert summary.bad == 0 and summary.read == len(lines) == summary.accepted
+    assert summary.telemetry == 0 and "telemetry" not in str(summary)
+    with Store(tmp_path / "data") as store:
+        rss = store.telemetry_series("imp", "host/rss_bytes")[0]["value"]
+        assert len(rss) == telemetry >= 3 and min(rss) > 0  # real psutil values, read back
+    (again,) = import_into_store([path], tmp_path / "data")  # seqs dedupe telemetry too
+    assert again.accepted == 0 and again.duplicates == len(lines)
+
+
+class Skipping:
+    def __init__(self) -> None:
+        self.got: list[Record] = []
+
+    def add(self, records: Sequence[Record]) -> int:
+        self.got.extend(records)
+        return len(records)
+
+
+def test_a_sink_that_does_not_store_telemetry_is_not_sent_it(tmp_path: Path) -> None:
+    path = jsonl_with_telemetry(tmp_path)
+    (summary,) = import_paths([path], Skipping())
+    assert summary.telemetry >= 3
+    assert describe(summary).endswith(
+        f", {summary.telemetry} telemetry records skipped (not stored yet)"
+    )
 
 
 class Keeping:
