@@ -8,7 +8,7 @@ alert transitions they stand for (webhooks leave those to them); and read back f
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rankwatch.aggregator.alerts.rules import Alert
@@ -30,8 +30,15 @@ __all__ = ["IncidentOutlet"]
 
 
 class IncidentOutlet:
-    def __init__(self, tracker: IncidentTracker, store: Store, feed: Feed) -> None:
+    def __init__(
+        self,
+        tracker: IncidentTracker,
+        store: Store,
+        feed: Feed,
+        note: Callable[[dict[str, Any]], dict[str, Any]] = lambda body: body,
+    ) -> None:
         self.tracker = tracker
+        self.note = note  # what the announced changes were given (the culprits' card notes)
         self.store = store
         self.feed = feed
         self.cover = AlertCover()  # the alerts webhooks leave to the incidents' messages
@@ -53,7 +60,7 @@ class IncidentOutlet:
             self.due.stored(change.incident)
         for run in touched | runs.keys():
             for inc in self.due.due(self.tracker.incidents(run)):
-                self._store(incident_body(inc, health.get(run, {})))
+                self._store(self.note(incident_body(inc, health.get(run, {}))))
         return bodies, covered
 
     def announce(

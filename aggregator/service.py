@@ -115,7 +115,9 @@ class Aggregator:
         self._ranks_sent: dict[str, float] = {}
         self.resender = Resender()
         self.stored_runs = StoredRuns(self.store)
-        self.outlet = IncidentOutlet(self.incidents, self.store, self.feed)
+        self.outlet = IncidentOutlet(
+            self.incidents, self.store, self.feed, note=self.telemetry.annotate_dict
+        )
         self.flusher = Flusher(
             self.store,
             max(cfg.store_flush_s, cfg.flush_interval_s),
