@@ -31,9 +31,13 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from rankwatch.aggregator.divergence.config import DEFAULT_RULES, DivergenceConfig
+from rankwatch.aggregator.divergence.detector import DivergenceDetector
+from rankwatch.aggregator.merge import StepValues
 from serve_proc import ServeProc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,16 +120,37 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(f"stopped by signal {signum}")
 
 
-def read_metric(path: Path, metric: str) -> dict[int, dict[int, float]]:
-    """step -> rank -> value of ``metric`` from a run's JSONL files."""
-    out: dict[int, dict[int, float]] = {}
+def read_metrics(path: Path) -> dict[str, dict[int, dict[int, float]]]:
+    """metric -> step -> rank -> value from a run's JSONL files."""
+    out: dict[str, dict[int, dict[int, float]]] = {}
     for file in sorted(path.glob("rank*.jsonl")):
         rank = int(file.stem.removeprefix("rank"))
         for line in file.read_text(encoding="utf-8").splitlines():
             rec = json.loads(line)
-            value = (rec.get("metrics") or {}).get(metric)
-            if rec.get("kind") == "step" and value is not None:
-                out.setdefault(int(rec["step"]), {})[rank] = float(value)
+            if rec.get("kind") != "step":
+                continue
+            for name, value in (rec.get("metrics") or {}).items():
+                out.setdefault(name, {}).setdefault(int(rec["step"]), {})[rank] = float(value)
+    return out
+
+
+def without_offset_test() -> DivergenceConfig:
+    """The detector's defaults with no metric's persistent-offset test: the baseline."""
+    rules = {m: replace(rule, offset_steps=None) for m, rule in DEFAULT_RULES.items()}
+    return DivergenceConfig(rules=rules)
+
+
+def replay(
+    run: str, series: dict[str, dict[int, dict[int, float]]], cfg: DivergenceConfig
+) -> list[dict[str, Any]]:
+    """The divergences ``cfg``'s detector raises on the run's records, step by step."""
+    detector = DivergenceDetector(cfg)
+    out = []
+    for metric, steps in sorted(series.items()):
+        for step in sorted(steps):
+            values = dict(sorted(steps[step].items()))
+            sv = StepValues(run, metric, step, values, RANKS, len(values) == RANKS)
+            out += [asdict(d) for d in detector.update(sv).new]
     return out
 
 
@@ -172,7 +197,7 @@ def verdict(flags: list[dict[str, Any]], args: argparse.Namespace, faulty: bool)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--eps", default="1.0,0.5,0.2,0.1,0.05,0.02")
+    parser.add_argument("--eps", default="1.0,0.5,0.3,0.2,0.1,0.05")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--fault-step", type=int, default=20)
     parser.add_argument("--within", type=int, default=20, help="flagged within this many steps")
@@ -186,6 +211,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     tag = time.strftime("%H%M%S")
     rows: list[tuple[str, dict[str, Any], float]] = []
+    base_rows: list[tuple[str, dict[str, Any], float]] = []
+    baseline = without_offset_test()
     t0 = time.monotonic()
     signal.signal(signal.SIGTERM, _on_sigterm)
     with ServeProc(work / "data") as serve:
@@ -203,33 +230,43 @@ def main() -> None:
             took = time.monotonic() - started
             if code != 0:
                 raise SystemExit(f"msrun failed ({code}) for {run}: see {work / (run + '.log')}")
+            series = read_metrics(work / "jsonl" / run)
             if eps is None:
-                clean_series = read_metric(work / "jsonl" / run, METRIC)
-            result = verdict(flags.of(run), args, eps is not None)
-            rows.append((("clean" if eps is None else f"{eps:g}"), result, took))
-            print_row(*rows[-1], args)
-    print_summary(rows, noise(clean_series, args.within), args, time.monotonic() - t0, work)
+                clean_series = series[METRIC]
+            label = "clean" if eps is None else f"{eps:g}"
+            rows.append((label, verdict(flags.of(run), args, eps is not None), took))
+            print_row(*rows[-1], args, "serve")
+            base = verdict(replay(run, series, baseline), args, eps is not None)
+            base_rows.append((label, base, 0.0))
+            print_row(*base_rows[-1], args, "no offset test")
+    fig = noise(clean_series, args.within)
+    print_summary(rows, fig, args, "serve (the detector as configured)")
+    print_summary(base_rows, fig, args, "baseline: same records, detector without the offset test")
+    print(f"{len(rows)} msrun jobs in {time.monotonic() - t0:.0f} s; logs in {work}")
 
 
-def print_row(label: str, result: dict[str, Any], took: float, args: argparse.Namespace) -> None:
+def print_row(
+    label: str, result: dict[str, Any], took: float, args: argparse.Namespace, who: str
+) -> None:
     hit = result["hit"]
     if hit is None:
         said = "not flagged" if label != "clean" else "clean"
     else:
         delay = hit["step"] - args.fault_step + 1
         said = f"flagged rank {hit['rank']} on {hit['metric']} after {delay} steps"
-        said += f" (step {hit['step']}, {hit['rel']:.2f}x the median)"
+        said += f" as {hit['kind']} (step {hit['step']}, {hit['rel']:.2f}x the median)"
     false = ", ".join(f"rank {f['rank']} {f['metric']} step {f['step']}" for f in result["false"])
-    print(f"eps {label:>6}: {said}; false flags: {false or 'none'}  [{took:.0f} s]", flush=True)
+    took_s = f"  [{took:.0f} s]" if took else ""
+    print(f"eps {label:>6} {who:>14}: {said}; false flags: {false or 'none'}{took_s}", flush=True)
 
 
 def print_summary(
     rows: list[tuple[str, dict[str, Any], float]],
     noise_fig: dict[str, float],
     args: argparse.Namespace,
-    took: float,
-    work: Path,
+    who: str,
 ) -> None:
+    print(f"-- {who}")
     clean_false = rows[0][1]["false"]
     reliable = [
         float(label) for label, res, _ in rows[1:] if res["hit"] is not None and not res["false"]
@@ -240,22 +277,21 @@ def print_summary(
             break
         smallest = float(label)
     print(
-        f"noise of {METRIC} on the clean run: cross-rank relative spread "
+        f"   noise of {METRIC} on the clean run: cross-rank relative spread "
         f"{noise_fig['spread']:.3f} (median step); a rank's log ratio to the others' median: "
         f"sd {noise_fig['log_sd']:.3f} per step, {noise_fig['log_sd_window']:.3f} averaged over "
         f"{args.within} steps ({noise_fig['windows']} windows)"
     )
-    print(f"clean run: {len(clean_false)} false flags")
+    print(f"   clean run: {len(clean_false)} false flags")
     if smallest is None:
-        print(f"smallest EPS flagged within {args.within} steps: none of {args.eps}")
+        print(f"   smallest EPS flagged within {args.within} steps: none of {args.eps}")
     else:
         per_step = math.log1p(smallest) / noise_fig["log_sd"]
         print(
-            f"smallest EPS flagged within {args.within} steps (it and every larger one, no false "
-            f"flag): {smallest:g} = {per_step:.2f} x the per-step log-ratio sd "
+            f"   smallest EPS flagged within {args.within} steps (it and every larger one, no "
+            f"false flag): {smallest:g} = {per_step:.2f} x the per-step log-ratio sd "
             f"(flagged at all: {', '.join(f'{e:g}' for e in reliable) or 'none'})"
         )
-    print(f"{len(rows)} msrun jobs in {took:.0f} s; logs in {work}")
 
 
 if __name__ == "__main__":
