@@ -21,8 +21,8 @@ not flagged again while it is or its window still holds those steps. Pure.
 from __future__ import annotations
 
 import math
-from collections import deque
 
+import numpy as np
 from rankwatch.aggregator.divergence.config import DivergenceConfig
 from rankwatch.aggregator.divergence.state import MetricState, gates, tick_clean
 from rankwatch.aggregator.divergence.types import Divergence, StepStats
@@ -34,33 +34,37 @@ KIND = "offset"
 
 
 class OffsetState:
-    """Each rank's last log ratios of one (run, metric)."""
+    """Each rank's last log ratios (a ring of ``steps`` per rank) of one (run, metric)."""
 
     def __init__(self, steps: int) -> None:
         self.steps = steps
-        self.logs: dict[int, deque[float]] = {}
+        self.logs = np.zeros((0, steps))  # rank -> its last log ratios, in ring order
+        self.count = np.zeros(0, np.int64)  # log ratios each rank has added
         self.var: float | None = None  # EWMA of the pooled variance around the window means
         self.seen = 0  # steps that updated ``var``
         self.outlier_at: dict[int, int] = {}  # rank -> last step it was flagged as an outlier
         self.last_step: int | None = None
 
+    def grow(self, top: int) -> None:
+        if top >= len(self.count):
+            pad = max(top + 1, 2 * len(self.count), 8) - len(self.count)
+            self.logs = np.vstack([self.logs, np.zeros((pad, self.steps))])
+            self.count = np.concatenate([self.count, np.zeros(pad, np.int64)])
 
-def others_medians(values: list[float]) -> list[float]:
+
+def others_medians(values: np.ndarray) -> np.ndarray:
     """For each value, the median of all the OTHER values (at least 2 values)."""
-    order = sorted(range(len(values)), key=values.__getitem__)
-    a = [values[i] for i in order]
-    m = len(a) - 1  # the others' count
-    out = [0.0] * len(a)
-    for pos, i in enumerate(order):
-        if m % 2:  # odd: the middle one of the others
-            k = m // 2
-            out[i] = a[k] if pos > k else a[k + 1]
-        else:
-            lo, hi = m // 2 - 1, m // 2
-            x = a[lo] if pos > lo else a[lo + 1]
-            y = a[hi] if pos > hi else a[hi + 1]
-            out[i] = (x + y) / 2
-    return out
+    n = len(values)
+    order = np.argsort(values, kind="stable")
+    a = values[order]
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    m = n - 1  # the others' count
+    if m % 2:  # odd: the middle one of the others
+        k = m // 2
+        return np.where(pos > k, a[k], a[k + 1])
+    lo, hi = m // 2 - 1, m // 2
+    return (np.where(pos > lo, a[lo], a[lo + 1]) + np.where(pos > hi, a[hi], a[hi + 1])) / 2
 
 
 def observe(
@@ -76,32 +80,45 @@ def observe(
     if ost.last_step is not None and sv.step <= ost.last_step:
         return  # a late step: its window has moved on
     ost.last_step = sv.step
-    ranks = [r for r, x in sv.values.items() if x > 0 and math.isfinite(x)]
+    ranks = np.fromiter(sv.values.keys(), np.int64, len(sv.values))
+    values = np.fromiter(sv.values.values(), np.float64, len(sv.values))
+    keep = (values > 0) & np.isfinite(values) & (ranks >= 0)
+    ranks, values = ranks[keep], values[keep]
     if len(ranks) < MIN_RANKS:
         return
-    values = [sv.values[r] for r in ranks]
     w = ost.steps
-    full: list[tuple[int, float, float]] = []  # (rank, value, window mean) of full windows
-    spreads = []
-    for r, x, o in zip(ranks, values, others_medians(values), strict=True):
-        window = ost.logs.get(r)
-        if window is None:
-            window = ost.logs[r] = deque(maxlen=w)
-        window.append(math.log(x / o))
-        if len(window) == w:
-            mean = sum(window) / w
-            full.append((r, x, mean))
-            spreads.append(sum((y - mean) ** 2 for y in window) / (w - 1))
-    if len(full) < MIN_RANKS:
+    ost.grow(int(ranks.max()))
+    ost.logs[ranks, ost.count[ranks] % w] = np.log(values / others_medians(values))
+    ost.count[ranks] += 1
+    full = ost.count[ranks] >= w
+    if int(full.sum()) < MIN_RANKS:
         return
+    ranks, values = ranks[full], values[full]
+    windows = ost.logs[ranks]
+    means = windows.mean(axis=1)
     # Each rank's spread around its OWN window mean: the bad rank's offset, and the one it gives
     # the others through their median, do not widen it. Averaged over more steps than one
     # window, so a window that happens to be calm does not make its own mean look large.
-    var = max(sum(spreads) / len(spreads), (st.rule.rel_floor or 0.0) ** 2)
+    spread = float(((windows - means[:, None]) ** 2).sum() / (len(ranks) * (w - 1)))
+    var = max(spread, (st.rule.rel_floor or 0.0) ** 2)
     ost.var = var if ost.var is None else ost.var + (var - ost.var) / w
     ost.seen += 1
-    if ost.seen >= w:
-        _test(cfg, st, ost, sv, stats, full, math.sqrt(ost.var / w), new, resolved)
+    if ost.seen < w:
+        return
+    sd = math.sqrt(ost.var / w)
+    limit = OFFSET_Z + cfg.limit_for(len(ranks)) - cfg.evidence_limit
+    # Only the ranks past half the limit can flag; the flagged ones are looked at too, to count
+    # their clean steps.
+    look = set(np.flatnonzero(np.abs(means) >= limit / 2 * sd).tolist())
+    if st.active:
+        at = {r: i for i, r in enumerate(ranks.tolist())}
+        for r, kind in st.active:
+            if kind == "outlier":
+                ost.outlier_at[r] = sv.step
+            elif kind == KIND and r in at:
+                look.add(at[r])
+    picked = [(int(ranks[i]), float(values[i]), float(means[i])) for i in sorted(look)]
+    _test(cfg, st, ost, sv, stats, picked, len(ranks), sd, limit, new, resolved)
 
 
 def _test(
@@ -110,16 +127,17 @@ def _test(
     ost: OffsetState,
     sv: StepValues,
     stats: StepStats,
-    full: list[tuple[int, float, float]],
+    picked: list[tuple[int, float, float]],
+    n: int,
     sd: float,
+    limit: float,
     new: list[Divergence],
     resolved: list[Divergence],
 ) -> None:
-    rule, n = st.rule, len(full)
-    w = int(rule.offset_steps or 0)
-    limit = OFFSET_Z + cfg.limit_for(n) - cfg.evidence_limit
+    """Flag or tick ``picked`` (rank, value, window mean) of the ``n`` ranks scored."""
+    rule, w = st.rule, ost.steps
     hi_ratio, lo_ratio = gates(rule, n)
-    for r, x, mean in full:
+    for r, x, mean in picked:
         z = mean / sd if sd > 0 else math.copysign(math.inf, mean)
         k = (r, KIND)
         if k in st.active:
@@ -130,9 +148,6 @@ def _test(
             continue
         direction = "high" if mean > 0 else "low"
         ratio = math.exp(mean)
-        if (r, "outlier") in st.active:
-            ost.outlier_at[r] = sv.step
-            continue
         if abs(z) < limit or sv.step - ost.outlier_at.get(r, -w) < w:
             continue  # (an outlier's window is still in the mean: it was reported already)
         if rule.direction not in ("both", direction):
