@@ -38,7 +38,7 @@ BATCH_PER_RANK = 32
 LEARNING_RATE = 0.05
 SLOW_EXTRA_S = 0.5  # default extra sleep per step on the slow rank
 HANG_SLEEP_S = 3600.0  # the hung rank sleeps in chunks of this forever
-SDC_EPS = 0.2  # default relative gradient error of the sdc fault
+SDC_EPS = 0.5  # default relative gradient error of the sdc fault: flagged in a few steps
 FAULTS = ("labels", "nan", "slow", "hang", "crash", "sdc", "none")
 
 
