@@ -8,14 +8,14 @@ offset by the same amount on every step while each step's noise is not: averaged
 ``offset_steps`` steps the noise shrinks by ``sqrt(offset_steps)`` and the offset stays.
 
 For the metrics whose rule sets ``offset_steps``, with at least 3 ranks: per rank, the mean of
-its last ``offset_steps`` log ratios. On clean data that mean is 0 with standard deviation
-``sigma / sqrt(offset_steps)``, ``sigma`` the ranks' pooled standard deviation of their log
-ratios around their own window means (an offset that lasts does not widen it), averaged over
-the run's steps (an EWMA of weight ``1 / offset_steps``). A rank whose
-mean passes ``OFFSET_Z`` of those standard deviations (raised with the world like the CUSUM
-limit: ``DivergenceConfig.limit_for``) and the rule's ratio gate is flagged, kind ``offset``;
-it resolves after ``clear_steps`` steps below half of that. A rank flagged as an outlier is
-not flagged again while it is or its window still holds those steps. Pure.
+its last ``offset_steps`` log ratios (to the others that are not flagged). On clean data that
+mean is 0 with standard deviation ``sigma / sqrt(offset_steps)``, ``sigma`` the ranks' pooled
+standard deviation of their log ratios around their own window means (an offset that lasts
+does not widen it), averaged over the run's steps (an EWMA of weight ``1 / offset_steps``). A
+rank whose mean passes ``OFFSET_Z`` of those standard deviations (raised with the world like
+the CUSUM limit: ``DivergenceConfig.limit_for``) and the rule's ratio gate is flagged, kind
+``offset``; it resolves after ``clear_steps`` steps below half of that. A rank flagged as an
+outlier is not flagged again while it is or its window still holds those steps. Pure.
 """
 
 from __future__ import annotations
@@ -67,6 +67,21 @@ def others_medians(values: np.ndarray) -> np.ndarray:
     return (np.where(pos > lo, a[lo], a[lo + 1]) + np.where(pos > hi, a[hi], a[hi + 1])) / 2
 
 
+def references(st: MetricState, ranks: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Each rank's reference: the median of the other ranks that are not flagged. A flagged
+    rank drags the others' medians its way; left in, it would give every other rank a lasting
+    offset of its own."""
+    if not st.active:
+        return others_medians(values)
+    bad = {r for r, _ in st.active}
+    clean = np.fromiter((r not in bad for r in ranks.tolist()), bool, len(ranks))
+    if int(clean.sum()) < MIN_RANKS:
+        return others_medians(values)
+    out = np.full(len(values), float(np.median(values[clean])))
+    out[clean] = others_medians(values[clean])
+    return out
+
+
 def observe(
     cfg: DivergenceConfig,
     st: MetricState,
@@ -88,7 +103,7 @@ def observe(
         return
     w = ost.steps
     ost.grow(int(ranks.max()))
-    ost.logs[ranks, ost.count[ranks] % w] = np.log(values / others_medians(values))
+    ost.logs[ranks, ost.count[ranks] % w] = np.log(values / references(st, ranks, values))
     ost.count[ranks] += 1
     full = ost.count[ranks] >= w
     if int(full.sum()) < MIN_RANKS:

@@ -156,3 +156,11 @@ def test_offset_steps_must_be_an_integer_of_at_least_2() -> None:
     cfg = DivergenceConfig.from_dict({"rules": {"loss": {"offset_steps": 8}}})
     assert cfg.rule("loss").offset_steps == 8 and cfg.rule(METRIC).offset_steps == 16
     assert cfg.rule("train/grad_norm_local").offset_steps == 16
+
+
+def test_a_flagged_rank_gives_the_others_no_offset() -> None:
+    # Rank 2 far above: left in the others' medians it would drag each clean rank's log ratio
+    # down for as long as it lasts.
+    for seed, factor in itertools.product(range(20), (1.3, 2.0, 10.0)):
+        got = [f for f in flags(synthetic(200, seed, 4, offset={BAD: factor})) if f[1] != BAD]
+        assert got == [], (seed, factor, got)
