@@ -1,6 +1,6 @@
 """Silent data corruption in the real 4-rank msrun job: the smallest gradient error flagged.
 
-    python bench/sdc_msrun.py [--eps 1.0,0.5,0.2,0.1,0.05,0.02] [--steps 60] [--fault-step 20]
+    python bench/sdc_msrun.py [--eps 1.0,0.5,0.4,0.3,0.2,0.1] [--steps 60] [--fault-step 20]
                               [--within 20] [--keep DIR]
 
 One real ``rankwatch serve``; for the clean run (``--fault none``) and then each EPS, largest
@@ -197,7 +197,7 @@ def verdict(flags: list[dict[str, Any]], args: argparse.Namespace, faulty: bool)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--eps", default="1.0,0.5,0.3,0.2,0.1,0.05")
+    parser.add_argument("--eps", default="1.0,0.5,0.4,0.3,0.2,0.1")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--fault-step", type=int, default=20)
     parser.add_argument("--within", type=int, default=20, help="flagged within this many steps")
