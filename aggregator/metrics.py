@@ -23,6 +23,9 @@ class KnownMetric:
     pair_ratio: float | None = None
     abs_floor: float | None = None  # in the metric's own unit
     nonnegative: bool = False  # a value below 0 is impossible: the chart's axis starts at 0
+    # Also test each rank's mean log ratio to the other ranks over this many steps, for a small
+    # offset that lasts (divergence/offset.py); None: off.
+    offset_steps: int | None = None
 
 
 KNOWN_METRICS: tuple[KnownMetric, ...] = (
@@ -33,6 +36,9 @@ KNOWN_METRICS: tuple[KnownMetric, ...] = (
     KnownMetric("throughput", "low", "samples/s", 2, nonnegative=True),
     KnownMetric("step_time", "high", "s", 3, nonnegative=True),
     KnownMetric("grad_norm", "both", "", 4, nonnegative=True),
+    # This rank's gradient norm before the all-reduce: a card computing slightly wrong
+    # gradients (silent data corruption) shows here only, as a small offset that lasts.
+    KnownMetric("grad_norm_local", "both", "", None, nonnegative=True, offset_steps=16),
     # Dynamic; its changes are not a rank fault.
     KnownMetric("loss_scale", "off", "", 5, nonnegative=True),
     # Host time outside the step (data loading): a slow loader shows here and nowhere else in

@@ -26,7 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         choices=FAULTS,
         default="labels",
         help="labels: corrupted labels (y+1)%%5; nan: NaN loss; slow: extra sleep per step; "
-        "hang: sleeps forever; crash: raises (default: labels)",
+        "hang: sleeps forever; crash: raises; sdc: its gradients 1.5x before the all-reduce "
+        "(default: labels)",
     )
     parser.add_argument("--fault-rank", type=int, default=2, help="the bad rank (default 2)")
     parser.add_argument("--fault-step", type=int, default=20, help="first bad step (default 20)")

@@ -27,7 +27,7 @@ from rankwatch.demo import status
 from rankwatch.demo.processes import Processes
 from rankwatch.demo.simulate import SimulatedJob, rank_command
 
-FAULTS = ("labels", "nan", "slow", "hang", "crash", "none")
+FAULTS = ("labels", "nan", "slow", "hang", "crash", "sdc", "none")
 SERVE_READY_TIMEOUT_S = 60.0  # the aggregator imports DuckDB and FastAPI: allow a slow start
 POLL_S = 1.0  # how often the demo looks at the job and the aggregator
 SETTLE_S = 20.0  # after the job ends, time for the last records and for lost ranks to show
@@ -49,6 +49,9 @@ WHAT_TO_LOOK_FOR = {
     "msrun kills the hung rank (lost).",
     "crash": "rank {r} raises at step {k}: it shows crashed with its message; msrun kills the "
     "others, which show lost.",
+    "sdc": "rank {r}'s gradients are 1.5x what they should be from step {k}, before the "
+    "all-reduce (silent data corruption): the loss shows nothing, but its grad_norm_local sits "
+    "above the others' and it gets flagged within a few steps.",
     "none": "no fault: the ranks stay together and nothing is flagged.",
 }
 

@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Mapping
 
-FAULTS = ("labels", "nan", "slow", "hang", "crash", "none")
+FAULTS = ("labels", "nan", "slow", "hang", "crash", "sdc", "none")
 BATCH_SIZE = 32
 LOSS_START = 1.6  # loss at step 0, about the real traces' first step
 LOSS_FLOOR = 0.55
@@ -37,6 +37,7 @@ NOISE_REL = 0.06  # per-rank relative noise of a healthy rank's loss
 LABELS_FACTOR = 3.0  # corrupted labels: loss about 3x the median
 LABELS_DRAG = 1.15  # healthy ranks are dragged up by the shared gradient
 GRAD_NORM_START = 2.0
+SDC_FACTOR = 1.5  # silent data corruption: the bad rank's gradients, as the real job's default
 SLOW_EXTRA_S = 0.5  # extra seconds per step on the slow rank
 HANG_SLEEP_S = 3600.0
 KILL_POLL_S = 0.2  # how often SimulatedJob looks at its ranks
@@ -60,6 +61,8 @@ def synthetic_step(
         (rank == fault_rank and faulty) or step > fault_step  # NaN spreads one step later
     ):
         loss, grad_norm = math.nan, math.nan
+    elif fault == "sdc" and faulty and rank == fault_rank:
+        grad_norm *= SDC_FACTOR  # its own gradients only: the loss is like everyone's
     return {"loss": loss, "grad_norm": grad_norm}
 
 

@@ -14,7 +14,10 @@ on, rank ``--fault-rank`` goes bad in one of these ways:
   step later, so the question the monitor answers is which rank went first;
 - ``slow``: it sleeps ``--slow-s`` extra per step (in synchronous data parallelism everyone waits);
 - ``hang``: it sleeps forever at that step (all ranks stop progressing: health turns stalled);
-- ``crash``: it raises at that step; msrun then kills the other ranks.
+- ``crash``: it raises at that step; msrun then kills the other ranks;
+- ``sdc``: silent data corruption: its local gradients are scaled by ``1 + --sdc-eps`` before
+  the all-reduce (``SdcTrainOneStepCell``). The loss hardly moves, since every rank applies the
+  same averaged gradients; only the rank's own ``grad_norm_local`` shows it.
 
 rankwatch takes the three lines marked ``# rankwatch`` (import, a train cell that also returns the
 rank's own gradient norm, the callback); the run name and aggregator address come from the
@@ -35,7 +38,8 @@ BATCH_PER_RANK = 32
 LEARNING_RATE = 0.05
 SLOW_EXTRA_S = 0.5  # default extra sleep per step on the slow rank
 HANG_SLEEP_S = 3600.0  # the hung rank sleeps in chunks of this forever
-FAULTS = ("labels", "nan", "slow", "hang", "crash", "none")
+SDC_EPS = 0.5  # default relative gradient error of the sdc fault: flagged in a few steps
+FAULTS = ("labels", "nan", "slow", "hang", "crash", "sdc", "none")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,12 +50,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fault-step", type=int, default=20, help="first bad step (1-based)")
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step, to watch")
     parser.add_argument("--slow-s", type=float, default=SLOW_EXTRA_S)
+    parser.add_argument(
+        "--sdc-eps", type=float, default=SDC_EPS,
+        help=f"sdc: the bad rank's local gradients are scaled by 1 + EPS (default {SDC_EPS})",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     if args.fault_step < 1:
         parser.error(f"--fault-step must be >= 1, got {args.fault_step}")
+    if not args.sdc_eps > -1:
+        parser.error(f"--sdc-eps must be > -1 (a gradient factor 1 + EPS > 0), got {args.sdc_eps}")
     return args
 
 
@@ -83,14 +93,57 @@ class ShardSource:
         return x, y
 
 
-def fault_callback(args: argparse.Namespace, rank: int) -> Any:
-    """A callback that paces the steps and injects the step-level faults (slow, hang, crash)."""
+def sdc_train_cell(network: Any, optimizer: Any) -> Any:
+    """A ``GradNormTrainOneStepCell`` whose local gradients are multiplied by ``sdc_scale``
+    (1 until the sdc fault sets it) before the local norm and the all-reduce: what a card
+    computing slightly wrong gradients hands to its peers."""
+    import mindspore as ms
+    from mindspore import ops
+    from rankwatch.agent.mindspore import GradNormTrainOneStepCell
+    from rankwatch.agent.mindspore_cells import _square_sum
+
+    scale_grad = ops.MultitypeFuncGraph("demo_sdc_scale")
+
+    @scale_grad.register("Tensor", "Tensor")
+    def _scale(factor: Any, grad: Any) -> Any:
+        return grad * ops.cast(factor, grad.dtype)
+
+    class SdcTrainOneStepCell(GradNormTrainOneStepCell):
+        def __init__(self, network: Any, optimizer: Any) -> None:
+            super().__init__(network, optimizer)
+            # A Parameter, not a constant: GRAPH mode reads it on every step, so set_data
+            # changes it without compiling the graph again.
+            self.sdc_scale = ms.Parameter(
+                ms.Tensor(1.0, ms.float32), name="sdc_scale", requires_grad=False
+            )
+
+        def construct(self, *inputs: Any) -> Any:
+            loss = self.network(*inputs)
+            sens = ops.fill(loss.dtype, loss.shape, self.sens)
+            grads = self.grad(self.network, self.weights)(*inputs, sens)
+            grads = self.hyper_map(ops.partial(scale_grad, self.sdc_scale), grads)
+            squares = self.hyper_map(_square_sum, grads)
+            grad_norm_local = ops.sqrt(ops.addn(squares)) / self.sens
+            grads = self.grad_reducer(grads)
+            loss = ops.depend(loss, self.optimizer(grads))
+            return loss, grad_norm_local
+
+    return SdcTrainOneStepCell(network, optimizer)
+
+
+def fault_callback(args: argparse.Namespace, rank: int, train_net: Any = None) -> Any:
+    """A callback that paces the steps and injects the step-level faults (slow, hang, crash)
+    and, on ``train_net`` (an ``sdc_train_cell``), the gradient error of ``sdc``."""
+    import mindspore as ms
     from mindspore.train import Callback
 
     class FaultInjector(Callback):
         def on_train_step_begin(self, run_context: Any) -> None:
             step = run_context.original_args().cur_step_num
             bad = rank == args.fault_rank and step >= args.fault_step
+            if bad and args.fault == "sdc" and step == args.fault_step:
+                print(f"rank {rank}: gradients x {1 + args.sdc_eps:g} from step {step}", flush=True)
+                train_net.sdc_scale.set_data(ms.Tensor(1.0 + args.sdc_eps, ms.float32))
             if bad and args.fault == "crash":
                 raise RuntimeError(f"injected fault: rank {rank} crashed at step {step}")
             if bad and args.fault == "hang" and step == args.fault_step:
@@ -130,11 +183,12 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = nn.Momentum(net.trainable_params(), learning_rate=LEARNING_RATE, momentum=0.9)
     # The local (pre-all-reduce) gradient norm is what tells a bad rank apart.
     train_net = GradNormTrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer)  # rankwatch
+    if args.fault == "sdc":  # the same cell, with the injected gradient error on every rank
+        train_net = sdc_train_cell(nn.WithLossCell(net, loss_fn), optimizer)
     model = ms.train.Model(train_net)
     monitor = TrainMonitor(batch_size=BATCH_PER_RANK)  # rankwatch
-    model.train(
-        1, dataset, callbacks=[fault_callback(args, rank), monitor], dataset_sink_mode=False
-    )
+    callbacks = [fault_callback(args, rank, train_net), monitor]
+    model.train(1, dataset, callbacks=callbacks, dataset_sink_mode=False)
     print(f"rank {rank}: finished {args.steps} steps", flush=True)
 
 

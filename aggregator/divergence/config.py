@@ -22,16 +22,22 @@ class MetricRule:
     rel_floor: float | None = None
     pair_ratio: float | None = None
     abs_floor: float | None = None  # scale floor in the metric's own unit
+    offset_steps: int | None = None  # window of the persistent-offset test (offset.py); None: off
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
             raise ValueError(f"direction {self.direction!r} is not one of {DIRECTIONS}")
+        if self.offset_steps is not None and (
+            type(self.offset_steps) is not int or self.offset_steps < 2
+        ):
+            raise ValueError(f"offset_steps must be an integer >= 2, got {self.offset_steps!r}")
 
 
 def _known_rule(m: KnownMetric) -> MetricRule:
     return MetricRule(
-        m.direction, m.high_ratio, m.low_ratio, m.rel_floor, m.pair_ratio, m.abs_floor
-    )
+        m.direction, m.high_ratio, m.low_ratio, m.rel_floor, m.pair_ratio, m.abs_floor,
+        m.offset_steps,
+    )  # fmt: skip
 
 
 # The known metrics' rules (aggregator/metrics.py), where they differ from the defaults.
@@ -138,6 +144,7 @@ class DivergenceConfig:
             self.rel_floor if rule.rel_floor is None else rule.rel_floor,
             self.pair_ratio if rule.pair_ratio is None else rule.pair_ratio,
             self.abs_floor if rule.abs_floor is None else max(rule.abs_floor, self.abs_floor),
+            rule.offset_steps,
         )
 
 

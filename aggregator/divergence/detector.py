@@ -20,6 +20,8 @@ The method, its defaults and their calibration are in docs/divergence.md; in sho
   The rank must also be past the ratio gate (``high_ratio`` / ``low_ratio``) on the confirming
   step. It resolves after ``clear_steps`` consecutive steps without evidence.
 * Non-finite values (NaN, ±Inf) are flagged at once.
+* Persistent offsets (``offset``, for metrics whose rule sets ``offset_steps``): a rank's mean
+  log ratio to the other ranks over a window, for a shift too small for the CUSUM that lasts.
 * Two ranks: the median of two says nothing about which is bad. The pair is scored against its
   own typical spread, and the blame goes to the rank that moved from its own recent level.
 """
@@ -40,6 +42,8 @@ from rankwatch.aggregator.divergence.batch import (
 )
 from rankwatch.aggregator.divergence.config import DivergenceConfig, MetricRule
 from rankwatch.aggregator.divergence.large import score_arrays
+from rankwatch.aggregator.divergence.offset import OffsetState
+from rankwatch.aggregator.divergence.offset import observe as observe_offset
 from rankwatch.aggregator.divergence.small import PY_MAX_RANKS, score_lists
 from rankwatch.aggregator.divergence.state import (
     MAD_TO_SIGMA,
@@ -76,6 +80,7 @@ class DivergenceDetector:
     def __init__(self, config: DivergenceConfig | None = None) -> None:
         self.config = config or DivergenceConfig()
         self._states: dict[tuple[str, str], MetricState] = {}
+        self._offsets: dict[tuple[str, str], OffsetState] = {}
         self.ignored_ranks = 0  # values from ranks outside 0..MAX_RANK-1
 
     def active(self, run: str | None = None) -> list[Divergence]:
@@ -89,6 +94,7 @@ class DivergenceDetector:
     def forget(self, run: str) -> None:
         for key in [k for k in self._states if k[0] == run]:
             del self._states[key]
+            self._offsets.pop(key, None)
 
     def update(self, sv: StepValues) -> StepResult:
         key = (sv.run, sv.metric)
@@ -96,14 +102,16 @@ class DivergenceDetector:
         if st is None:
             st = self._states[key] = MetricState(self.config.rule(sv.metric))
         values = sv.values
-        if st.lists:
-            if not values:
-                return score_lists(self.config, st, sv, -1)
-            top = max(values)
-            if top < PY_MAX_RANKS and min(values) >= 0:
-                return score_lists(self.config, st, sv, top)
-        result, ignored = score_arrays(self.config, st, sv)
-        self.ignored_ranks += ignored
+        if st.lists and (not values or (max(values) < PY_MAX_RANKS and min(values) >= 0)):
+            result = score_lists(self.config, st, sv, max(values) if values else -1)
+        else:
+            result, ignored = score_arrays(self.config, st, sv)
+            self.ignored_ranks += ignored
+        if st.rule.offset_steps is not None:
+            ost = self._offsets.get(key)
+            if ost is None:
+                ost = self._offsets[key] = OffsetState(st.rule.offset_steps)
+            observe_offset(self.config, st, ost, sv, result.stats, result.new, result.resolved)
         return result
 
     def update_many(self, groups: Sequence[StepValues | StepGrid]) -> list[StepResult | QuietSteps]:
@@ -163,7 +171,7 @@ class DivergenceDetector:
         st = self._states.get(key)
         if st is None:
             st = self._states[key] = MetricState(self.config.rule(key[1]))
-        if not st.lists:
+        if not st.lists or st.rule.offset_steps is not None:  # the offset test reads every step
             return None
         st.grow(max(ranks), PY_MAX_RANKS)
         return st

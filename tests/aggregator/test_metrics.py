@@ -18,9 +18,12 @@ def test_the_divergence_rules_are_the_tables() -> None:
         assert rule.rel_floor == (cfg.rel_floor if m.rel_floor is None else m.rel_floor)
         assert rule.pair_ratio == (cfg.pair_ratio if m.pair_ratio is None else m.pair_ratio)
         assert rule.abs_floor == (cfg.abs_floor if m.abs_floor is None else m.abs_floor)
+        assert rule.offset_steps == m.offset_steps, m.name
     assert set(DEFAULT_RULES) <= set(BY_NAME)
-    # the rules as they were written out before the table: scoring is unchanged
+    # the rules as they were written out before the table: scoring is unchanged (plus the
+    # persistent-offset test of the local gradient norm)
     assert {
+        "grad_norm_local": MetricRule("both", offset_steps=16),
         "throughput": MetricRule("low"),
         "step_time": MetricRule("high"),
         "data_time": MetricRule("high", high_ratio=2.0, rel_floor=0.25, abs_floor=0.01),

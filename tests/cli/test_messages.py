@@ -206,7 +206,9 @@ def test_bash_completion_from_the_parsers(tmp_path: Path) -> None:
     assert complete("st") == ["status", "stacks"]
     assert complete("") == [*subcommands(build_parser()), "-h", "--help", "--version", "-v",
                             "--verbose"]  # fmt: skip
-    assert complete("demo", "--fault", "") == ["labels", "nan", "slow", "hang", "crash", "none"]
+    assert complete("demo", "--fault", "") == [
+        "labels", "nan", "slow", "hang", "crash", "sdc", "none"
+    ]  # fmt: skip
     assert complete("status", "--j") == ["--json"]
     assert complete("completion", "") == ["bash", "zsh"]
     assert complete("serve", "--port", "") == []

@@ -23,7 +23,7 @@ def losses(fault: str, step: int, seed: int = 0) -> list[float]:
     ]
 
 
-@pytest.mark.parametrize("fault", ["labels", "nan", "slow", "hang", "crash", "none"])
+@pytest.mark.parametrize("fault", ["labels", "nan", "slow", "hang", "crash", "sdc", "none"])
 def test_before_the_fault_every_rank_is_healthy(fault: str) -> None:
     for step in (1, 10, FAULT_STEP - 1):
         values = losses(fault, step)
@@ -63,3 +63,12 @@ def test_grad_norm_follows_the_fault() -> None:
     bad = synthetic_step(FAULT_RANK, FAULT_STEP, "labels", FAULT_RANK, FAULT_STEP, rng)
     good = synthetic_step(0, FAULT_STEP, "labels", FAULT_RANK, FAULT_STEP, random.Random(0))
     assert bad["grad_norm"] > 1.5 * good["grad_norm"]
+
+
+def test_sdc_scales_the_bad_ranks_grad_norm_and_not_its_loss() -> None:
+    for step in (FAULT_STEP - 1, FAULT_STEP):
+        bad = synthetic_step(FAULT_RANK, step, "sdc", FAULT_RANK, FAULT_STEP, random.Random(7))
+        clean = synthetic_step(FAULT_RANK, step, "none", FAULT_RANK, FAULT_STEP, random.Random(7))
+        factor = 1.5 if step >= FAULT_STEP else 1.0
+        assert bad["grad_norm"] == pytest.approx(factor * clean["grad_norm"])
+        assert bad["loss"] == clean["loss"]
