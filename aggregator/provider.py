@@ -176,6 +176,11 @@ class DataProvider(Protocol):
         """Every incident of ``run`` (``Incident.as_dict()``), newest first, live or stored."""
         ...
 
+    def read_commands(self, run: str) -> list[dict[str, Any]]:
+        """Every command sent to ``run``'s ranks (``Issued.as_dict()``: who, when, the step,
+        each rank's answer), newest first, live or stored."""
+        ...
+
     def read_stacks(self, run: str) -> StackView:
         """The latest stack sample of each rank of ``run`` (live or stored) and their groups."""
         ...
@@ -269,6 +274,9 @@ class AggregatorProvider:
 
     def read_incidents(self, run: str) -> list[dict[str, Any]]:
         return self._agg.incidents_of(run)
+
+    def read_commands(self, run: str) -> list[dict[str, Any]]:
+        return self._agg.commands_of(run)
 
     def read_stacks(self, run: str) -> StackView:
         agg = self._agg

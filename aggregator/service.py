@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rankwatch.agent.wire.commands import ACK_EVENT
 from rankwatch.agent.wire.records import (
     EventRecord,
     Heartbeat,
@@ -29,6 +30,7 @@ from rankwatch.agent.wire.records import (
     StepRecord,
     unblock,
 )
+from rankwatch.aggregator.actions.desk import ActionDesk
 from rankwatch.aggregator.alerts.rules import Alert, AlertEngine
 from rankwatch.aggregator.alerts.sinks.base import Sink
 from rankwatch.aggregator.alerts.sinks.console import ConsoleSink
@@ -75,6 +77,13 @@ log = logging.getLogger("rankwatch.service")
 __all__ = ["FLUSH_INTERVAL_S", "LIVE_RETENTION_S", "MAX_FEED_POINTS", "STORE_RETRY_S",
            "Aggregator", "ServeConfig", "tune_gc"]  # fmt: skip
 
+COMMANDS_RESTORE_S = 3600.0  # commands this recent are taken back from the store at start
+
+
+def _no_route(run: str, rank: int, message: dict[str, Any]) -> bool:
+    return False
+
+
 class Aggregator:
     """See the module docstring. ``start()`` binds the ingest port; ``stop()`` flushes."""
 
@@ -89,6 +98,7 @@ class Aggregator:
         self.detector = DivergenceDetector(cfg.divergence)
         self.alerts = AlertEngine(cfg.alerts, cfg.divergence)
         self.incidents = IncidentTracker()
+        self.actions = ActionDesk(cfg.policies)  # policies and commands to the ranks
         self.webhooks = Webhooks(cfg.webhooks)
         self.sinks: list[Sink] = list(self.webhooks.sinks)
         if cfg.console_alerts:
@@ -130,6 +140,8 @@ class Aggregator:
             return
         for run, rank, inc, lo, hi in self.store.seen_seqs():
             self.seqs.load(run, rank, lo, hi, inc)
+        # commands of an earlier serve still take their ranks' late answers
+        self.actions.restore(self.store.commands(None, since=time.time() - COMMANDS_RESTORE_S))
         cfg = self.config
         self.receiver = Receiver(cfg.ingest_host, cfg.ingest_port, curve_dir=cfg.curve_dir)
         self._started = True
@@ -322,8 +334,11 @@ class Aggregator:
             if self.config.resend_gaps:
                 self._request_resends(health, now)
             self._retire_runs(health, now)
+            commands = self._act(now, health, incidents, events)
         for change in incidents:
             self._incident(change)
+        for body in commands:
+            self._command(body)
         for alert in transitions:
             self.feed.publish({"type": "alert", **alert_dict(alert)})
             self.n["sink_errors"] += deliver(self.sinks, alert)
@@ -376,6 +391,46 @@ class Aggregator:
             {"type": "incident", "run": body["run"], "change": change.change, "incident": body}
         )
         self.n["sink_errors"] += deliver(self.sinks, change)
+
+    def _act(
+        self,
+        now: float,
+        health: dict[str, dict[int, RankHealth]],
+        incidents: list[IncidentChange],
+        events: list[EventRecord],
+    ) -> list[dict[str, Any]]:
+        """Policies and commands (actions/desk.py): the commands that changed, as dicts."""
+        desk = self.actions
+        desk.incidents(incidents)
+        for ev in events:
+            if ev.event == ACK_EVENT:
+                desk.answer(ev.run, ev.rank, ev.info, now)
+        send = self.receiver.send_command if self.receiver is not None else _no_route
+        return [c.as_dict() for c in desk.tick(now, health, send, self.restarts.current)]
+
+    def _command(self, body: dict[str, Any]) -> None:
+        try:
+            self.store.append_command(body)
+        except StoreError as exc:  # only when closed: the process is stopping
+            log.error("rankwatch: command not stored: %s", exc)
+        self.feed.publish({"type": "command", "run": body["run"], "command": body})
+
+    def issue_command(self, run: str, kind: str, *, by: str, **how: Any) -> dict[str, Any]:
+        """A command to a live run's ranks (``ActionDesk.issue``: ``ranks``, ``text``,
+        ``reason``); sent at the next tick. ActionError says why it cannot be."""
+        with self.lock:
+            now = time.time()
+            health = self._health_snapshot(now)
+            issued = self.actions.issue(run, kind, health, now, self.restarts.current, by=by, **how)
+            return issued.as_dict()
+
+    def commands_of(self, run: str) -> list[dict[str, Any]]:
+        """Every command of ``run`` with its answers, newest first: live and stored."""
+        with self.lock:
+            live = {c["id"]: c for c in self.actions.commands(run)}
+        stored = {c["id"]: c for c in self.store.commands(run)}
+        merged = {**stored, **live}
+        return sorted(merged.values(), key=lambda c: (c["created"], c["id"]), reverse=True)
 
     def incidents_of(self, run: str) -> list[dict[str, Any]]:
         """Every incident of ``run``, newest first: as the tracker judges them now, and those

@@ -9,6 +9,7 @@ import gc
 from pathlib import Path
 
 from rankwatch.agent.wire.addresses import DEFAULT_HTTP_PORT, DEFAULT_INGEST_PORT
+from rankwatch.aggregator.actions.policy import Rule
 from rankwatch.aggregator.alerts.config import AlertConfig
 from rankwatch.aggregator.alerts.sinks.http import WebhookConfig
 from rankwatch.aggregator.divergence.detector import DivergenceConfig
@@ -60,6 +61,7 @@ class ServeConfig:
     resend_gaps: bool = True  # ask agents to re-send missing seqs from their JSONL
     curve_dir: Path | None = None  # CurveZMQ key files (`rankwatch keys`): encrypted ingest
     allow_hosts: tuple[str, ...] = ()  # names the dashboard answers to besides IPs, localhost
+    policies: tuple[Rule, ...] = ()  # [[policy]] / --policy: incidents -> actions (actions/)
 
     def __repr__(self) -> str:  # never print the token
         token = "set" if self.token else None

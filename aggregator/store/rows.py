@@ -14,7 +14,7 @@ from typing import Any
 import duckdb
 import numpy as np
 from rankwatch.agent.wire.records import EventRecord, Heartbeat, Record, StepRecord
-from rankwatch.aggregator.store import incidents, rollup, stacks
+from rankwatch.aggregator.store import commands, incidents, rollup, stacks
 
 # Column kinds: "c" a repeated string (run, metric, host...) as an int32 code into the part's
 # name table (NULL_CODE: NULL), "s" free text as Python objects (event info), "i" int,
@@ -68,6 +68,7 @@ TABLES = (
     "meta (key VARCHAR, value VARCHAR)",
     incidents.TABLE,
     stacks.TABLE,
+    commands.TABLE,
 )
 
 

@@ -1,0 +1,42 @@
+"""The one step at whose end every rank stops (or checkpoints): pure.
+
+In synchronous training every rank must leave after the same step, or the ones still in the
+loop wait in a collective for a rank that left. The aggregator names that step: the highest
+step any rank reported, plus enough steps that the command reaches every rank before any of
+them gets there (``STOP_LEAD_S`` of training at the usual step time, at least
+``MIN_MARGIN_STEPS``). A rank that gets it late (already past the step) acts at its next step
+end and says ``late``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+MIN_MARGIN_STEPS = 2  # steps ahead of the highest reported step, at least
+MAX_MARGIN_STEPS = 1000  # ... and at most (a step time near 0 must not mean "never")
+STOP_LEAD_S = 0.4  # time the command has to reach every rank: a tick, a flush, a hop
+
+
+def stop_step(
+    last_steps: Iterable[int | None],
+    step_time_s: float | None,
+    *,
+    min_margin: int = MIN_MARGIN_STEPS,
+    lead_s: float = STOP_LEAD_S,
+) -> int:
+    """The step every rank acts at: ``max(last_steps) + margin`` (0 when none reported)."""
+    highest = max((s for s in last_steps if s is not None), default=0)
+    margin = min_margin
+    if step_time_s is not None and step_time_s > 0 and math.isfinite(step_time_s):
+        margin = max(min_margin, min(MAX_MARGIN_STEPS, math.ceil(lead_s / step_time_s)))
+    return max(0, highest) + margin
+
+
+def typical_step_time(step_times: Iterable[float | None]) -> float | None:
+    """The median of the ranks' step times (None when no rank has one)."""
+    values = sorted(t for t in step_times if t is not None and t > 0 and math.isfinite(t))
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
