@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     model.train(
         1, dataset, callbacks=[fault_callback(args, rank), monitor], dataset_sink_mode=False
     )
-    print(f"rank {rank}: finished {args.steps} steps", flush=True)
+    print(f"rank {rank}: trained {monitor.step} of {args.steps} steps", flush=True)
 
 
 if __name__ == "__main__":
