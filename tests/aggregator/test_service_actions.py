@@ -198,3 +198,46 @@ def test_a_rank_that_never_answers_is_no_ack(
         sock.close(0)
         ctx.term()
         agg.stop()
+
+
+def step_at(run: str, rank: int, s: int, t: float) -> records.StepRecord:
+    return records.StepRecord(run, rank, s, t, 2, "h", 1, s, None, {"loss": 1.0})
+
+
+def test_an_answer_after_the_aggregator_restarted_still_lands(tmp_path: Path) -> None:
+    """The aggregator dies between a command and its acknowledgement: the next one takes the
+    command back from the store and applies the rank's late answer to it."""
+    now = time.time()
+    first = Aggregator(config(tmp_path, ingest_host="127.0.0.1", ingest_port=0))
+    first.start()
+    first.add([step_at("r", rank, 5, now) for rank in (0, 1)], imported=False)
+    cmd = first.issue_command("r", "stop", by="test")
+    first.tick()
+    first.stop()  # no rank ever answered this aggregator
+    again = Aggregator(config(tmp_path, ingest_host="127.0.0.1", ingest_port=0))
+    again.start()
+    try:
+        ack = {"id": cmd["id"], "cmd": "stop", "state": "done", "step": cmd["step"],
+               "at": cmd["step"], "detail": "stopping"}  # fmt: skip
+        event = records.EventRecord("r", 0, 6, time.time(), 2, "h", 1, "command", 7, ack)
+        again.add([event], imported=False)
+        again.tick()
+        (got,) = again.commands_of("r")
+        assert got["acks"]["0"]["state"] == "done" and got["acks"]["1"]["state"] != "done"
+        assert again.counters()["command_acks_unknown"] == 0
+    finally:
+        again.stop()
+
+
+def test_commands_in_words() -> None:
+    from rankwatch.aggregator.actions.words import command_line, command_lines
+
+    c = {"cmd": "stop", "step": 14, "by": "policy:nonfinite", "created": 0.0,
+         "acks": {"0": {"state": "done"}, "1": {"state": "done"},
+                  "2": {"state": "refused", "detail": "this rank did not opt into 'stop'"},
+                  "3": {"state": "no_ack"}}}  # fmt: skip
+    line = command_line(c)
+    assert line.startswith("COMMAND stop at step 14 by policy:nonfinite ")
+    assert "2 done; no_ack rank 3; refused rank 2 (this rank did not opt into 'stop')" in line
+    many = command_lines([{**c, "created": float(i)} for i in range(12)])
+    assert len(many) == 11 and many[-1].startswith("... and 2 earlier")
