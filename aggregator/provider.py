@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import numpy as np
 from rankwatch.agent.wire.records import Record, StepBlock
+from rankwatch.aggregator.actions.desk import ActionError
 from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.compare import compare_medians, previous_run
 from rankwatch.aggregator.divergence.zgrid import ZGrid, z_columns, z_grid
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BAND_KEYS",
     "EXPORT_FORMATS",
+    "ActionError",
     "AggregatorProvider",
     "Alert",
     "Band",
@@ -181,6 +183,20 @@ class DataProvider(Protocol):
         each rank's answer), newest first, live or stored."""
         ...
 
+    def issue_command(
+        self,
+        run: str,
+        kind: str,
+        *,
+        by: str,
+        ranks: Sequence[int] | None = None,
+        text: str = "",
+        reason: str = "",
+    ) -> dict[str, Any]:
+        """Send ``run``'s ranks a command (checkpoint, stop, note) at the next tick; the
+        command as stored. ActionError for an unknown run or rank, or nothing live."""
+        ...
+
     def read_stacks(self, run: str) -> StackView:
         """The latest stack sample of each rank of ``run`` (live or stored) and their groups."""
         ...
@@ -277,6 +293,18 @@ class AggregatorProvider:
 
     def read_commands(self, run: str) -> list[dict[str, Any]]:
         return self._agg.commands_of(run)
+
+    def issue_command(
+        self,
+        run: str,
+        kind: str,
+        *,
+        by: str,
+        ranks: Sequence[int] | None = None,
+        text: str = "",
+        reason: str = "",
+    ) -> dict[str, Any]:
+        return self._agg.issue_command(run, kind, by=by, ranks=ranks, text=text, reason=reason)
 
     def read_stacks(self, run: str) -> StackView:
         agg = self._agg

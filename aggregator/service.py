@@ -334,7 +334,7 @@ class Aggregator:
             if self.config.resend_gaps:
                 self._request_resends(health, now)
             self._retire_runs(health, now)
-            commands = self._act(now, health, incidents, events)
+            commands = self._act(now, health, incidents, events, steps)
         for change in incidents:
             self._incident(change)
         for body in commands:
@@ -398,13 +398,17 @@ class Aggregator:
         health: dict[str, dict[int, RankHealth]],
         incidents: list[IncidentChange],
         events: list[EventRecord],
+        steps: list[StepRecord | StepBlock],
     ) -> list[dict[str, Any]]:
         """Policies and commands (actions/desk.py): the commands that changed, as dicts."""
         desk = self.actions
+        desk.steps(steps)
         desk.incidents(incidents)
         for ev in events:
             if ev.event == ACK_EVENT:
                 desk.answer(ev.run, ev.rank, ev.info, now)
+            elif ev.event == "start":
+                desk.started(ev.run)
         send = self.receiver.send_command if self.receiver is not None else _no_route
         return [c.as_dict() for c in desk.tick(now, health, send, self.restarts.current)]
 

@@ -184,7 +184,9 @@ def actions_summary(commands: list[Any], steps: int, fault_step: int) -> dict[st
     """What the policy did: the commands, each rank's answer, the steps a stop saved."""
     lines: list[str] = []
     stopped: set[Any] = set()  # the steps the ranks said they stopped after
-    for c in sorted(commands, key=lambda c: float(c.get("created") or 0)):
+    for c in sorted(
+        commands, key=lambda c: (float(c.get("created") or 0), c.get("cmd") != "checkpoint")
+    ):
         acks: dict[str, Any] = c.get("acks") or {}
         states = ", ".join(f"rank {r} {a.get('state')}" for r, a in sorted(acks.items()))
         who = f"{c.get('cmd')} at step {c.get('step')} by {c.get('by')}"

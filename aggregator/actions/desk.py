@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rankwatch.agent.wire.commands import COMMAND_KINDS, CommandError
+from rankwatch.agent.wire.records import StepBlock, StepRecord
 from rankwatch.aggregator.actions.agree import stop_step, typical_step_time
 from rankwatch.aggregator.actions.book import CommandBook, Issued
 from rankwatch.aggregator.actions.policy import Case, Decision, PolicyEngine, Rule
@@ -42,6 +43,22 @@ class ActionDesk:
         self._prefix = secrets.token_hex(3)  # ids stay unique across restarts of serve
         self._count = itertools.count(1)
         self._changed: dict[str, Issued] = {}
+        # the highest step of each run's records as they arrive: the health snapshot the tick
+        # hands in may be a second old, and a stop step must be ahead of where the ranks are
+        self._highest: dict[str, int] = {}
+
+    def steps(self, items: Iterable[StepRecord | StepBlock]) -> None:
+        highest = self._highest
+        for item in items:
+            step = max(item.step) if type(item) is StepBlock else item.step
+            if isinstance(step, int) and step > highest.get(item.run, -1):
+                if item.run not in highest and len(highest) >= MAX_CASES:
+                    del highest[next(iter(highest))]
+                highest[item.run] = step
+
+    def started(self, run: str) -> None:
+        """A rank of ``run`` (re)started: its step count may begin again."""
+        self._highest.pop(run, None)
 
     def incidents(self, changes: Iterable[IncidentChange]) -> None:
         for change in changes:
@@ -58,7 +75,7 @@ class ActionDesk:
     ) -> list[Issued]:
         """Policies, then due sends, then expiry; the commands that changed."""
         if self.policy.rules and self._cases:
-            highest = {run: _highest(ranks) for run, ranks in health.items()}
+            highest = {run: self._top(run, ranks) for run, ranks in health.items()}
             for decision in self.policy.decide(list(self._cases.values()), highest):
                 self._decided(decision, now, health, inc_of)
         for issued, rank in self.book.sends(now):
@@ -107,7 +124,7 @@ class ActionDesk:
                 raise ActionError(f"rank {', '.join(map(str, gone))} of run {run!r} is not live")
         if kind != "note" and step is None:
             step = stop_step(
-                (known[r].last_step for r in chosen),
+                [self._top(run, {r: known[r] for r in chosen})],
                 typical_step_time(known[r].step_time for r in chosen),
             )
         ident = f"{kind[0]}{self._prefix}{next(self._count)}"
@@ -167,9 +184,12 @@ class ActionDesk:
     def counters(self) -> dict[str, int]:
         return dict(self.book.n)
 
-
-def _highest(ranks: Mapping[int, RankHealth]) -> int | None:
-    return max((h.last_step for h in ranks.values() if h.last_step is not None), default=None)
+    def _top(self, run: str, ranks: Mapping[int, RankHealth]) -> int | None:
+        """The highest step of ``run`` seen: in its records and in its ranks' health."""
+        steps = [h.last_step for h in ranks.values() if h.last_step is not None]
+        if run in self._highest:
+            steps.append(self._highest[run])
+        return max(steps, default=None)
 
 
 def _span(ranks: list[int]) -> str:

@@ -96,7 +96,6 @@ class LegacyContext:
         return decode_record(wire)
 
 
-
 def timestamp(value: Any, default: float) -> Any:
     if value is None:
         return default
@@ -144,8 +143,6 @@ def _metrics(raw: dict[str, Any]) -> dict[str, float]:
 
 
 # --- driving a sink -------------------------------------------------------------------------
-
-
 
 
 def glob_escape(text: str) -> str:

@@ -241,3 +241,29 @@ def test_commands_in_words() -> None:
     assert "2 done; no_ack rank 3; refused rank 2 (this rank did not opt into 'stop')" in line
     many = command_lines([{**c, "created": float(i)} for i in range(12)])
     assert len(many) == 11 and many[-1].startswith("... and 2 earlier")
+
+
+def test_commands_over_http_need_a_token(tmp_path: Path) -> None:
+    now = time.time()
+    agg = Aggregator(config(tmp_path))
+    agg.add([step_at("r", rank, 5, now) for rank in (0, 1)], imported=False)
+    try:
+        open_app = TestClient(create_app(AggregatorProvider(agg)), base_url=BASE_URL)
+        refused = open_app.post("/api/run/commands", params={"run": "r"}, json={"cmd": "stop"})
+        assert refused.status_code == 403 and "need a token" in refused.json()["detail"]
+        assert agg.commands_of("r") == []
+        app = TestClient(create_app(AggregatorProvider(agg), "s3cret"), base_url=BASE_URL)
+        auth = {"Authorization": "Bearer s3cret"}
+        ok = app.post("/api/run/commands", params={"run": "r"}, headers=auth,
+                      json={"cmd": "stop", "reason": "from a test"})  # fmt: skip
+        assert ok.status_code == 200, ok.text
+        body = ok.json()
+        assert body["ranks"] == [0, 1] and body["by"].startswith("page (")
+        for bad, code in [({"cmd": "stop", "ranks": [9]}, 409), ({"cmd": "stop", "x": 1}, 422),
+                          ({"cmd": 3}, 422), ({"cmd": "stop", "ranks": "0"}, 422)]:  # fmt: skip
+            got = app.post("/api/run/commands", params={"run": "r"}, headers=auth, json=bad)
+            assert got.status_code == code, (bad, got.text)
+        listed = app.get("/api/run/commands", params={"run": "r"}, headers=auth).json()
+        assert [c["id"] for c in listed["commands"]] == [body["id"]]  # the audit history
+    finally:
+        agg.stop()
