@@ -77,6 +77,7 @@ log = logging.getLogger("rankwatch.service")
 __all__ = ["FLUSH_INTERVAL_S", "LIVE_RETENTION_S", "MAX_FEED_POINTS", "STORE_RETRY_S",
            "Aggregator", "ServeConfig", "tune_gc"]  # fmt: skip
 
+ACTION_KEYS = ("id", "cmd", "step", "by", "state", "counts", "created")  # on an incident
 COMMANDS_RESTORE_S = 3600.0  # commands this recent are taken back from the store at start
 
 
@@ -443,6 +444,10 @@ class Aggregator:
             live = {inc.id: jsonable(inc.as_dict()) for inc in self.incidents.incidents(run)}
         stored = {inc["id"]: inc for inc in self.store.incidents(run)}
         merged = {**stored, **live}
+        for command in self.commands_of(run):  # what a policy did about each, and the answers
+            if command.get("incident") in merged:
+                actions = merged[command["incident"]].setdefault("actions", [])
+                actions.append({k: command.get(k) for k in ACTION_KEYS})
         return sorted(merged.values(), key=lambda i: (i.get("opened", 0.0), i["id"]), reverse=True)
 
     def _publish_ranks(

@@ -63,6 +63,7 @@ class Issued:
     incs: Mapping[int, int] = field(default_factory=dict)  # rank -> its incarnation
     answers: dict[int, RankAnswer] = field(default_factory=dict)
     updated: float = 0.0
+    incident: str = ""  # the incident a policy acted on ("" when a person asked)
 
     def message(self, rank: int) -> dict[str, Any]:
         """The wire map for ``rank``."""
@@ -92,7 +93,7 @@ class Issued:
             "id": self.id, "run": self.run, "cmd": self.kind, "ranks": list(self.ranks),
             "step": self.step, "by": self.by, "reason": self.reason, "text": self.text,
             "created": self.created, "updated": self.updated, "state": self.state,
-            "counts": self.counts(),
+            "counts": self.counts(), "incident": self.incident,
             "acks": {str(rank): a.as_dict() for rank, a in sorted(self.answers.items())},
         }  # fmt: skip
 
@@ -105,6 +106,7 @@ class Issued:
             str(body.get("reason", "")), float(body["created"]), str(body.get("text", "")),
         )  # fmt: skip
         issued.updated = float(body.get("updated", issued.created))
+        issued.incident = str(body.get("incident") or "")
         for rank, raw in (body.get("acks") or {}).items():
             answer = RankAnswer(str(raw.get("state", "pending")), int(raw.get("sends", 0)))
             answer.step, answer.at = raw.get("step"), raw.get("at")
@@ -145,6 +147,7 @@ class CommandBook:
         reason: str = "",
         text: str = "",
         incs: Mapping[int, int] | None = None,
+        incident: str = "",
     ) -> Issued:
         """Hold a new command; ``CommandError`` for a bad one or an id already held."""
         if ident in self._held:
@@ -157,6 +160,7 @@ class CommandBook:
         issued.message(ranks[0])  # checks the fields the wire form checks
         issued.answers = {rank: RankAnswer() for rank in ranks}
         issued.updated = now
+        issued.incident = incident
         self._keep(issued)
         self.n["commands_issued"] += 1
         return issued

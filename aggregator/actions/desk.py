@@ -100,6 +100,7 @@ class ActionDesk:
         ranks: Iterable[int] | None = None,
         text: str = "",
         step: int | None = None,
+        incident: str = "",
     ) -> Issued:
         """A command to ``ranks`` (default: every live rank) of a live run; sent at the next
         tick. ActionError says why it cannot be."""
@@ -132,6 +133,7 @@ class ActionDesk:
             issued = self.book.issue(
                 ident, run, kind, chosen, None if kind == "note" else step, now=now, by=by,
                 reason=reason, text=text, incs={r: inc_of(run, r) for r in chosen},
+                incident=incident,
             )  # fmt: skip
         except CommandError as exc:
             raise ActionError(str(exc)) from None
@@ -149,7 +151,7 @@ class ActionDesk:
         if "notify" in d.rule.actions or not sent:
             issued = Issued(f"n{self._prefix}{next(self._count)}", run, "notify", (), None,
                             d.by, d.reason, now)  # fmt: skip
-            issued.updated = now
+            issued.updated, issued.incident = now, d.case.id
             self.book.restore(issued.as_dict())
             self._changed[issued.id] = issued
             log.warning("rankwatch: [ACTION] %s: %s: notify: %s", run, d.by, d.reason)
@@ -158,7 +160,7 @@ class ActionDesk:
             text = d.rule.text or f"rankwatch {d.by}: {d.reason}" if kind == "note" else ""
             try:
                 issued = self.issue(run, kind, health, now, inc_of, by=d.by, reason=d.reason,
-                                    text=text[:500], step=step)  # fmt: skip
+                                    text=text[:500], step=step, incident=d.case.id)  # fmt: skip
             except ActionError as exc:
                 log.warning("rankwatch: [ACTION] %s: %s could not %s: %s", run, d.by, kind, exc)
                 continue

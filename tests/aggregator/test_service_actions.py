@@ -47,6 +47,9 @@ def test_stop_on_nan_sends_every_rank_one_stop_step(tmp_path: Path) -> None:
     # no receiver (never started): nothing could be sent, nothing pretends it was
     assert all(a["state"] == "pending" for a in stop["acks"].values())
     assert agg.counters()["commands_send_failed"] >= WORLD
+    (incident,) = agg.incidents_of(RUN)  # the incident shows what was done about it
+    assert {a["cmd"] for a in incident["actions"]} == {"checkpoint", "stop"}
+    assert all(c["incident"] == incident["id"] for c in cmds)
     published = [m for m in sub.drain(100_000) if m.get("type") == "command"]
     assert {m["command"]["id"] for m in published} == {stop["id"], ckpt["id"]}
     feed_nan_spread(agg, fault=20, steps=24)  # the same incident does not fire again

@@ -70,6 +70,8 @@ def test_nan_policy_checkpoints_and_stops_every_rank_at_one_step(
         assert {a["step"] for a in c["acks"].values()} == {stopped}, c
     (incident,) = (serve.get(f"/api/run/incidents?run={run}") or {})["incidents"]
     assert incident["culprits"] == [2] and incident["cause"] == "nonfinite"
+    shown = {a["cmd"]: a["counts"] for a in incident["actions"]}  # the action and its answers
+    assert shown == {"checkpoint": {"done": RANKS}, "stop": {"done": RANKS}}, incident["actions"]
     saved = STEPS - stopped
     print(f"every rank stopped after step {stopped} (fault at {FAULT_STEP}): {saved} of "
           f"{STEPS} steps not trained; msrun ended in {took:.0f} s")  # fmt: skip
