@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rankwatch.agent.wire.commands import ACK_EVENT
 from rankwatch.agent.wire.records import (
     EventRecord,
     Heartbeat,
@@ -30,7 +29,7 @@ from rankwatch.agent.wire.records import (
     StepRecord,
     unblock,
 )
-from rankwatch.aggregator.actions.desk import ActionDesk
+from rankwatch.aggregator.actions.desk import ActionDesk, annotate
 from rankwatch.aggregator.alerts.rules import Alert, AlertEngine
 from rankwatch.aggregator.alerts.sinks.base import Sink
 from rankwatch.aggregator.alerts.sinks.console import ConsoleSink
@@ -77,7 +76,6 @@ log = logging.getLogger("rankwatch.service")
 __all__ = ["FLUSH_INTERVAL_S", "LIVE_RETENTION_S", "MAX_FEED_POINTS", "STORE_RETRY_S",
            "Aggregator", "ServeConfig", "tune_gc"]  # fmt: skip
 
-ACTION_KEYS = ("id", "cmd", "step", "by", "state", "counts", "created")  # on an incident
 COMMANDS_RESTORE_S = 3600.0  # commands this recent are taken back from the store at start
 
 
@@ -335,7 +333,10 @@ class Aggregator:
             if self.config.resend_gaps:
                 self._request_resends(health, now)
             self._retire_runs(health, now)
-            commands = self._act(now, health, incidents, events, steps)
+            send = self.receiver.send_command if self.receiver is not None else _no_route
+            commands = self.actions.turn(
+                now, health, incidents, events, steps, send, self.restarts.current
+            )
         for change in incidents:
             self._incident(change)
         for body in commands:
@@ -393,26 +394,6 @@ class Aggregator:
         )
         self.n["sink_errors"] += deliver(self.sinks, change)
 
-    def _act(
-        self,
-        now: float,
-        health: dict[str, dict[int, RankHealth]],
-        incidents: list[IncidentChange],
-        events: list[EventRecord],
-        steps: list[StepRecord | StepBlock],
-    ) -> list[dict[str, Any]]:
-        """Policies and commands (actions/desk.py): the commands that changed, as dicts."""
-        desk = self.actions
-        desk.steps(steps)
-        desk.incidents(incidents)
-        for ev in events:
-            if ev.event == ACK_EVENT:
-                desk.answer(ev.run, ev.rank, ev.info, now)
-            elif ev.event == "start":
-                desk.started(ev.run)
-        send = self.receiver.send_command if self.receiver is not None else _no_route
-        return [c.as_dict() for c in desk.tick(now, health, send, self.restarts.current)]
-
     def _command(self, body: dict[str, Any]) -> None:
         try:
             self.store.append_command(body)
@@ -444,10 +425,7 @@ class Aggregator:
             live = {inc.id: jsonable(inc.as_dict()) for inc in self.incidents.incidents(run)}
         stored = {inc["id"]: inc for inc in self.store.incidents(run)}
         merged = {**stored, **live}
-        for command in self.commands_of(run):  # what a policy did about each, and the answers
-            if command.get("incident") in merged:
-                actions = merged[command["incident"]].setdefault("actions", [])
-                actions.append({k: command.get(k) for k in ACTION_KEYS})
+        annotate(merged, self.commands_of(run))  # what a policy did about each, and the answers
         return sorted(merged.values(), key=lambda i: (i.get("opened", 0.0), i["id"]), reverse=True)
 
     def _publish_ranks(

@@ -15,8 +15,8 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from rankwatch.agent.wire.commands import COMMAND_KINDS, CommandError
-from rankwatch.agent.wire.records import StepBlock, StepRecord
+from rankwatch.agent.wire.commands import ACK_EVENT, COMMAND_KINDS, CommandError
+from rankwatch.agent.wire.records import EventRecord, StepBlock, StepRecord
 from rankwatch.aggregator.actions.agree import stop_step, typical_step_time
 from rankwatch.aggregator.actions.book import CommandBook, Issued
 from rankwatch.aggregator.actions.policy import Case, Decision, PolicyEngine, Rule
@@ -69,6 +69,27 @@ class ActionDesk:
                     del self._cases[next(iter(self._cases))]
             else:
                 self._cases.pop(case.id, None)
+
+    def turn(
+        self,
+        now: float,
+        health: Health,
+        changes: Iterable[IncidentChange],
+        events: Iterable[EventRecord],
+        steps: Iterable[StepRecord | StepBlock],
+        send: Send,
+        inc_of: Callable[[str, int], int],
+    ) -> list[dict[str, Any]]:
+        """One tick of the service: its new step records, incident changes and events (the
+        ranks' answers among them), then ``tick``; the commands that changed, as dicts."""
+        self.steps(steps)
+        self.incidents(changes)
+        for ev in events:
+            if ev.event == ACK_EVENT:
+                self.answer(ev.run, ev.rank, ev.info, now)
+            elif ev.event == "start":
+                self.started(ev.run)
+        return [c.as_dict() for c in self.tick(now, health, send, inc_of)]
 
     def tick(
         self, now: float, health: Health, send: Send, inc_of: Callable[[str, int], int]
@@ -192,6 +213,19 @@ class ActionDesk:
         if run in self._highest:
             steps.append(self._highest[run])
         return max(steps, default=None)
+
+
+ACTION_KEYS = ("id", "cmd", "step", "by", "state", "counts", "created")  # on an incident
+
+
+def annotate(
+    incidents: Mapping[str, dict[str, Any]], commands: Iterable[Mapping[str, Any]]
+) -> None:
+    """Add to each incident (by id) the commands a policy sent about it, as ``actions``."""
+    for command in commands:
+        incident = incidents.get(str(command.get("incident") or ""))
+        if incident is not None:
+            incident.setdefault("actions", []).append({k: command.get(k) for k in ACTION_KEYS})
 
 
 def _span(ranks: list[int]) -> str:
