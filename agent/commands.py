@@ -52,6 +52,7 @@ class Commands:
         self.next_at: int | None = None  # the lowest step a due command names (a cheap check)
         self.stopping = False
         self.stop_step: int | None = None  # the step after which this rank stopped
+        self.polled: int | None = None  # the last step poll() was asked about
         self.counts = {"received": 0, "refused": 0, "replayed": 0, "done": 0, "failed": 0}
         self._warned: set[str] = set()
 
@@ -112,7 +113,10 @@ class Commands:
         if full:
             self._answer(cmd, "refused", last_step, f"{DUE_MAX} commands already wait")
             return
-        late = last_step is not None and cmd.step is not None and last_step >= cmd.step
+        # past it only once its step end was asked about (a loop that calls poll), else once
+        # it logged a later step
+        done = self.polled if self.polled is not None else last_step
+        late = done is not None and cmd.step is not None and done >= cmd.step
         self.counts["received"] += 1
         log.warning(
             "rankwatch: %s requested by %s at the end of step %s%s",
@@ -154,6 +158,7 @@ class Commands:
     def poll(self, step: int | None) -> bool:
         """At a step end: run what is due by ``step`` (checkpoints, then stops); True once
         this rank is to stop."""
+        self.polled = step
         at = self.next_at
         if at is None or step is None or step < at:
             return self.stopping

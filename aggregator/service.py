@@ -407,6 +407,7 @@ class Aggregator:
         with self.lock:
             now = time.time()
             health = self._health_snapshot(now)
+            self.actions.steps(self._tick_steps)  # the steps since the last tick count too
             issued = self.actions.issue(run, kind, health, now, self.restarts.current, by=by, **how)
             return issued.as_dict()
 

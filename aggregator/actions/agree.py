@@ -2,10 +2,11 @@
 
 In synchronous training every rank must leave after the same step, or the ones still in the
 loop wait in a collective for a rank that left. The aggregator names that step: the highest
-step any rank reported, plus enough steps that the command reaches every rank before any of
-them gets there (``STOP_LEAD_S`` of training at the usual step time, at least
-``MIN_MARGIN_STEPS``). A rank that gets it late (already past the step) acts at its next step
-end and says ``late``.
+step any rank reported, plus the steps the ranks have made since that report (its age, at the
+usual step time: a busy head node reads records late) and enough more that the command
+reaches every rank before any of them gets there (``STOP_LEAD_S``), at least
+``MIN_MARGIN_STEPS``. A rank that gets it late (already past the step) acts at its next step
+end and says ``late``: in lockstep training that is a hang risk, so the margin errs long.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Iterable
 MIN_MARGIN_STEPS = 2  # steps ahead of the highest reported step, at least
 MAX_MARGIN_STEPS = 1000  # ... and at most (a step time near 0 must not mean "never")
 STOP_LEAD_S = 0.4  # time the command has to reach every rank: a tick, a flush, a hop
+UNKNOWN_PACE_STEPS = 10  # the margin while the run's step time is not known
+MAX_BEHIND_S = 30.0  # a report older than this (or a clock far off) counts as this old
 
 
 def stop_step(
@@ -24,12 +27,16 @@ def stop_step(
     *,
     min_margin: int = MIN_MARGIN_STEPS,
     lead_s: float = STOP_LEAD_S,
+    behind_s: float = 0.0,
 ) -> int:
-    """The step every rank acts at: ``max(last_steps) + margin`` (0 when none reported)."""
+    """The step every rank acts at: ``max(last_steps) + margin`` (0 when none reported).
+    ``behind_s``: how long ago the highest step was made (the rank's record time)."""
     highest = max((s for s in last_steps if s is not None), default=0)
-    margin = min_margin
+    margin = max(min_margin, UNKNOWN_PACE_STEPS)  # no step time yet: err long
     if step_time_s is not None and step_time_s > 0 and math.isfinite(step_time_s):
-        margin = max(min_margin, min(MAX_MARGIN_STEPS, math.ceil(lead_s / step_time_s)))
+        behind = min(MAX_BEHIND_S, behind_s) if behind_s > 0 else 0.0
+        ahead = math.ceil((lead_s + behind) / step_time_s)
+        margin = max(min_margin, min(MAX_MARGIN_STEPS, ahead))
     return max(0, highest) + margin
 
 

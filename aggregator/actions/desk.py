@@ -29,6 +29,7 @@ Send = Callable[[str, int, dict[str, Any]], bool]  # (run, rank, message) -> sen
 Health = Mapping[str, Mapping[int, RankHealth]]
 LIVE_STATES = (RankState.ALIVE, RankState.STALLED, RankState.PAUSED)
 MAX_CASES = 4096  # firing incidents followed for the policies
+PACE_WEIGHT = 0.2  # weight of the newest step time in the run's moving average
 
 
 class ActionError(ValueError):
@@ -45,20 +46,35 @@ class ActionDesk:
         self._changed: dict[str, Issued] = {}
         # the highest step of each run's records as they arrive: the health snapshot the tick
         # hands in may be a second old, and a stop step must be ahead of where the ranks are
-        self._highest: dict[str, int] = {}
+        self._highest: dict[str, tuple[int, float]] = {}  # run -> (step, its record time)
+        self._pace: dict[str, float] = {}  # run -> seconds per step, from those records
 
     def steps(self, items: Iterable[StepRecord | StepBlock]) -> None:
         highest = self._highest
         for item in items:
-            step = max(item.step) if type(item) is StepBlock else item.step
-            if isinstance(step, int) and step > highest.get(item.run, -1):
-                if item.run not in highest and len(highest) >= MAX_CASES:
+            if type(item) is StepBlock:
+                step, made = item.step[-1], item.time[-1]
+                if item.step[0] < step and item.time[0] < made:  # the block's own pace
+                    pace = (made - item.time[0]) / (step - item.step[0])
+                    old = self._pace.get(item.run)
+                    self._pace[item.run] = pace if old is None else old + PACE_WEIGHT * (pace - old)
+            else:
+                step, made = item.step, item.time
+            prev = highest.get(item.run)
+            if prev is None or step > prev[0]:
+                if prev is None and len(highest) >= MAX_CASES:
+                    self._pace.pop(next(iter(highest)), None)
                     del highest[next(iter(highest))]
-                highest[item.run] = step
+                highest[item.run] = (step, made)
+                if prev is not None and made > prev[1]:
+                    pace = (made - prev[1]) / (step - prev[0])
+                    old = self._pace.get(item.run)
+                    self._pace[item.run] = pace if old is None else old + PACE_WEIGHT * (pace - old)
 
     def started(self, run: str) -> None:
         """A rank of ``run`` (re)started: its step count may begin again."""
         self._highest.pop(run, None)
+        self._pace.pop(run, None)
 
     def incidents(self, changes: Iterable[IncidentChange]) -> None:
         for change in changes:
@@ -82,13 +98,13 @@ class ActionDesk:
     ) -> list[dict[str, Any]]:
         """One tick of the service: its new step records, incident changes and events (the
         ranks' answers among them), then ``tick``; the commands that changed, as dicts."""
-        self.steps(steps)
-        self.incidents(changes)
-        for ev in events:
+        for ev in events:  # a start first: the steps after it are the new count's
             if ev.event == ACK_EVENT:
                 self.answer(ev.run, ev.rank, ev.info, now)
             elif ev.event == "start":
                 self.started(ev.run)
+        self.steps(steps)
+        self.incidents(changes)
         return [c.as_dict() for c in self.tick(now, health, send, inc_of)]
 
     def tick(
@@ -145,9 +161,10 @@ class ActionDesk:
             if gone:
                 raise ActionError(f"rank {', '.join(map(str, gone))} of run {run!r} is not live")
         if kind != "note" and step is None:
+            top, made = self._highest.get(run, (None, now))
+            pace = self._pace.get(run) or typical_step_time(known[r].step_time for r in chosen)
             step = stop_step(
-                [self._top(run, {r: known[r] for r in chosen})],
-                typical_step_time(known[r].step_time for r in chosen),
+                [top, *(known[r].last_step for r in chosen)], pace, behind_s=now - made
             )
         ident = f"{kind[0]}{self._prefix}{next(self._count)}"
         try:
@@ -211,7 +228,7 @@ class ActionDesk:
         """The highest step of ``run`` seen: in its records and in its ranks' health."""
         steps = [h.last_step for h in ranks.values() if h.last_step is not None]
         if run in self._highest:
-            steps.append(self._highest[run])
+            steps.append(self._highest[run][0])
         return max(steps, default=None)
 
 
