@@ -9,19 +9,25 @@ acted on once (``SEEN_MAX`` ids remembered); a repeat is acknowledged ``replayed
 checkpoint or stop names a step: at the first step end at or past it, the checkpoint handlers
 run (on the training thread, where the model may be touched) and then a due stop makes
 ``poll`` return True from then on. The aggregator gives every rank the same step, ahead of
-the highest any rank reported, so in synchronous training every rank ends after the same
-step and no collective waits for a rank that left.
+the highest any rank reported, and holds it (``wire/commands.py``): a rank acts at that step
+only after the aggregator's ``go``, which comes once every rank said it can still reach the
+step; a ``move`` names a later one, an ``abort`` cancels. A rank at the step before the word
+waits for it (``HOLD_MAX_S`` at most, then goes on without acting), so in synchronous training
+every rank ends after the same step, or none does, and no collective waits for a rank that left.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .wire.commands import COMMAND_KINDS, Ack, Command, CommandError, check_id
+from .wire import commands as wire
+from .wire.commands import COMMAND_KINDS, DECISIONS, Ack, Command, CommandError, check_id
 
 log = logging.getLogger("rankwatch.agent")
 
@@ -29,6 +35,13 @@ SEEN_MAX = 1024  # command ids remembered, to act on each once
 DUE_MAX = 64  # checkpoints and stops waiting for their step; more are refused
 
 Handler = Callable[[int], Any]  # called with the step; a checkpoint's return value: its path
+
+
+@dataclass
+class _Due:
+    cmd: Command
+    step: int
+    go: bool  # may act at ``step`` (not held, or the aggregator said go)
 
 
 class Commands:
@@ -47,8 +60,8 @@ class Commands:
         self._emit = emit
         self._handlers: dict[str, list[Handler]] = {kind: [] for kind in COMMAND_KINDS}
         self._seen: OrderedDict[str, str] = OrderedDict()  # id -> its latest ack state
-        self._due: list[Command] = []
-        self._lock = threading.Lock()
+        self._due: dict[str, _Due] = {}
+        self._cond = threading.Condition()
         self.next_at: int | None = None  # the lowest step a due command names (a cheap check)
         self.stopping = False
         self.stop_step: int | None = None  # the step after which this rank stopped
@@ -78,7 +91,10 @@ class Commands:
                          f"meant for run {cmd.run!r} rank {cmd.rank}; this is run "
                          f"{self.run!r} rank {self.rank}")  # fmt: skip
             return
-        with self._lock:
+        if cmd.kind in DECISIONS:
+            self._decided(cmd, last_step)
+            return
+        with self._cond:
             state = self._seen.get(cmd.id)
             if state is None:
                 self._seen[cmd.id] = "received"
@@ -103,29 +119,56 @@ class Commands:
             log.warning("rankwatch: note from the aggregator (%s): %s", cmd.by or "?", cmd.text)
             self._run_handlers(cmd, last_step or 0)
             return
-        with self._lock:
-            if len(self._due) >= DUE_MAX:
-                full = True
-            else:
-                full = False
-                self._due.append(cmd)
-                self.next_at = min(c.step for c in self._due if c.step is not None)
+        assert cmd.step is not None  # checked by Command for checkpoint and stop
+        with self._cond:
+            full = len(self._due) >= DUE_MAX
+            if not full:
+                self._due[cmd.id] = _Due(cmd, cmd.step, go=not cmd.hold)
+                self._reschedule()
         if full:
             self._answer(cmd, "refused", last_step, f"{DUE_MAX} commands already wait")
             return
-        # past it only once its step end was asked about (a loop that calls poll), else once
-        # it logged a later step
-        done = self.polled if self.polled is not None else last_step
-        late = done is not None and cmd.step is not None and done >= cmd.step
         self.counts["received"] += 1
-        log.warning(
-            "rankwatch: %s requested by %s at the end of step %s%s",
-            cmd.kind,
-            cmd.by or "the aggregator",
-            cmd.step,
-            f" (already past it at {last_step}: at the next step end)" if late else "",
-        )
+        late = self._past(cmd.step, last_step)
+        log.warning("rankwatch: %s requested by %s at the end of step %s%s", cmd.kind,
+                    cmd.by or "the aggregator", cmd.step,
+                    f" (already past it at {self.polled}: at the next step end)" if late and
+                    not cmd.hold else "")  # fmt: skip
         self._answer(cmd, "late" if late else "received", last_step, "", count=False)
+
+    def _past(self, step: int, last_step: int | None) -> bool:
+        """Has this rank gone past the end of ``step``? Once its step end was polled (a loop
+        that calls poll), else once it logged a later step."""
+        done = self.polled if self.polled is not None else last_step
+        return done is not None and done >= step
+
+    def _decided(self, word: Command, last_step: int | None) -> None:
+        """``go``, ``move`` or ``abort`` for a held command."""
+        with self._cond:
+            due = self._due.get(word.id)
+            if due is None:  # acted on, aborted, timed out, or never held here: nothing to do
+                return
+            if word.kind == "go" and word.step == due.step:
+                due.go = True
+            elif word.kind == "move" and word.step is not None:
+                due.step, due.go = word.step, False
+                due.cmd = replace(due.cmd, step=word.step)
+            elif word.kind == "abort":
+                del self._due[word.id]
+            self._reschedule()
+            self._cond.notify_all()
+        cmd = due.cmd
+        if word.kind == "move":
+            late = self._past(due.step, last_step)
+            self._emit(Ack(cmd.id, cmd.kind, "late" if late else "received", last_step,
+                           due.step, f"moved to step {due.step}"))  # fmt: skip
+        elif word.kind == "abort":
+            log.warning("rankwatch: %s %s aborted by the aggregator: %s", cmd.kind, cmd.id,
+                        word.text or "no reason given")  # fmt: skip
+            self._answer(cmd, "aborted", last_step, word.text or "aborted by the aggregator")
+
+    def _reschedule(self) -> None:
+        self.next_at = min((d.step for d in self._due.values()), default=None)
 
     def _refuse_malformed(self, raw: Mapping[str, Any], exc: CommandError) -> None:
         self.counts["refused"] += 1
@@ -146,7 +189,7 @@ class Commands:
     ) -> None:
         if count and state in self.counts:
             self.counts[state] += 1
-        with self._lock:
+        with self._cond:
             if cmd.id in self._seen:
                 self._seen[cmd.id] = state
         if state == "refused" and detail:
@@ -157,19 +200,31 @@ class Commands:
 
     def poll(self, step: int | None) -> bool:
         """At a step end: run what is due by ``step`` (checkpoints, then stops); True once
-        this rank is to stop."""
+        this rank is to stop. A held command due here waits for the aggregator's word."""
         self.polled = step
         at = self.next_at
         if at is None or step is None or step < at:
             return self.stopping
-        with self._lock:
-            due = [c for c in self._due if c.step is not None and c.step <= step]
-            self._due = [c for c in self._due if c not in due]
-            self.next_at = min((c.step for c in self._due if c.step is not None), default=None)
-        due.sort(key=lambda c: (c.kind != "checkpoint", c.step))  # checkpoint before stop
-        for cmd in due:
-            self._run_handlers(cmd, step)
-            if cmd.kind == "stop" and not self.stopping:
+        deadline = time.monotonic() + wire.HOLD_MAX_S
+        with self._cond:
+            while True:
+                due = [d for d in self._due.values() if d.step <= step]
+                left = deadline - time.monotonic()
+                if all(d.go for d in due) or left <= 0:
+                    break
+                self._cond.wait(left)
+            for d in due:
+                del self._due[d.cmd.id]
+            self._reschedule()
+        ready = sorted((d for d in due if d.go), key=lambda d: d.cmd.kind != "checkpoint")
+        for d in due:
+            if not d.go:
+                self._answer(d.cmd, "failed", step,
+                             f"no word from the aggregator within {wire.HOLD_MAX_S:g} s at "
+                             f"step {d.step}: not acted on, so no rank leaves alone")  # fmt: skip
+        for d in ready:
+            self._run_handlers(d.cmd, step)
+            if d.cmd.kind == "stop" and not self.stopping:
                 self.stopping = True
                 self.stop_step = step
         return self.stopping

@@ -17,7 +17,17 @@ step   int/None   checkpoint and stop: the step at whose end every rank acts (th
 text   str        note: the message for the rank's log (at most ``MAX_TEXT_CHARS``)
 by     str        who asked: ``policy:<name>``, ``page``, ``cli`` (at most ``MAX_BY_CHARS``)
 inc    int        optional: only the agent of this incarnation acts on it
+hold   bool       optional: act at ``step`` only after a ``go`` for this id (see below)
 ====== ========== ===========================================================================
+
+A checkpoint or stop the aggregator sends to every rank of a run is held (``hold``): every
+rank answers with the step it is at, and only when all of them can still reach the named step
+does the aggregator send ``go`` (the same map with ``cmd`` "go"); when one is already past it,
+``move`` names a later step for all; when one refused, or did not answer, ``abort`` cancels it
+for all. A rank that reaches the step before the ``go`` waits there (at most ``HOLD_MAX_S``,
+then it goes on without acting), so in lockstep training either every rank leaves after the
+same step or none does. ``go``, ``move`` and ``abort`` (``DECISIONS``) name a held id and need
+no opt-in.
 
 An acknowledgement is an ``event`` record of kind ``ACK_EVENT`` ("command") in the rank's own
 record stream (so it is in its JSONL file too, and a resend or an import carries it); its
@@ -41,9 +51,11 @@ from typing import Any
 
 COMMAND_VERSION = 1
 COMMAND_KINDS = ("checkpoint", "stop", "note")
+DECISIONS = ("go", "move", "abort")  # the aggregator's word on a held command
 ACK_EVENT = "command"  # the event kind acknowledgements travel as
-ACK_STATES = ("received", "done", "failed", "refused", "late", "replayed")
-FINAL_STATES = ("done", "failed", "refused", "replayed")  # nothing more comes for that rank
+ACK_STATES = ("received", "done", "failed", "refused", "late", "replayed", "aborted")
+FINAL_STATES = ("done", "failed", "refused", "replayed", "aborted")  # nothing more comes
+HOLD_MAX_S = 10.0  # a rank waits at most this long at a held step for the aggregator's word
 MAX_ID_CHARS = 32
 MAX_TEXT_CHARS = 500
 MAX_BY_CHARS = 128
@@ -73,11 +85,14 @@ class Command:
     text: str = ""
     by: str = ""
     inc: int = 0
+    hold: bool = False
 
     def __post_init__(self) -> None:
         check_id(self.id)
-        if self.kind not in COMMAND_KINDS:
+        if self.kind not in COMMAND_KINDS + DECISIONS:
             raise CommandError("kind", f"command {self.kind!r} is not one of {COMMAND_KINDS}")
+        if type(self.hold) is not bool:
+            raise CommandError("field", f"command hold {_short(self.hold)} is not true/false")
         if not isinstance(self.run, str) or not 0 < len(self.run) <= MAX_RUN_CHARS:
             raise CommandError("field", f"command run {_short(self.run)} is not a run name")
         if type(self.rank) is not int or not 0 <= self.rank < 2**31:
@@ -98,6 +113,8 @@ class Command:
         out.update(run=self.run, rank=self.rank, step=self.step, text=self.text, by=self.by)
         if self.inc:
             out["inc"] = self.inc
+        if self.hold:
+            out["hold"] = True
         return out
 
     @classmethod
@@ -125,6 +142,7 @@ class Command:
             text="" if text is None else text,
             by="" if by is None else by,
             inc=raw.get("inc", 0),
+            hold=raw.get("hold", False),
         )
 
 

@@ -7,6 +7,11 @@ went). Per rank a command goes
                            \\--ack--> refused | done | failed
     pending | sent  --no ack within ACK_TIMEOUT_S--> no_ack   (a later ack still counts)
 
+A held command (checkpoint and stop: ``wire/commands.py``) also has a phase: ``ask`` until every
+rank answered (or ``ASK_TIMEOUT_S``), then ``go`` when all can still reach the step, ``move``
+(a later step for all, at most ``MAX_MOVES`` times) when one is past it, ``abort`` when one
+refused, failed or did not answer: all ranks act at one step, or none does.
+
 A rank that has not answered is sent the command again every ``RETRY_S``, ``MAX_SENDS`` times
 (control messages are best effort; the rank acts on an id once and answers a repeat with
 ``replayed``). A ``replayed`` answer says the rank has it: a rank still waiting becomes
@@ -24,12 +29,14 @@ from typing import Any
 
 from rankwatch.agent.wire.commands import Ack, Command, CommandError
 
+ASK_TIMEOUT_S = 4.0  # a held command waits this long for every rank's answer, then aborts
+MAX_MOVES = 3  # a held command moved this often to a later step is aborted
 RETRY_S = 1.0  # a rank without an answer is sent the command again after this long ...
 MAX_SENDS = 5  # ... this many times at most
 ACK_TIMEOUT_S = 15.0  # no answer this long after the command was made: no_ack
 MAX_KEPT = 4096  # commands held; the oldest settled ones are dropped first
 WAITING = ("pending", "sent")  # no answer yet
-SETTLED = ("done", "failed", "refused", "no_ack")  # nothing more is expected
+SETTLED = ("done", "failed", "refused", "no_ack", "aborted")  # nothing more is expected
 
 
 @dataclass
@@ -41,6 +48,7 @@ class RankAnswer:
     at: int | None = None  # the step it acts at
     detail: str = ""
     time: float | None = None  # when the latest answer came
+    word: str = "cmd"  # what it is to be sent (again): cmd, go, move, abort, or "" (nothing)
 
     def as_dict(self) -> dict[str, Any]:
         return {"state": self.state, "sends": self.sends, "step": self.step, "at": self.at,
@@ -64,11 +72,18 @@ class Issued:
     answers: dict[int, RankAnswer] = field(default_factory=dict)
     updated: float = 0.0
     incident: str = ""  # the incident a policy acted on ("" when a person asked)
+    hold: bool = False
+    phase: str = ""  # held: ask, go, abort (moves go back to ask)
+    asked: float = 0.0  # when the current ask began
+    moves: int = 0
+    margin: int = 2  # steps between the highest reported and the step named, for a move
 
-    def message(self, rank: int) -> dict[str, Any]:
-        """The wire map for ``rank``."""
-        cmd = Command(self.id, self.kind, self.run, rank, self.step, self.text, self.by,
-                      self.incs.get(rank, 0))  # fmt: skip
+    def message(self, rank: int, word: str = "cmd") -> dict[str, Any]:
+        """The wire map for ``rank``: the command itself, or go / move / abort for it."""
+        kind = self.kind if word == "cmd" else word
+        text = self.reason[:500] if word == "abort" else self.text
+        cmd = Command(self.id, kind, self.run, rank, self.step, text, self.by,
+                      self.incs.get(rank, 0), self.hold and word == "cmd")  # fmt: skip
         return cmd.to_wire()
 
     def counts(self) -> dict[str, int]:
@@ -82,6 +97,8 @@ class Issued:
         """``done`` when every rank did it; ``waiting`` while any may still answer;
         ``incomplete`` when it is settled and some rank did not (refused, failed, no_ack)."""
         states = {a.state for a in self.answers.values()}
+        if self.phase == "abort" and not states & {"sent", "pending"}:
+            return "aborted"
         if states <= {"done"}:
             return "done"
         if states <= set(SETTLED):
@@ -93,7 +110,8 @@ class Issued:
             "id": self.id, "run": self.run, "cmd": self.kind, "ranks": list(self.ranks),
             "step": self.step, "by": self.by, "reason": self.reason, "text": self.text,
             "created": self.created, "updated": self.updated, "state": self.state,
-            "counts": self.counts(), "incident": self.incident,
+            "counts": self.counts(), "incident": self.incident, "phase": self.phase,
+            "moves": self.moves,
             "acks": {str(rank): a.as_dict() for rank, a in sorted(self.answers.items())},
         }  # fmt: skip
 
@@ -107,6 +125,9 @@ class Issued:
         )  # fmt: skip
         issued.updated = float(body.get("updated", issued.created))
         issued.incident = str(body.get("incident") or "")
+        issued.phase, issued.moves = str(body.get("phase") or ""), int(body.get("moves") or 0)
+        for answer in issued.answers.values():
+            answer.word = ""  # a restarted aggregator re-sends nothing: the ranks decide alone
         for rank, raw in (body.get("acks") or {}).items():
             answer = RankAnswer(str(raw.get("state", "pending")), int(raw.get("sends", 0)))
             answer.step, answer.at = raw.get("step"), raw.get("at")
@@ -123,7 +144,8 @@ class CommandBook:
         self.n = {"commands_issued": 0, "commands_sends": 0, "commands_send_failed": 0,
                   "command_acks": 0, "command_acks_unknown": 0, "command_acks_bad": 0,
                   "command_acks_replayed": 0, "command_acks_after_timeout": 0,
-                  "command_refused": 0, "command_no_ack": 0}  # fmt: skip
+                  "command_refused": 0, "command_no_ack": 0, "commands_moved": 0,
+                  "commands_aborted": 0}  # fmt: skip
 
     def __contains__(self, ident: str) -> bool:
         return ident in self._held
@@ -148,6 +170,8 @@ class CommandBook:
         text: str = "",
         incs: Mapping[int, int] | None = None,
         incident: str = "",
+        hold: bool = False,
+        margin: int = 2,
     ) -> Issued:
         """Hold a new command; ``CommandError`` for a bad one or an id already held."""
         if ident in self._held:
@@ -161,6 +185,8 @@ class CommandBook:
         issued.answers = {rank: RankAnswer() for rank in ranks}
         issued.updated = now
         issued.incident = incident
+        if hold and kind != "note":
+            issued.hold, issued.phase, issued.asked, issued.margin = True, "ask", now, margin
         self._keep(issued)
         self.n["commands_issued"] += 1
         return issued
@@ -184,18 +210,19 @@ class CommandBook:
             else:
                 self._held.popitem(last=False)
 
-    def sends(self, now: float) -> list[tuple[Issued, int]]:
-        """(command, rank) pairs to send now: ranks without an answer, due a (re)send."""
+    def sends(self, now: float) -> list[tuple[Issued, int, dict[str, Any]]]:
+        """(command, rank, message) to send now: what each rank still has to hear (the
+        command, or go / move / abort for it), due a (re)send."""
         out = []
         for issued in self._held.values():
             for rank, answer in issued.answers.items():
                 if (
-                    answer.state in WAITING
+                    answer.word
                     and answer.sends < MAX_SENDS
                     and now - answer.last_send >= RETRY_S
-                    and now - issued.created < ACK_TIMEOUT_S
+                    and now - issued.created < ACK_TIMEOUT_S + ASK_TIMEOUT_S * (1 + MAX_MOVES)
                 ):
-                    out.append((issued, rank))
+                    out.append((issued, rank, issued.message(rank, answer.word)))
         return out
 
     def sent(self, issued: Issued, rank: int, now: float, ok: bool) -> None:
@@ -208,6 +235,50 @@ class CommandBook:
                 answer.state = "sent"
         else:  # no route to the rank yet: tried again after RETRY_S
             self.n["commands_send_failed"] += 1
+
+    def decide(self, now: float) -> list[Issued]:
+        """Held commands whose ranks all answered (or the ask timed out): go, move or abort.
+        The commands that changed."""
+        out = []
+        for issued in self._held.values():
+            if issued.phase != "ask":
+                continue
+            answers = issued.answers.values()
+            missing = [a for a in answers if a.state in WAITING]
+            if missing and now - issued.asked < ASK_TIMEOUT_S:
+                continue
+            for a in missing:
+                a.state, a.word = "no_ack", ""
+                a.detail = f"no answer in {ASK_TIMEOUT_S:g} s: the command is aborted for all"
+                self.n["command_no_ack"] += 1
+            bad = [a for a in answers if a.state in ("refused", "failed", "no_ack")]
+            late = [a for a in answers if a.state == "late"]
+            if bad or (late and issued.moves >= MAX_MOVES):
+                issued.phase = "abort"
+                why = "a rank refused, failed or did not answer" if bad else "ranks kept passing it"
+                issued.reason = f"aborted for every rank: {why}" + (
+                    f" ({issued.reason})" if issued.reason else ""
+                )
+                self.n["commands_aborted"] += 1
+                word = "abort"
+            elif late:
+                top = max((a.step for a in answers if a.step is not None), default=issued.step)
+                issued.step = max(issued.step or 0, top or 0) + issued.margin
+                issued.moves += 1
+                issued.phase, issued.asked = "ask", now
+                self.n["commands_moved"] += 1
+                word = "move"
+            else:
+                issued.phase = "go"
+                word = "go"
+            for a in answers:
+                if a.state in ("received", "late"):
+                    a.word, a.sends, a.last_send = word, 0, -math.inf
+                    if word == "move":
+                        a.state = "sent"
+            issued.updated = now
+            out.append(issued)
+        return out
 
     def answer(self, run: str, rank: int, info: Mapping[str, Any], now: float) -> Issued | None:
         """Apply a rank's ``command`` event; the command it changed, or None."""
@@ -230,13 +301,24 @@ class CommandBook:
             state = "received"
         if answer.state == "no_ack":
             self.n["command_acks_after_timeout"] += 1
-        if answer.state in ("done", "failed", "refused") and state in ("received", "late"):
+        if answer.state in ("done", "failed", "refused", "aborted") and state in (
+            "received",
+            "late",
+        ):
             return None  # an earlier answer arriving after a later one
+        if issued.hold and ack.at is not None and ack.at != issued.step and state != "aborted":
+            return None  # an answer about the step before a move
         if state == "refused":
             self.n["command_refused"] += 1
         answer.state, answer.step, answer.time = state, ack.step, now
         answer.at = ack.at if ack.at is not None else answer.at
         answer.detail = ack.detail
+        if answer.word == "cmd" or (answer.word == "move" and state in ("received", "late")):
+            answer.word = ""  # heard; what comes next is the phase's word
+        elif state in ("done", "failed", "aborted", "refused"):
+            answer.word = ""
+        if issued.phase == "abort" and state in ("received", "late"):
+            answer.word, answer.sends = "abort", 0  # it answered after the others were told
         issued.updated = now
         return issued
 
@@ -250,7 +332,7 @@ class CommandBook:
             changed = False
             for answer in issued.answers.values():
                 if answer.state in WAITING:
-                    answer.state = "no_ack"
+                    answer.state, answer.word = "no_ack", ""
                     answer.detail = (
                         f"no answer in {ACK_TIMEOUT_S:g} s after {answer.sends} send(s): the "
                         "rank is gone, unreachable, or its agent predates commands"

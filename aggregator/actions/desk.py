@@ -115,8 +115,14 @@ class ActionDesk:
             highest = {run: self._top(run, ranks) for run, ranks in health.items()}
             for decision in self.policy.decide(list(self._cases.values()), highest):
                 self._decided(decision, now, health, inc_of)
-        for issued, rank in self.book.sends(now):
-            ok = send(issued.run, rank, issued.message(rank))
+        for issued in self.book.decide(now):
+            self._changed[issued.id] = issued
+            if issued.phase != "go":
+                what = f"moved to step {issued.step}" if issued.phase == "ask" else "aborted"
+                log.warning("rankwatch: [ACTION] %s: %s %s %s: %s", issued.run, issued.kind,
+                            issued.id, what, issued.reason)  # fmt: skip
+        for issued, rank, message in self.book.sends(now):
+            ok = send(issued.run, rank, message)
             self.book.sent(issued, rank, now, ok)
             self._changed[issued.id] = issued
         for issued in self.book.expire(now):
@@ -160,18 +166,18 @@ class ActionDesk:
             gone = [r for r in chosen if r not in live]
             if gone:
                 raise ActionError(f"rank {', '.join(map(str, gone))} of run {run!r} is not live")
+        top, made = self._highest.get(run, (None, now))
+        highest = max((s for s in [top, *(known[r].last_step for r in chosen)] if s is not None),
+                      default=0)  # fmt: skip
         if kind != "note" and step is None:
-            top, made = self._highest.get(run, (None, now))
             pace = self._pace.get(run) or typical_step_time(known[r].step_time for r in chosen)
-            step = stop_step(
-                [top, *(known[r].last_step for r in chosen)], pace, behind_s=now - made
-            )
+            step = stop_step([highest], pace, behind_s=now - made)
         ident = f"{kind[0]}{self._prefix}{next(self._count)}"
         try:
             issued = self.book.issue(
                 ident, run, kind, chosen, None if kind == "note" else step, now=now, by=by,
                 reason=reason, text=text, incs={r: inc_of(run, r) for r in chosen},
-                incident=incident,
+                incident=incident, hold=True, margin=max(2, (step or 0) - highest),
             )  # fmt: skip
         except CommandError as exc:
             raise ActionError(str(exc)) from None

@@ -237,3 +237,52 @@ def test_monitor_accept_argument_is_checked(make_monitor: Any) -> None:
     mon = make_monitor()
     assert mon.commands is not None and mon.commands.accept == frozenset()
     assert not mon.should_stop()
+
+
+# --- held: act only on the aggregator's word ------------------------------------------------
+
+
+def held(kind: str = "stop", step: int = 5) -> dict:
+    return Command("h1", kind, RUN, 0, step, by="test", hold=True).to_wire()
+
+
+def word(kind: str, step: int = 5, text: str = "") -> dict:
+    return Command("h1", kind, RUN, 0, step, text=text).to_wire()
+
+
+def test_a_held_stop_waits_for_go_at_its_step() -> None:
+    import threading
+
+    cmds, acks = make()
+    cmds.receive(held(), last_step=2)
+    assert not cmds.poll(4)  # before the step: no wait
+    threading.Timer(0.2, lambda: cmds.receive(word("go"), last_step=5)).start()
+    assert cmds.poll(5)  # waited for the go, then stopped
+    assert [a.state for a in acks] == ["received", "done"]
+
+
+def test_move_and_abort() -> None:
+    cmds, acks = make()
+    cmds.receive(held(), last_step=2)
+    cmds.receive(word("move", 9), last_step=3)
+    assert acks[-1].state == "received" and acks[-1].at == 9
+    assert not cmds.poll(5) and cmds.next_at == 9
+    cmds.receive(word("go", 9), last_step=6)
+    assert cmds.poll(9)
+    other, acks2 = make()
+    other.receive(held(), last_step=2)
+    other.receive(word("abort", text="rank 3 refused"), last_step=3)
+    assert acks2[-1].state == "aborted" and acks2[-1].detail == "rank 3 refused"
+    assert not other.poll(5) and other.next_at is None
+    other.receive(word("go"), last_step=5)  # a word for what is gone: nothing
+    assert not other.poll(6)
+
+
+def test_no_word_in_time_means_no_action(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rankwatch.agent.wire import commands as wire_commands
+
+    monkeypatch.setattr(wire_commands, "HOLD_MAX_S", 0.2)
+    cmds, acks = make()
+    cmds.receive(held(), last_step=2)
+    assert not cmds.poll(5)
+    assert acks[-1].state == "failed" and "so no rank leaves alone" in acks[-1].detail

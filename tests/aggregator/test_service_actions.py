@@ -119,30 +119,36 @@ def test_checkpoint_and_stop_over_zeromq_with_a_refusing_rank(tmp_path: Path) ->
             agg.issue_command(run, "stop", by="test", ranks=[5])
         with pytest.raises(ActionError, match="no live run 'nope'"):
             agg.issue_command("nope", "stop", by="test")
-        ckpt = agg.issue_command(run, "checkpoint", by="test", reason="because")
-        stop = agg.issue_command(run, "stop", by="test", ranks=[0, 1])
-        for r in ranks:
-            r.go.set()
-        wait(lambda: ranks[0].stopped is not None)
-        # the stop step is ahead of where the ranks were, the same for both
-        assert ranks[0].stopped >= stop["step"] and ranks[0].saved == [ckpt["step"]]
 
         def states(cid: str) -> dict[str, str]:
             (c,) = [c for c in agg.commands_of(run) if c["id"] == cid]
             return {rank: a["state"] for rank, a in c["acks"].items()}
 
-        wait(lambda: states(stop["id"]) == {"0": "done", "1": "refused"})
-        wait(lambda: states(ckpt["id"]) == {"0": "done", "1": "refused"})
+        # rank 1 did not opt in: a stop of both is aborted for both (in lockstep training a
+        # rank leaving alone would leave the other waiting in its collective)
+        both = agg.issue_command(run, "stop", by="test", reason="because")
+        for r in ranks:
+            r.go.set()
+        wait(lambda: states(both["id"]) == {"0": "aborted", "1": "refused"})
+        (got,) = [c for c in agg.commands_of(run) if c["id"] == both["id"]]
+        assert got["state"] == "aborted" and "did not opt into 'stop'" in got["acks"]["1"]["detail"]
+        assert "aborted for every rank" in got["reason"] and "(because)" in got["reason"]
+        assert ranks[0].stopped is None and ranks[1].stopped is None
+        # to rank 0 alone: checkpoint, then stop, at one step
+        ckpt = agg.issue_command(run, "checkpoint", by="test", ranks=[0])
+        stop = agg.issue_command(run, "stop", by="test", ranks=[0], step=ckpt["step"])
+        wait(lambda: ranks[0].stopped is not None)
+        assert ranks[0].stopped == stop["step"] and ranks[0].saved == [ckpt["step"]]
+        wait(lambda: states(stop["id"]) == {"0": "done"} and states(ckpt["id"]) == {"0": "done"})
         assert ranks[1].stopped is None  # a rank that did not opt in goes on
         (got,) = [c for c in agg.commands_of(run) if c["id"] == ckpt["id"]]
         assert got["acks"]["0"]["detail"] == f"saved ck-0-{ckpt['step']}"
-        assert "did not opt into 'checkpoint'" in got["acks"]["1"]["detail"]
-        assert got["state"] == "incomplete" and got["reason"] == "because"
         counters = agg.counters()
-        assert counters["command_refused"] == 2 and counters["command_acks_unknown"] == 0
+        assert counters["command_refused"] == 1 and counters["command_acks_unknown"] == 0
+        assert counters["commands_aborted"] == 1
         client = TestClient(create_app(AggregatorProvider(agg)), base_url=BASE_URL)
         body = client.get("/api/run/commands", params={"run": run}).json()
-        assert {c["id"] for c in body["commands"]} == {ckpt["id"], stop["id"]}
+        assert {c["id"] for c in body["commands"]} == {both["id"], ckpt["id"], stop["id"]}
     finally:
         for r in ranks:
             r.halt.set()

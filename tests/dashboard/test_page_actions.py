@@ -112,9 +112,9 @@ def test_stop_from_the_page(browser: Browser, tmp_path: Path, token: str | None)
             assert all(loop.stopped is None for loop in loops)  # nothing stopped
             assert get("/api/run/commands")["commands"] == []
             return
+        said = result(page, f"{WORLD} done")  # the confirmation came first
         assert dialogs == [f'Stop run "{run}" on its {WORLD} live rank(s) after the next agreed '
                            "step: every rank finishes that step, then training ends?"]  # fmt: skip
-        said = result(page, f"{WORLD} done")
         assert said.startswith("stop at step ")
         for loop in loops:
             loop.join(15)

@@ -49,15 +49,19 @@ def test_a_stop_through_a_relay(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, "the ranks never showed"
                 time.sleep(0.05)
             cmd = agg.issue_command(RUN, "stop", by="test")
-            for t in threads:
-                t.join(15)
-            assert set(stopped) == {0, 1} and len(set(stopped.values())) == 1
-            assert stopped[0] >= cmd["step"]
-            deadline = time.monotonic() + 10
-            while agg.commands_of(RUN)[0]["state"] != "done":
+            deadline = time.monotonic() + 30
+            while (state := agg.commands_of(RUN)[0]["state"]) not in ("done", "aborted"):
                 assert time.monotonic() < deadline, agg.commands_of(RUN)
                 time.sleep(0.05)
-            assert agg.counters()["control_sent"] >= WORLD
+            if state == "aborted":  # a head too slow to hear every rank in time: none stops
+                time.sleep(0.5)
+                assert stopped == {}, agg.commands_of(RUN)
+                return
+            for t in threads:
+                t.join(15)
+            # both left after the step the command named: none waits alone in the barrier
+            assert stopped == {0: agg.commands_of(RUN)[0]["step"], 1: stopped[0]}
+            assert stopped[0] >= cmd["step"] and agg.counters()["control_sent"] >= 2 * WORLD
         finally:
             halt.set()
             collective.abort()
