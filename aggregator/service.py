@@ -408,7 +408,8 @@ class Aggregator:
             now = time.time()
             health = self._health_snapshot(now)
             self.actions.steps(self._tick_steps)  # the steps since the last tick count too
-            issued = self.actions.issue(run, kind, health, now, self.restarts.current, by=by, **how)
+            issued = self.actions.issue(run, kind, health, now, self.restarts.current, by=by,
+                                        wait_s=self.config.flush_interval_s, **how)  # fmt: skip
             return issued.as_dict()
 
     def commands_of(self, run: str) -> list[dict[str, Any]]:

@@ -16,8 +16,8 @@ from collections.abc import Iterable
 
 MIN_MARGIN_STEPS = 2  # steps ahead of the highest reported step, at least
 MAX_MARGIN_STEPS = 1000  # ... and at most (a step time near 0 must not mean "never")
-STOP_LEAD_S = 0.25  # time the command has to reach every rank: a flush and a hop (a late
-# rank only costs a move: the held command is moved for all)
+STOP_LEAD_S = 0.1  # time a command sent in the tick has to reach every rank: a flush, a hop
+# (one asked for between ticks waits for the next tick too); a late rank costs a move, not a hang
 UNKNOWN_PACE_STEPS = 10  # the margin while the run's step time is not known
 MAX_BEHIND_S = 30.0  # a report older than this (or a clock far off) counts as this old
 

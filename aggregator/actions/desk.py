@@ -17,7 +17,7 @@ from typing import Any
 
 from rankwatch.agent.wire.commands import ACK_EVENT, COMMAND_KINDS, CommandError
 from rankwatch.agent.wire.records import EventRecord, StepBlock, StepRecord
-from rankwatch.aggregator.actions.agree import stop_step, typical_step_time
+from rankwatch.aggregator.actions.agree import STOP_LEAD_S, stop_step, typical_step_time
 from rankwatch.aggregator.actions.book import CommandBook, Issued
 from rankwatch.aggregator.actions.policy import Case, Decision, PolicyEngine, Rule
 from rankwatch.aggregator.health import RankHealth, RankState
@@ -144,9 +144,10 @@ class ActionDesk:
         text: str = "",
         step: int | None = None,
         incident: str = "",
+        wait_s: float = 0.0,
     ) -> Issued:
         """A command to ``ranks`` (default: every live rank) of a live run; sent at the next
-        tick. ActionError says why it cannot be."""
+        tick (``wait_s`` from now at most). ActionError says why it cannot be."""
         if kind not in COMMAND_KINDS:
             raise ActionError(f"unknown command {kind!r}; known: {', '.join(COMMAND_KINDS)}")
         known = health.get(run)
@@ -171,7 +172,7 @@ class ActionDesk:
                       default=0)  # fmt: skip
         if kind != "note" and step is None:
             pace = self._pace.get(run) or typical_step_time(known[r].step_time for r in chosen)
-            step = stop_step([highest], pace, behind_s=now - made)
+            step = stop_step([highest], pace, lead_s=STOP_LEAD_S + wait_s, behind_s=now - made)
         ident = f"{kind[0]}{self._prefix}{next(self._count)}"
         try:
             issued = self.book.issue(
