@@ -505,7 +505,8 @@ class Monitor:
 
     def should_stop(self, step: int | None = None) -> bool:
         """Call at each step end: runs the checkpoint handlers due by ``step`` (default: the
-        last logged step) and says whether a ``stop`` for this step has come. Cheap."""
+        last logged step) and says whether a ``stop`` for this step has come. Cheap; at the
+        step a command names it may wait for the aggregator's go (``HOLD_MAX_S`` at most)."""
         commands = self._commands
         if commands is None:
             return False
