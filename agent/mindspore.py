@@ -43,6 +43,12 @@ time from the previous step's end to this step's begin (data loading): the one p
 rank shows in synchronous data parallelism. An exception leaving
 ``model.train`` (seen in the callback's ``__exit__``) becomes a ``crash`` event and closes the
 Monitor; a normal end closes it only if ``TrainMonitor`` created it.
+
+Commands from the aggregator (``accept=("checkpoint", "stop")`` or ``RANKWATCH_ACCEPT``; default
+none): ``checkpoint`` saves the train network with ``mindspore.save_checkpoint`` at the end of
+the agreed step (``checkpoint_dir``, default ``checkpoints/`` beside the JSONL, or your
+``checkpoint(step, cb_params)``), ``stop`` calls ``run_context.request_stop()`` at the end of
+the agreed step, the same on every rank (``mindspore_actions.py``).
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from typing import Any, TypedDict
 import mindspore as ms
 import numpy as np
 from mindspore.train import Callback, RunContext
+from rankwatch.agent.mindspore_actions import CheckpointSaver, SaveFn, checkpoint_dir
 from rankwatch.agent.mindspore_cells import (
     GRAD_NORM_OUTPUTS,
     MAX_VECTOR_ELEMENTS,
@@ -140,8 +147,15 @@ class TrainMonitor(Callback):
         log_dir: str | None = None,
         telemetry: str | float | bool | None = None,
         ckpt_dir: str | None = None,
+        accept: Sequence[str] | str | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint: SaveFn | None = None,
     ) -> None:
         super().__init__()
+        self._accept = accept  # for the Monitor it creates (a given one has its own)
+        self._checkpoint_dir = checkpoint_dir
+        self._checkpoint = checkpoint
+        self._saver: CheckpointSaver | None = None
         self._monitor_args: _MonitorArgs = {
             "run": run,
             "rank": rank,
@@ -181,6 +195,8 @@ class TrainMonitor(Callback):
                     raise ValueError(f"TrainMonitor: {name!r} is reserved, rename that output")
         self._monitor = monitor
         self._owns_monitor = monitor is None
+        if monitor is not None:
+            self._attach(monitor)
         self._closed = False
         self._disabled = False  # no Monitor could be made (bad address, ...): stay quiet
         self._crash: BaseException | None = None
@@ -211,9 +227,18 @@ class TrainMonitor(Callback):
             args = self._monitor_args.copy()
             if self._monitor is not None and args["run"] is None:
                 args["run"] = self._monitor.run  # a later train() continues the same run
-            self._monitor = Monitor(**args, batch_size=self.batch_size)
+            self._monitor = Monitor(**args, batch_size=self.batch_size, accept=self._accept)
             self._closed = False
+        self._attach(self._monitor)
         return self._monitor
+
+    def _attach(self, monitor: Monitor) -> None:
+        """Make ``monitor``'s checkpoint command save through this callback (once)."""
+        if self._saver is None or self._saver.monitor is not monitor:
+            where = checkpoint_dir(monitor.jsonl_path, self._checkpoint_dir)
+            self._saver = CheckpointSaver(where, monitor.rank, self._checkpoint)
+            self._saver.monitor = monitor
+            monitor.on("checkpoint", self._saver)
 
     @property
     def step(self) -> int:
@@ -243,7 +268,12 @@ class TrainMonitor(Callback):
             return
         end = time.perf_counter()
         try:
-            self._step_end(run_context.original_args(), force=False)
+            cb_params = run_context.original_args()
+            self._step_end(cb_params, force=False)
+            if self._saver is not None:
+                self._saver.cb_params = cb_params
+            if self._monitor is not None and self._monitor.should_stop(self._last_step):
+                run_context.request_stop()  # model.train returns after this step
         except Exception:
             self._warn_once("step", "rankwatch TrainMonitor: step end failed", exc_info=True)
         self._end_t = end

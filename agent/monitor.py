@@ -37,6 +37,7 @@ from types import TracebackType
 from typing import Any
 
 from . import hooks, identity
+from .commands import Commands, Handler
 from .fallback import JsonlWriter, jsonl_path
 from .sender import STEP, Sender
 from .sources import (
@@ -54,6 +55,7 @@ from .stacks import MIN_STALL_S, SAMPLE_INTERVAL_S
 from .stall import StallWatch
 from .stall import stack_dump_s as stack_dump_s_of
 from .values import NotANumber, check_name, plain, to_float
+from .wire.commands import ACCEPT_ENV, ACK_EVENT, Ack, parse_accept
 from .wire.curve import CURVE_DIR_ENV, curve_keys
 from .wire.jsonsafe import NONFINITE_TO_JSON
 from .wire.records import BASE_VERSION, EVENT_KINDS, MAX_INC, MAX_METRICS
@@ -112,6 +114,9 @@ class Monitor:
     ``stack_dump_s`` (or ``RANKWATCH_STACK_DUMP_S``, default 600, 0: off) without a step,
     ``faulthandler`` writes every thread's stack to ``rank<k>.stacks.txt`` beside the JSONL
     (with an aggregator address: the sender thread pushes the timer back while steps come).
+    ``accept`` (or ``RANKWATCH_ACCEPT``): the commands from the aggregator this rank acts on,
+    ``("checkpoint", "stop", "note")`` or some of them, default none (``commands.py``); with
+    them, call ``should_stop(step)`` at each step end and register ``on("checkpoint", fn)``.
     """
 
     def __init__(
@@ -133,6 +138,7 @@ class Monitor:
         stack_dump_s: float | None = None,
         stall_min_s: float = MIN_STALL_S,
         stall_interval_s: float = SAMPLE_INTERVAL_S,
+        accept: Iterable[str] | str | None = None,
     ) -> None:
         self._active = False  # log() and event() do nothing until the end of construction
         self._closed = True
@@ -142,6 +148,8 @@ class Monitor:
             raise ValueError(f"heartbeat_s must be > 0 seconds, got {heartbeat_s!r}")
         if isinstance(queue_max, bool) or not isinstance(queue_max, int) or queue_max < 1:
             raise ValueError(f"queue_max must be an int >= 1, got {queue_max!r}")
+        accepted = parse_accept(os.environ.get(ACCEPT_ENV) if accept is None else accept)
+        self._commands: Commands | None = None
         ident = identity.resolve(run, rank, world_size, addr, log_dir)
         self.run, self.rank, self.world_size = ident.run, ident.rank, ident.world_size
         self.addr, self.host, self.pid = ident.addr, ident.host, ident.pid
@@ -204,6 +212,7 @@ class Monitor:
         self._base.update(host=self.host, pid=self.pid)
         if self.incarnation:
             self._base["inc"] = self.incarnation
+        self._commands = Commands(self.run, self.rank, self.incarnation, accepted, self._ack)
         if self.addr is not None:
             self._stall = StallWatch(
                 threading.main_thread().ident or 0, self.jsonl_path, period_s=self.heartbeat_s,
@@ -220,6 +229,7 @@ class Monitor:
                 self._drop,
                 self.jsonl_path,
                 curve=curve,
+                on_command=self._command,
             )
             try:
                 self._sender.start()
@@ -241,6 +251,7 @@ class Monitor:
         self._active = True
         hooks.register(self)
         info = dict(ident.info, addr=self.addr, jsonl=str(self.jsonl_path))
+        info["accept"] = sorted(accepted)  # also says this agent knows commands
         self._emit("start", None, info)
         if len(registry):
             self._sampler = Sampler(registry, self._sample)
@@ -497,6 +508,40 @@ class Monitor:
                 queue.append(wire)
             else:
                 self._drop(1)
+
+    # --- commands from the aggregator (commands.py) --------------------------------------
+
+    def should_stop(self, step: int | None = None) -> bool:
+        """Call at each step end: runs the checkpoint handlers due by ``step`` (default: the
+        last logged step) and says whether a ``stop`` for this step has come. Cheap; at the
+        step a command names it may wait for the aggregator's go (``HOLD_MAX_S`` at most)."""
+        commands = self._commands
+        if commands is None:
+            return False
+        return commands.poll(self._last_step if step is None else step)
+
+    def on(self, kind: str, fn: Handler) -> None:
+        """Call ``fn(step)`` when a command of ``kind`` is acted on (``checkpoint``: save
+        there, return the path; ``note``: ``fn(text)``). On the training thread."""
+        if self._commands is not None:
+            self._commands.on(kind, fn)
+
+    @property
+    def commands(self) -> Commands | None:
+        """This rank's command state (what it accepts, counts, ``stopping``)."""
+        return self._commands
+
+    def _command(self, raw: dict[str, Any]) -> None:
+        """A command map from the aggregator (sender thread)."""
+        if self._commands is not None and self._active:
+            self._commands.receive(raw, self._last_step)
+
+    def _ack(self, ack: Ack) -> None:
+        if self._active:
+            try:
+                self._emit(ACK_EVENT, ack.step, ack.info())
+            except Exception as exc:
+                self._warn_once("ack", "rankwatch: a command's ack failed: %r", exc)
 
     def pause(self, seconds: float, reason: str = "checkpoint") -> _Pause:
         """Announce that no step will come for ``seconds`` (checkpointing, evaluation, ...)."""

@@ -14,7 +14,9 @@ gives the socket ``LINGER`` to flush what it holds and always returns within its
 A frame ``{"v": 1, "resend_from": seq, "inc": inc}`` from the aggregator makes this thread re-read
 the JSONL file from that seq and send those records of this incarnation again (the aggregator
 drops duplicates); a request for another incarnation (an earlier process of this rank) is ignored.
-A request without ``inc`` (an older aggregator) means this process's own.
+A request without ``inc`` (an older aggregator) means this process's own. A control map with
+``cmd`` is a command (``wire/commands.py``): it goes to ``on_command`` (the Monitor's command
+state), or is ignored with a warning when there is none.
 
 With CurveZMQ keys (``RANKWATCH_CURVE_DIR``: ``server.key`` and this node's client secret, made
 by ``rankwatch keys``) the socket encrypts everything and proves its key to the aggregator.
@@ -36,6 +38,7 @@ import zmq
 
 from . import reach
 from .fallback import read_records
+from .wire.commands import is_command
 from .wire.curve import CurveKeys
 from .wire.records import (
     BASE_VERSION,
@@ -83,8 +86,10 @@ class Sender:
         flush_interval_s: float = FLUSH_INTERVAL_S,
         curve: CurveKeys | None = None,
         unreachable_after_s: float | None = None,
+        on_command: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.addr = addr
+        self._on_command = on_command
         after_s = reach.UNREACHABLE_AFTER_S if unreachable_after_s is None else unreachable_after_s
         self._reach = reach.Reachability(addr, jsonl, after_s, time.monotonic())
         self._curve = curve
@@ -276,6 +281,12 @@ class Sender:
                 inc = msg.get("inc", self._inc)
             except Exception:
                 self._warn_once("control", "rankwatch: ignored a malformed control frame")
+                continue
+            if is_command(msg) and self._on_command is not None:
+                try:
+                    self._on_command(msg)
+                except Exception as exc:  # a bug there must not cost the sender thread
+                    self._warn_once("command", "rankwatch: a command failed: %r", exc)
                 continue
             known = version in (BASE_VERSION, SCHEMA_VERSION)
             if not known or type(start) is not int or self._jsonl is None:

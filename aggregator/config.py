@@ -25,6 +25,10 @@
     secret_env = "DINGTALK_SECRET"  # or secret = "..."
     min_severity = "warning"
 
+    [[policy]]              # incidents -> actions on the ranks (aggregator/actions/policy.py)
+    on = "nonfinite"
+    actions = ["checkpoint", "stop"]
+
 Every mistake is a ``ConfigError`` naming the file and the key. See docs/alerts.md.
 """
 
@@ -44,6 +48,7 @@ else:  # the same parser before it joined the standard library (a server depende
     # checked on 3.11, where the package is not installed: the ignore is for that environment
     import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
+from rankwatch.aggregator.actions.policy import PolicyError, parse_rules, parse_spec
 from rankwatch.aggregator.alerts.config import AlertConfig
 from rankwatch.aggregator.alerts.sinks.base import describe
 from rankwatch.aggregator.alerts.sinks.http import WebhookConfig
@@ -53,7 +58,7 @@ from rankwatch.aggregator.incidents.tracker import IncidentConfig
 from rankwatch.aggregator.service import ServeConfig
 from rankwatch.aggregator.telemetry.outliers import HardwareConfig
 
-SECTIONS = ("serve", "alerts", "divergence", "incidents", "telemetry", "webhooks")
+SECTIONS = ("serve", "alerts", "divergence", "incidents", "telemetry", "webhooks", "policy")
 
 # [serve] key -> (ServeConfig field, accepted types)
 SERVE_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
@@ -212,6 +217,11 @@ def parse_config(raw: Mapping[str, Any], where: str, base: ServeConfig) -> Serve
             *base.webhooks,
             *(_webhook(h, f"{where}: webhooks[{i}]") for i, h in enumerate(hooks)),
         ]
+    if "policy" in raw:
+        try:
+            changes["policies"] = (*base.policies, *parse_rules(raw["policy"], where))
+        except PolicyError as exc:
+            raise ConfigError(str(exc)) from None
     config = dataclasses.replace(base, **changes)
     check(config, where)
     return config
@@ -304,6 +314,7 @@ def with_overrides(
     min_stall_s: float | None = None,
     remote_write: str | None = None,
     public_url: str | None = None,
+    policies: Sequence[str] = (),
 ) -> ServeConfig:
     """Command-line flags over the file: only flags actually given (not None) change it."""
     changes: dict[str, Any] = {
@@ -328,6 +339,12 @@ def with_overrides(
         changes["allow_hosts"] = (*config.allow_hosts, *allow_hosts)
     if webhooks:
         changes["webhooks"] = [*config.webhooks, *(parse_webhook_flag(w) for w in webhooks)]
+    if policies:
+        try:
+            rules = [rule for spec in policies for rule in parse_spec(spec)]
+        except PolicyError as exc:
+            raise ConfigError(str(exc)) from None
+        changes["policies"] = (*config.policies, *rules)
     config = dataclasses.replace(config, **changes)
     check(config, "command line")
     return config

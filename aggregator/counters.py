@@ -26,6 +26,7 @@ def service_counters(agg: Aggregator) -> dict[str, Any]:
         incidents_evicted=agg.incidents.evicted,
         incidents_dropped_evidence=agg.incidents.dropped_evidence,
         incidents_refused_stacks=agg.incidents.refused_stacks,
+        **agg.actions.counters(),  # commands issued, sent, answered, refused, unanswered
         **agg.stacks.counters(),  # stack samples from heartbeats: received, refused, ...
         merge_late=agg.merger.late,
         merge_evicted=agg.merger.evicted,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import numpy as np
 from rankwatch.agent.wire.records import Record, StepBlock
+from rankwatch.aggregator.actions.desk import ActionError
 from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.compare import compare_medians, previous_run
 from rankwatch.aggregator.divergence.zgrid import ZGrid, z_columns, z_grid
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BAND_KEYS",
     "EXPORT_FORMATS",
+    "ActionError",
     "AggregatorProvider",
     "Alert",
     "Band",
@@ -192,6 +194,25 @@ class DataProvider(Protocol):
         """Every incident of ``run`` (``Incident.as_dict()``), newest first, live or stored."""
         ...
 
+    def read_commands(self, run: str) -> list[dict[str, Any]]:
+        """Every command sent to ``run``'s ranks (``Issued.as_dict()``: who, when, the step,
+        each rank's answer), newest first, live or stored."""
+        ...
+
+    def issue_command(
+        self,
+        run: str,
+        kind: str,
+        *,
+        by: str,
+        ranks: Sequence[int] | None = None,
+        text: str = "",
+        reason: str = "",
+    ) -> dict[str, Any]:
+        """Send ``run``'s ranks a command (checkpoint, stop, note) at the next tick; the
+        command as stored. ActionError for an unknown run or rank, or nothing live."""
+        ...
+
     def read_stacks(self, run: str) -> StackView:
         """The latest stack sample of each rank of ``run`` (live or stored) and their groups."""
         ...
@@ -321,6 +342,21 @@ class AggregatorProvider:
 
     def read_incidents(self, run: str) -> list[dict[str, Any]]:
         return self._agg.incidents_of(run)
+
+    def read_commands(self, run: str) -> list[dict[str, Any]]:
+        return self._agg.commands_of(run)
+
+    def issue_command(
+        self,
+        run: str,
+        kind: str,
+        *,
+        by: str,
+        ranks: Sequence[int] | None = None,
+        text: str = "",
+        reason: str = "",
+    ) -> dict[str, Any]:
+        return self._agg.issue_command(run, kind, by=by, ranks=ranks, text=text, reason=reason)
 
     def read_stacks(self, run: str) -> StackView:
         agg = self._agg

@@ -30,6 +30,7 @@ from rankwatch.agent.wire.records import (
     TelemetryRecord,
     unblock,
 )
+from rankwatch.aggregator.actions.desk import ActionDesk, annotate
 from rankwatch.aggregator.alerts.rules import Alert, AlertEngine
 from rankwatch.aggregator.alerts.sinks.base import Sink
 from rankwatch.aggregator.alerts.sinks.console import ConsoleSink
@@ -78,6 +79,12 @@ log = logging.getLogger("rankwatch.service")
 __all__ = ["FLUSH_INTERVAL_S", "LIVE_RETENTION_S", "MAX_FEED_POINTS", "STORE_RETRY_S",
            "Aggregator", "ServeConfig", "tune_gc"]  # fmt: skip
 
+COMMANDS_RESTORE_S = 3600.0  # commands this recent are taken back from the store at start
+
+
+def _no_route(run: str, rank: int, message: dict[str, Any]) -> bool:
+    return False
+
 
 class Aggregator:
     """See the module docstring. ``start()`` binds the ingest port; ``stop()`` flushes."""
@@ -94,6 +101,7 @@ class Aggregator:
         self.alerts = AlertEngine(cfg.alerts, cfg.divergence)
         self.incidents = IncidentTracker(cfg.incidents)
         self.telemetry = TelemetryIntake(cfg.telemetry)  # hardware findings and card notes
+        self.actions = ActionDesk(cfg.policies)  # policies and commands to the ranks
         self.webhooks = Webhooks(cfg.webhooks, cfg.public_url)
         self.sinks: list[Sink] = list(self.webhooks.sinks)
         if cfg.console_alerts:
@@ -138,6 +146,8 @@ class Aggregator:
             return
         for run, rank, inc, lo, hi in self.store.seen_seqs():
             self.seqs.load(run, rank, lo, hi, inc)
+        # commands of an earlier serve still take their ranks' late answers
+        self.actions.restore(self.store.commands(None, since=time.time() - COMMANDS_RESTORE_S))
         cfg = self.config
         self.receiver = Receiver(cfg.ingest_host, cfg.ingest_port, curve_dir=cfg.curve_dir)
         self._started = True
@@ -342,9 +352,15 @@ class Aggregator:
             if self.config.resend_gaps:
                 self._request_resends(health, now)
             self._retire_runs(health, now)
+            send = self.receiver.send_command if self.receiver is not None else _no_route
+            commands = self.actions.turn(
+                now, health, incidents, events, steps, send, self.restarts.current
+            )
         for run, inputs in tables:  # built without the lock, as the snapshot's are
             self.feed.publish({"type": "ranks", "run": run, "ranks": rank_entries(inputs)})
         self.n["sink_errors"] += self.outlet.announce(incidents, bodies, self.sinks)
+        for body in commands:
+            self._command(body)
         for alert, hit in zip(transitions, covered, strict=True):
             self.feed.publish({"type": "alert", **alert_dict(alert)})
             self.n["sink_errors"] += deliver(self.sinks, alert, covered=hit)
@@ -386,12 +402,40 @@ class Aggregator:
         for ev in events:
             self.feed.publish(event_message(ev))
 
+    def _command(self, body: dict[str, Any]) -> None:
+        try:
+            self.store.append_command(body)
+        except StoreError as exc:  # only when closed: the process is stopping
+            log.error("rankwatch: command not stored: %s", exc)
+        self.feed.publish({"type": "command", "run": body["run"], "command": body})
+
+    def issue_command(self, run: str, kind: str, *, by: str, **how: Any) -> dict[str, Any]:
+        """A command to a live run's ranks (``ActionDesk.issue``: ``ranks``, ``text``,
+        ``reason``); sent at the next tick. ActionError says why it cannot be."""
+        with self.lock:
+            now = time.time()
+            health = self._health_snapshot(now)
+            self.actions.steps(self._tick_steps)  # the steps since the last tick count too
+            issued = self.actions.issue(run, kind, health, now, self.restarts.current, by=by,
+                                        wait_s=self.config.flush_interval_s, **how)  # fmt: skip
+            return issued.as_dict()
+
+    def commands_of(self, run: str) -> list[dict[str, Any]]:
+        """Every command of ``run`` with its answers, newest first: live and stored."""
+        with self.lock:
+            live = {c["id"]: c for c in self.actions.commands(run)}
+        stored = {c["id"]: c for c in self.store.commands(run)}
+        merged = {**stored, **live}
+        return sorted(merged.values(), key=lambda c: (c["created"], c["id"]), reverse=True)
+
     def incidents_of(self, run: str) -> list[dict[str, Any]]:
         """Every incident of ``run``, newest first, live or stored (``IncidentOutlet.read``)."""
         with self.lock:
             note = self.telemetry.annotate_dict
             live = [note(body) for body in live_dicts(self.incidents, run)]
-        return self.outlet.read(run, live)
+        merged = {inc["id"]: inc for inc in self.outlet.read(run, live)}
+        annotate(merged, self.commands_of(run))  # what a policy did about each, and the answers
+        return sorted(merged.values(), key=lambda i: (i.get("opened", 0.0), i["id"]), reverse=True)
 
     def _ranks_due(
         self, health: dict[str, dict[int, RankHealth]], changed: set[str], now: float

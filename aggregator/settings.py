@@ -9,6 +9,7 @@ import gc
 from pathlib import Path
 
 from rankwatch.agent.wire.addresses import DEFAULT_HTTP_PORT, DEFAULT_INGEST_PORT
+from rankwatch.aggregator.actions.policy import Rule
 from rankwatch.aggregator.alerts.config import AlertConfig
 from rankwatch.aggregator.alerts.sinks.http import WebhookConfig
 from rankwatch.aggregator.divergence.detector import DivergenceConfig
@@ -67,6 +68,7 @@ class ServeConfig:
     allow_hosts: tuple[str, ...] = ()  # names the dashboard answers to besides IPs, localhost
     remote_write: str | None = None  # push /metrics here (dashboard/remote_write.py); off: None
     remote_write_interval_s: float = 10.0
+    policies: tuple[Rule, ...] = ()  # [[policy]] / --policy: incidents -> actions (actions/)
 
     def __repr__(self) -> str:  # never print the token
         token = "set" if self.token else None

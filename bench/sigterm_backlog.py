@@ -69,8 +69,10 @@ def main() -> None:
     idle = [stop_time(0, frame) for _ in range(args.repeats)]
     bomb = [stop_time(args.frames, frame) for _ in range(args.repeats)]
     i, b = statistics.median(idle), statistics.median(bomb)
-    print(f"SIGTERM to exit, median of {args.repeats}: idle {i:.2f} s, "
-          f"under a backlog of {args.frames} bomb frames {b:.2f} s (ratio {b / i:.1f}x)")
+    print(
+        f"SIGTERM to exit, median of {args.repeats}: idle {i:.2f} s, "
+        f"under a backlog of {args.frames} bomb frames {b:.2f} s (ratio {b / i:.1f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -81,6 +81,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=None,
         help="passed to `rankwatch serve`: seconds of silence before a rank counts as lost",
     )
+    parser.add_argument(
+        "--policy",
+        help="act on the incident: a `serve --policy` rule such as stop-on-nan (checkpoint, "
+        "then stop every rank); the ranks accept checkpoint and stop. Says how many steps "
+        "the stop saved",
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -102,5 +108,6 @@ def run(args: argparse.Namespace) -> int:
         duration=args.duration,
         node_timeout_s=args.node_timeout,
         lost_after_s=args.lost_after,
+        policy=args.policy,
     )
     return run_demo(cfg)

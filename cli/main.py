@@ -22,6 +22,7 @@ COMMANDS = (
     "serve",
     "status",
     "stacks",
+    "policy",
     "importing",
     "export",
     "demo",

@@ -62,6 +62,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "lists them all; repeatable; secrets go in the config file)",
     )
     parser.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        metavar="RULE",
+        help="act on incidents: a preset (stop-on-nan, checkpoint-on-nan, stop-on-crash) or "
+        "CAUSE[@STEPS]:ACTION[+ACTION], like nonfinite:checkpoint+stop (repeatable; ranks act "
+        "only on what they accept: RANKWATCH_ACCEPT; default: notify only)",
+    )
+    parser.add_argument(
         "--min-stall-s",
         type=float,
         metavar="SECONDS",
@@ -126,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
             min_stall_s=args.min_stall_s,
             remote_write=args.remote_write,
             public_url=args.public_url,
+            policies=args.policy,
         )
         if args.curve:
             curve = Path(args.curve).expanduser()

@@ -137,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
         lines = hardware_lines(server_url(args.url), snapshot, token_of(args), args.timeout)
         if lines:
             print("\n" + "\n".join(lines))
+        if args.run is not None:
+            print_commands(server_url(args.url), args.run, token_of(args), args.timeout)
     return 0
 
 
@@ -162,6 +164,21 @@ def hardware_lines(
             lines = status_lines(hw)
             out += ([""] if out and lines else []) + lines
     return out
+
+
+def print_commands(base: str, run: str, token: str | None, timeout: float) -> None:
+    """The commands sent to ``run``'s ranks and their answers (nothing when none, or when the
+    server is older than commands)."""
+    from rankwatch.aggregator.actions.words import command_lines
+
+    url = f"{base}/api/run/commands?{urllib.parse.urlencode({'run': run})}"
+    try:
+        answer = request_json(url, token, timeout)
+    except ApiError:
+        return
+    commands = answer.get("commands") if isinstance(answer, dict) else None
+    for line in command_lines(commands or []):
+        print(line)
 
 
 def compare(args: argparse.Namespace) -> int:

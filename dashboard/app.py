@@ -30,6 +30,7 @@ import rankwatch
 
 from . import hwroutes  # noqa: F401 - registers the telemetry route on the API router
 from .access import Access, AccessCounts, AccessGuard
+from .actions import CommandCounts, actions_api
 from .auth import TokenGuard
 from .bodies import Bodies, BodyBudget
 from .headers import SecurityHeaders
@@ -101,9 +102,12 @@ def create_app(
     app.state.ingest_counts = IngestCounts()
     app.state.access_counts = AccessCounts()
     app.state.bodies = Bodies()
+    app.state.token_set = token is not None  # commands from the page need one (actions.py)
+    app.state.command_counts = CommandCounts()
     app.include_router(api)
     app.include_router(run_query_routes(api))
     app.include_router(ingest_api)
+    app.include_router(actions_api)
     app.include_router(ops)
     app.mount("/static", _StaticFiles(directory=STATIC_DIR), name="static")
 

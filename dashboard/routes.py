@@ -307,6 +307,13 @@ def run_incidents(request: Request, run: str) -> StrictJSONResponse:
     return _json({"run": run, "incidents": provider.read_incidents(run)})
 
 
+@api.get("/runs/{run:run}/commands", summary="Commands sent to a run's ranks and their answers")
+def run_commands(request: Request, run: str) -> StrictJSONResponse:
+    provider = _provider(request)
+    _require_run(provider, run)
+    return _json({"run": run, "commands": provider.read_commands(run)})
+
+
 @api.get("/runs/{run:run}/stacks", summary="Where stalled ranks are: stack samples, grouped")
 def run_stacks(request: Request, run: str) -> StrictJSONResponse:
     provider = _provider(request)

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from rankwatch.demo import status
 from rankwatch.demo.processes import Processes
@@ -73,6 +74,7 @@ class DemoConfig:
     duration: float | None = None
     node_timeout_s: int = DEFAULT_NODE_TIMEOUT_S
     lost_after_s: float | None = None
+    policy: str | None = None  # `serve --policy`; the ranks then accept checkpoint and stop
 
     def check(self) -> None:
         """Raise ValueError with a clear message for impossible settings."""
@@ -93,6 +95,13 @@ class DemoConfig:
                 raise ValueError(f"{name} {port} is not a TCP port")
         if self.port == self.ingest_port:
             raise ValueError("--port and --ingest-port must differ")
+        if self.policy is not None:
+            from rankwatch.aggregator.actions.policy import PolicyError, parse_spec
+
+            try:
+                parse_spec(self.policy)
+            except PolicyError as exc:
+                raise ValueError(str(exc)) from None
 
 
 def mindspore_available() -> bool:
@@ -136,6 +145,8 @@ def serve_command(cfg: DemoConfig, data: Path) -> list[str]:
         config = data / "serve.toml"  # lost_after_s has no flag of its own
         config.write_text(f"[serve]\nlost_after_s = {float(cfg.lost_after_s)}\n", encoding="utf-8")
         cmd += ["--config", str(config)]
+    if cfg.policy is not None:
+        cmd += ["--policy", cfg.policy]
     return cmd
 
 
@@ -170,6 +181,33 @@ def msrun_command(cfg: DemoConfig, log_dir: Path, master_port: int) -> list[str]
     for name, value in job_options(cfg).items():
         cmd += [f"--{name.replace('_', '-')}", str(value)]
     return cmd
+
+
+def actions_summary(commands: list[Any], steps: int, fault_step: int) -> dict[str, Any]:
+    """What the policy did: the commands, each rank's answer, the steps a stop saved."""
+    lines: list[str] = []
+    stopped: set[Any] = set()  # the steps the ranks said they stopped after
+    for c in sorted(
+        commands, key=lambda c: (float(c.get("created") or 0), c.get("cmd") != "checkpoint")
+    ):
+        acks: dict[str, Any] = c.get("acks") or {}
+        states = ", ".join(f"rank {r} {a.get('state')}" for r, a in sorted(acks.items()))
+        who = f"{c.get('cmd')} at step {c.get('step')} by {c.get('by')}"
+        lines.append(f"  action:     {who}: {states or 'recorded'}")
+        if c.get("cmd") == "stop" and acks:
+            stopped = {a.get("step") if a.get("state") == "done" else None for a in acks.values()}
+    at = next(iter(stopped)) if len(stopped) == 1 else None
+    saved = steps - at if isinstance(at, int) else 0
+    if isinstance(at, int):
+        lines.append(f"  saved:      every rank stopped after step {at}, {at - fault_step} after "
+                     f"the fault: {saved} of {steps} steps not trained on a bad run")  # fmt: skip
+    elif stopped:
+        lines.append(
+            f"  saved:      the ranks did not all stop at one step: {sorted(map(str, stopped))}"
+        )
+    else:
+        lines.append("  saved:      nothing: the policy sent no stop (no matching incident)")
+    return {"lines": lines, "stopped_at": at, "saved_steps": saved}
 
 
 class _Stop(Exception):
@@ -227,6 +265,7 @@ class Demo:
             "PATH": f"{bin_dir()}{os.pathsep}{os.environ.get('PATH', '')}",
             "MS_NODE_TIMEOUT": str(self.cfg.node_timeout_s),
             "PYTHONUNBUFFERED": "1",
+            **({"RANKWATCH_ACCEPT": "checkpoint,stop"} if self.cfg.policy else {}),
         }
 
     def start_job(self) -> None:
@@ -270,6 +309,8 @@ class Demo:
             )
         hint = WHAT_TO_LOOK_FOR[cfg.fault].format(r=cfg.fault_rank, k=cfg.fault_step)
         self.say(f"  look for:   {hint}")
+        if cfg.policy:
+            self.say(f"  policy:     {cfg.policy} (the ranks accept checkpoint and stop)")
         if not cfg.exit_when_done:
             self.say("Press Ctrl-C to stop everything.")
 
@@ -306,6 +347,12 @@ class Demo:
         for line in self.reporter.summary_lines(cfg.fault, cfg.fault_rank, cfg.fault_step):
             self.say(line)
         data = self.reporter.summary(cfg.fault, cfg.fault_rank, cfg.fault_step)
+        if cfg.policy:
+            commands = status.get_json(f"{self.http}/api/run/commands?run={self.run}") or {}
+            said = actions_summary(commands.get("commands") or [], cfg.steps, cfg.fault_step)
+            for line in said["lines"]:
+                self.say(line)
+            data["actions"] = said
         path = self.data / "jobs" / self.run / SUMMARY_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     monitor = TrainMonitor(batch_size=BATCH_PER_RANK)  # rankwatch
     callbacks = [fault_callback(args, rank, train_net), monitor]
     model.train(1, dataset, callbacks=callbacks, dataset_sink_mode=False)
-    print(f"rank {rank}: finished {args.steps} steps", flush=True)
+    print(f"rank {rank}: trained {monitor.step} of {args.steps} steps", flush=True)
 
 
 if __name__ == "__main__":

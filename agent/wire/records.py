@@ -27,7 +27,8 @@ schema version 1 still holds both ways: an agent that sends none (an older one) 
 ``step`` adds ``world_size`` (int), ``host`` (str), ``pid`` (int), ``step`` (int), ``epoch``
 (int or None) and ``metrics`` (map of metric name -> float; NaN and ±Inf allowed).
 
-``event`` adds ``event`` (one of ``EVENT_KINDS``: start, end, crash, eval, note, pause, resume),
+``event`` adds ``event`` (one of ``EVENT_KINDS``: start, end, crash, eval, note, pause, resume,
+command: a rank's acknowledgement of a command, ``commands.Ack.info()`` its info),
 ``step`` (int or None) and ``info`` (map: launcher info for start, ``reason`` for end,
 ``exc_type``/``message``/``traceback`` for crash, ``seconds``/``reason`` for pause, anything for
 eval and note). Events also carry ``world_size``, ``host`` and ``pid``.
@@ -124,7 +125,7 @@ STEP_FIELDS: tuple[FieldSpec, ...] = (
 _STEP_FIELDS = tuple(f.name for f in STEP_FIELDS if f.required)
 
 KINDS = ("step", "event", "heartbeat", "telemetry")
-EVENT_KINDS = ("start", "end", "crash", "eval", "note", "pause", "resume")
+EVENT_KINDS = ("start", "end", "crash", "eval", "note", "pause", "resume", "command")
 AGGREGATOR_EVENTS = ("restart",)  # events the aggregator records itself (in the store and feed)
 
 

@@ -355,6 +355,15 @@ class Receiver:
         self.send_control(identity, message)
         return True
 
+    def send_command(self, run: str, rank: int, message: dict[str, Any]) -> bool:
+        """Queue a command map (``wire/commands.py``) for the agent of ``(run, rank)``; False
+        when no record of it came in yet (no route)."""
+        identity = self.peers.identity_of(run, rank)
+        if identity is None:
+            return False
+        self.send_control(identity, message)
+        return True
+
     def _flush_control(self) -> None:
         if not self._control:
             return

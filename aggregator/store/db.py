@@ -28,6 +28,7 @@ import duckdb
 import numpy as np
 from rankwatch.agent.wire.records import StepBlock, StepRecord
 from rankwatch.aggregator.store import band, reads, rollup, write
+from rankwatch.aggregator.store import commands as stored_commands
 from rankwatch.aggregator.store import incidents as stored_incidents
 from rankwatch.aggregator.store import stacks as stored_stacks
 from rankwatch.aggregator.store.buffer import Batch, Item
@@ -87,6 +88,7 @@ class Store(reads.Reads, TelemetryReads):
         self._buf = Batch()
         self._incidents: list[tuple[str, str, float, str]] = []  # under _buf_lock
         self._stacks: dict[tuple[str, int], stored_stacks.Row] = {}  # the newest per rank, too
+        self._commands: list[stored_commands.Row] = []  # under _buf_lock
         self._closed = False
         # clock() of the last append per run and rank (this process only): the band frontier
         self._arrival: dict[str, dict[int, float]] = {}
@@ -166,6 +168,12 @@ class Store(reads.Reads, TelemetryReads):
         with self._buf_lock:
             self._incidents.append(stored_incidents.row(incident))
 
+    def append_command(self, command: dict[str, Any]) -> None:
+        """Keep a command's latest state (``Issued.as_dict()``) at the next flush."""
+        self._check_open()
+        with self._buf_lock:
+            self._commands.append(stored_commands.row(command))
+
     def append_stack(self, run: str, rank: int, sample: dict[str, Any]) -> None:
         """Keep ``sample`` (``StackSample.as_dict()``) as the rank's latest stack sample at the
         next flush, unless a newer one is held."""
@@ -197,6 +205,14 @@ class Store(reads.Reads, TelemetryReads):
                 batch, self._buf = self._buf, Batch()
                 notes, self._incidents = self._incidents, []
                 stacks, self._stacks = self._stacks, {}
+                commands, self._commands = self._commands, []
+            if commands:
+                try:
+                    stored_commands.insert(self._writer, commands)
+                except duckdb.Error as exc:
+                    with self._buf_lock:
+                        self._commands[:0] = commands
+                    log.warning("rankwatch: commands not stored yet (%s); retrying", exc)
             if stacks:
                 try:
                     stored_stacks.insert(self._writer, list(stacks.values()))

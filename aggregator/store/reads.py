@@ -22,6 +22,7 @@ import duckdb
 import numpy as np
 from rankwatch.agent.wire.records import Record
 from rankwatch.aggregator.store import columns, rollup
+from rankwatch.aggregator.store import commands as stored_commands
 from rankwatch.aggregator.store import incidents as stored_incidents
 from rankwatch.aggregator.store import stacks as stored_stacks
 from rankwatch.aggregator.store.columns import SeriesColumns
@@ -248,6 +249,12 @@ class Reads:
         """The latest judgement of every incident of ``run`` the store holds, oldest first."""
         with self._query() as cur:
             return stored_incidents.read(cur, run)
+
+    def commands(self, run: str | None, since: float = 0.0) -> list[dict[str, Any]]:
+        """Every stored command of ``run`` (None: of every run) changed since ``since``, with
+        its latest answers, oldest first."""
+        with self._query() as cur:
+            return stored_commands.read(cur, run, since)
 
     def stacks(self, run: str) -> dict[int, dict[str, Any]]:
         """Rank -> the latest stack sample the store holds for it (the wire form)."""

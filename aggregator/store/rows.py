@@ -14,7 +14,7 @@ from typing import Any
 import duckdb
 import numpy as np
 from rankwatch.agent.wire.records import EventRecord, Heartbeat, Record, StepRecord
-from rankwatch.aggregator.store import incidents, rollup, stacks, telemetry
+from rankwatch.aggregator.store import commands, incidents, rollup, stacks, telemetry
 
 # Column kinds: "c" a repeated string (run, metric, host...) as an int32 code into the part's
 # name table (NULL_CODE: NULL), "s" free text as Python objects (event info), "i" int,
@@ -75,6 +75,7 @@ TABLES = (
     incidents.TABLE,
     stacks.TABLE,
     *telemetry.TABLES,
+    commands.TABLE,
 )
 
 

@@ -2,6 +2,7 @@
 // State that a link should reproduce (run, selected ranks, zoom, log scale, smoothing, view)
 // lives in the URL hash. Tests read window.rankwatch (charts, state, firstDrawn).
 
+import { bindActions, showActions } from './actions.js';
 import { MetricChart } from './charts.js';
 import { bindControls, syncControls } from './controls.js';
 import { hardwareView } from './hardware.js';
@@ -298,6 +299,7 @@ async function selectRun(run, resetView = true) {
   heatmap.clear();
   Object.assign(state, { run, metrics: [], ranks: [], divergent: new Map(), firing: [], events: [] });
   incidentUi.reset();
+  showActions(run);
   if (resetView) Object.assign(state, { zoom: null, selected: new Set(), heatMetric: null });
   window.rankwatch.ready = false;
   writeUrl(state);
@@ -543,6 +545,7 @@ async function main() {
   heatmap = new Heatmap($('heatmap'), app);
   hardware = hardwareView({ state, toggleRank: app.toggleRank, roleStyle: app.roleStyle, redrawTable: renderPanels });
   incidentUi.bind();
+  bindActions(() => state.run);
   bindLayoutControls();
   setInterval(tick, 1000);
   setInterval(() => loadRuns().catch(showError), RUNS_POLL_MS);

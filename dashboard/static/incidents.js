@@ -225,6 +225,13 @@ function messageOf(inc, ranksByNumber) {
 
 let cardKey = '';
 
+// What a policy did about the incident (docs/actions.md), and the ranks' answers.
+function actionLine(a) {
+  const counts = Object.entries(a.counts || {}).map(([s, n]) => `${n} ${s}`).join(', ');
+  const at = a.step !== null && a.step !== undefined ? ` at step ${a.step}` : '';
+  return `action: ${a.cmd}${at} by ${a.by}${counts ? `: ${counts}` : ''}`;
+}
+
 export function renderIncidentCard(node, ranks, serverNow) {
   const inc = shown();
   document.body.classList.toggle('has-incident', !!inc);
@@ -264,6 +271,7 @@ export function renderIncidentCard(node, ranks, serverNow) {
   const msg = messageOf(inc, byNumber);
   if (msg) parts.push(msg);
   parts.push(stateLine(inc, serverNow));
+  for (const a of (inc.actions || []).slice().reverse()) parts.push(el('div', { class: 'inc-action' }, actionLine(a)));
   parts.push(el('div', { class: 'inc-basis' }, `${inc.id}${inc.basis ? ` · why this rank: ${inc.basis}` : ''}`));
   if (inc.step !== null && inc.step !== undefined && (inc.culprits || []).length) {
     parts.push(el('button', { type: 'button', class: 'inc-go', 'data-action': 'zoom' }, `show step ${inc.step} on the charts`));

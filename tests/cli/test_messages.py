@@ -67,8 +67,8 @@ def test_an_unknown_flag_is_named_and_a_missing_command_is_listed() -> None:
     nothing = cli()
     assert nothing.returncode == 2
     assert nothing.stderr.splitlines()[-1] == (
-        "rankwatch: error: a COMMAND is missing, one of: serve, status, stacks, import, export, "
-        "demo, relay, keys, completion"
+        "rankwatch: error: a COMMAND is missing, one of: serve, status, stacks, policy, import, "
+        "export, demo, relay, keys, completion"
     )
 
 

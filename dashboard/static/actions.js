@@ -1,0 +1,88 @@
+// Checkpoint and stop from the page (docs/actions.md): two buttons on the run. A confirmation
+// names the run and its live ranks; the server acts only with a token (serve --token) and
+// otherwise says why it refused; the answer of every rank is followed here for a while.
+
+import { api } from './util.js';
+
+const LIVE = new Set(['alive', 'stalled', 'paused']);
+const FOLLOW_MS = 1000; // how often the ranks' answers are read after a press ...
+const FOLLOW_FOR_MS = 30000; // ... and for how long
+const WORDS = {
+  checkpoint: ['Checkpoint', 'at the end of the next agreed step; training goes on'],
+  stop: ['Stop', 'after the next agreed step: every rank finishes that step, then training ends'],
+};
+
+export function bindActions(getRun) {
+  const box = document.getElementById('actions');
+  if (!box) return;
+  for (const button of box.querySelectorAll('button[data-cmd]')) {
+    button.addEventListener('click', () => press(button.dataset.cmd, getRun()));
+  }
+}
+
+export function showActions(run) {
+  const box = document.getElementById('actions');
+  if (box) box.hidden = !run;
+  say('', '');
+}
+
+function say(text, kind) {
+  const out = document.getElementById('action-result');
+  if (!out) return;
+  out.textContent = text;
+  out.className = `action-result ${kind}`;
+}
+
+async function press(cmd, run) {
+  if (!run || !WORDS[cmd]) return;
+  let live = [];
+  try {
+    const body = await api('/api/run/ranks', { run });
+    live = (body.ranks || []).filter((r) => LIVE.has(r.state));
+  } catch (err) {
+    say(`cannot read the ranks of ${run}: ${err.message}`, 'refused');
+    return;
+  }
+  const [verb, when] = WORDS[cmd];
+  if (!window.confirm(`${verb} run "${run}" on its ${live.length} live rank(s) ${when}?`)) {
+    say('cancelled', '');
+    return;
+  }
+  const url = new URL('/api/run/commands', window.location.origin);
+  url.searchParams.set('run', run);
+  let res;
+  let body = {};
+  try {
+    res = await fetch(url, {
+      method: 'POST',
+      credentials: 'same-origin',
+      headers: { 'Content-Type': 'application/json', Accept: 'application/json' },
+      body: JSON.stringify({ cmd, reason: 'pressed on the page' }),
+    });
+    body = await res.json().catch(() => ({}));
+  } catch (err) {
+    say(`not sent: ${err.message}`, 'refused');
+    return;
+  }
+  if (!res.ok) {
+    const detail = typeof body.detail === 'string' ? body.detail : `HTTP ${res.status}`;
+    say(`refused: ${detail}`, 'refused');
+    return;
+  }
+  say(`${cmd} sent to ${body.ranks.length} rank(s) for the end of step ${body.step}`, 'sent');
+  follow(run, body.id, cmd, Date.now());
+}
+
+async function follow(run, id, cmd, since) {
+  let got = null;
+  try {
+    const body = await api('/api/run/commands', { run });
+    got = (body.commands || []).find((c) => c.id === id) || null;
+  } catch (_) { /* the next read may work */ }
+  if (got) {
+    const counts = Object.entries(got.counts || {}).map(([s, n]) => `${n} ${s}`).join(', ');
+    say(`${cmd} at step ${got.step}: ${counts}`, got.state === 'done' ? 'done' : 'sent');
+    if (got.state !== 'waiting') return;
+  }
+  if (Date.now() - since < FOLLOW_FOR_MS) setTimeout(() => follow(run, id, cmd, since), FOLLOW_MS);
+}
