@@ -56,6 +56,7 @@ MIN_STALL_S = 3.0  # serve's stall threshold
 VOID_LAG_S = 0.5 * MIN_STALL_S
 SETTLE_S = 2.0  # after the last record is taken: a few ticks for the verdicts
 DRAIN_TIMEOUT_S = 60.0
+LOG_DIR = Path("cascade-logs")  # when this folder exists, a wrong seed's serve lines go there
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,11 @@ def judge(incidents: list[dict[str, Any]], culprit: int, cause: str, ranks: int)
     """ "" when right (one incident, its cause, the culprit alone, every other rank affected),
     else what was wrong."""
     if len(incidents) != 1:
-        summary = [(i["cause"], i["culprits"][:4], i["basis"][:60]) for i in incidents]
+        summary = [
+            (i["cause"], i["culprits"][:4], i["state"], i["basis"][:60],
+             [(e["rank"], e["what"][:40]) for e in i["timeline"][:3]])
+            for i in incidents
+        ]  # fmt: skip
         return f"{len(incidents)} incidents: {summary}"
     (inc,) = incidents
     if inc["culprits"] != [culprit] or inc["cause"] != cause:
@@ -139,6 +144,8 @@ def run_one(
     if lag_s >= VOID_LAG_S:
         return f"void: the load generator fell {lag_s:.1f} s behind ({wrong or 'right'})", False, 0
     lines = list(head.lines)
+    if wrong and LOG_DIR.is_dir():  # what serve said of the run, to tell why
+        (LOG_DIR / f"{run}.log").write_text("\n".join(ln for ln in lines if run in ln) + "\n")
     opened = sum(f"[INCIDENT] {run}:" in line for line in lines)
     updated = any(f"[UPDATED] {run}:" in line for line in lines)
     return wrong, not wrong and opened == 1 and not updated, time.monotonic() - t0

@@ -144,9 +144,13 @@ class IncidentTracker:
                 recoveries.append((h.run, h.rank, None))
                 if run.stacks.pop(h.rank, None) is not None:  # where it was no longer matters
                     run.stacks_version += 1
+        name = None
         for d in divergences:
-            t = times.get((d.run, d.rank, d.since_step), now) if times else now
-            facts.setdefault(d.run, []).append(divergence_fact(d, t))
+            if d.run != name:
+                name = d.run
+                out = facts.setdefault(name, [])
+            out.append(divergence_fact(d, times.get((name, d.rank, d.since_step), now)
+                                       if times else now))  # fmt: skip
         for d in resolved:
             recoveries.append((d.run, d.rank, (divergence_kind(d.kind, d.metric), d.metric)))
         self._take_alerts(alerts, facts, recoveries)
@@ -290,12 +294,23 @@ class IncidentTracker:
         if rest[-1][3] - inc.last > window or inc.opened - rest[0][3] > window:
             return False
         if kind != _NONFINITE:
-            return inc.memo.get(kind) is True
+            hit = inc.memo.get(kind)
+            if hit is None:  # by its class alone: the same for every fact of the kind
+                hit = inc.memo[kind] = self._explains(inc, rest[0])
+            return hit
+        # Each is explained in any order when every step is within spread_steps of the lowest
+        # first step the incident can have meanwhile; that is then its first step.
         steps = set(map(_FACT_STEP, rest))
-        first = inc.first_step
-        return first is not None and all(
-            s is not None and s >= first and inc.memo.get((kind, s)) is True for s in steps
-        )
+        cause = inc.verdict.cause if inc.verdict is not None else _first_cause(inc)
+        if None in steps or cause != "nonfinite" or inc.first_step is None:
+            return False
+        low = min(inc.first_step, *steps)
+        if max(steps) > low + self.config.spread_steps:
+            return False
+        if low != inc.first_step:
+            inc.first_step = low
+            _forget(inc)
+        return True
 
     def _store(self, inc: _Open, kind: str, batch: list[Fact]) -> None:
         facts_of = inc.evidence[kind]

@@ -77,7 +77,8 @@ def test_draws_are_seeded_and_judged_strictly() -> None:
     assert draw("hang", 4, 1024) == draw("hang", 4, 1024)
     assert len({draw("nan", s, 1024).culprit for s in range(8)}) > 4
     d = draw("crash", 0, 16)
-    inc = {"cause": "crash", "culprits": [d.culprit], "summary": "", "basis": "",
+    inc = {"cause": "crash", "culprits": [d.culprit], "summary": "", "basis": "", "state": "",
+           "timeline": [],
            "affected": [r for r in range(16) if r != d.culprit], "terminated": []}  # fmt: skip
     assert judge([inc], d.culprit, "crash", 16) == ""
     assert judge([inc], (d.culprit + 1) % 16, "crash", 16) != ""  # another culprit
