@@ -19,6 +19,8 @@ def test_the_injected_rank_is_the_only_culprit(scenario: str, seed: int) -> None
     assert inc.step is not None and abs(inc.step - c.onset) <= 1, inc.step
     assert [e.rank for e in inc.timeline[:1]] == [c.culprit]  # the culprit's evidence first
     assert [ch.change for ch in changes][:1] == ["opened"]
+    if scenario == "hang":  # named by where it is, not only by who did not time out
+        assert inc.basis.startswith("stacks:"), inc.basis
 
 
 def test_the_noise_is_seeded_and_varies() -> None:
