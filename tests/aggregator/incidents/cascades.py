@@ -159,3 +159,25 @@ def wrong(c: Cascade, tracker: IncidentTracker) -> str:
     if len(inc.affected) != c.world - 1:
         return f"{len(inc.affected)} affected: {inc.summary[:200]}"
     return ""
+
+
+def main() -> None:
+    """``python -m tests.aggregator.incidents.cascades [seeds] [world]``: counts per scenario."""
+    import sys
+
+    seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+    world = int(sys.argv[2]) if len(sys.argv) > 2 else 1024
+    for scenario in CAUSES:
+        right = first = 0
+        for seed in range(seeds):
+            c = cascade(scenario, seed, world)
+            tracker, changes = play(c)
+            ok = not wrong(c, tracker)
+            right += ok
+            kinds = [ch.change for ch in changes]
+            first += ok and kinds.count("opened") == 1 and "updated" not in kinds
+        print(f"{scenario:6} {right}/{seeds} seeds right, first announcement right in {first}")
+
+
+if __name__ == "__main__":
+    main()
