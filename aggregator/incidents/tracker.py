@@ -17,18 +17,27 @@ import heapq
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from itertools import chain, repeat
 from operator import itemgetter
 
 from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.divergence.types import Divergence
-from rankwatch.aggregator.health import RankHealth, RankState
+from rankwatch.aggregator.health import RankHealth
 from rankwatch.aggregator.incidents import rules
 from rankwatch.aggregator.incidents.facts import (
     alert_items,
     divergence_fact,
     divergence_kind,
     health_fact,
+)
+from rankwatch.aggregator.incidents.grouping import (
+    RECOVERED,
+    TIMED_KINDS,
+    Open,
+    all_explained,
+    explains,
+    forget,
+    recover,
+    store,
 )
 from rankwatch.aggregator.incidents.model import Evidence, Incident, IncidentChange
 from rankwatch.aggregator.incidents.rules import Fact
@@ -62,35 +71,9 @@ class IncidentConfig:
 
 
 @dataclass
-class _Open:
-    id: str
-    run: str
-    opened: float
-    # kind -> (rank, metric) -> fact: what the rules read, a pass per kind (rules.Evidence)
-    evidence: dict[str, dict[tuple[int, str], Fact]] = field(default_factory=dict)
-    count: int = 0  # facts held
-    members: set[int] = field(default_factory=set)  # ranks with evidence in it
-    open_keys: set[tuple[int, str, str]] = field(default_factory=set)  # facts not yet over
-    last: float = 0.0  # time of the latest evidence
-    first: Fact | None = None  # the earliest evidence
-    first_time: float = math.inf  # its time
-    first_step: int | None = None  # the earliest non-finite step
-    crash_lines: set[str] = field(default_factory=set)  # one-line messages of its crashes
-    # Whether it explains a fact of a rank not yet in it, by the fact's class (kind, and step
-    # for non-finite): a burst asks once per class, not once per rank. Cleared when what
-    # ``_explains`` reads changes (its first fact, first step, kinds, crashes, verdict).
-    memo: dict[object, bool] = field(default_factory=dict)
-    epoch: int = 0  # bumped when ``memo`` is cleared
-    groups: tuple[int, list[StackGroup]] | None = None  # (stacks version, groups) last used
-    early: list[Fact] = field(default_factory=list)  # the earliest facts, by time (bounded)
-    value: Incident | None = None  # as last announced
-    verdict: rules.Verdict | None = None
-
-
-@dataclass
 class _Run:
     count: int = 0
-    open: list[_Open] = field(default_factory=list)
+    open: list[Open] = field(default_factory=list)
     history: list[Incident] = field(default_factory=list)
     health: dict[int, RankHealth] = field(default_factory=dict)
     stacks: dict[int, StackSample] = field(default_factory=dict)
@@ -140,7 +123,7 @@ class IncidentTracker:
             fact = health_fact(h)
             if fact is not None:
                 out.append(fact)
-            elif h.state in _RECOVERED:
+            elif h.state in RECOVERED:
                 recoveries.append((h.run, h.rank, None))
                 if run.stacks.pop(h.rank, None) is not None:  # where it was no longer matters
                     run.stacks_version += 1
@@ -154,7 +137,7 @@ class IncidentTracker:
         for d in resolved:
             recoveries.append((d.run, d.rank, (divergence_kind(d.kind, d.metric), d.metric)))
         self._take_alerts(alerts, facts, recoveries)
-        touched: dict[int, tuple[_Run, _Open]] = {}
+        touched: dict[int, tuple[_Run, Open]] = {}
         for s in stacks:
             of = self._runs.get(s.run)
             if of is None or s.rank not in of.health:
@@ -172,7 +155,7 @@ class IncidentTracker:
             if of is None:
                 continue
             for inc in of.open:
-                if _recover(inc, rank, key):
+                if recover(inc, rank, key):
                     touched[id(inc)] = (of, inc)
         changes: list[IncidentChange] = []
         for run, inc in touched.values():
@@ -203,19 +186,19 @@ class IncidentTracker:
                     recoveries.append((run_name, recovery[0], recovery[1]))
 
     def _place(
-        self, run: _Run, name: str, facts: list[Fact], touched: dict[int, tuple[_Run, _Open]]
+        self, run: _Run, name: str, facts: list[Fact], touched: dict[int, tuple[_Run, Open]]
     ) -> None:
         """Route a run's new facts, causes before effects, and add each to its incident."""
         facts.sort(key=_TIME_RANK)
         window = self.config.window_s
         newest = run.open[-1] if run.open else None
-        inc: _Open | None = None
+        inc: Open | None = None
         kind = ""
         batch: list[Fact] = []
         members: set[int] = set()
         # Each fact is routed in time order, its rank made a member at once (later facts of it
         # follow it there); the facts are stored per (incident, kind) in bulk afterwards.
-        batches: dict[tuple[int, str], tuple[_Open, str, list[Fact]]] = {}
+        batches: dict[tuple[int, str], tuple[Open, str, list[Fact]]] = {}
         tried: tuple[int, int] | None = None
         bulk = False
         for i, fact in enumerate(facts):
@@ -252,7 +235,7 @@ class IncidentTracker:
                     touched[id(inc)] = (run, inc)
                     if kind not in inc.evidence:
                         inc.evidence[kind] = {}
-                        _forget(inc)
+                        forget(inc)
                 batch, members = held[2], inc.members
             batch.append(fact)
             members.add(rank)
@@ -260,84 +243,25 @@ class IncidentTracker:
                 inc.last = t
             if t < inc.first_time:
                 inc.first, inc.first_time = fact, t
-                _forget(inc)
+                forget(inc)
             if kind == _NONFINITE:
                 step = fact[2]
                 if step is not None and (inc.first_step is None or step < inc.first_step):
                     inc.first_step = step
-                    _forget(inc)
+                    forget(inc)
             elif kind == _CRASHED and fact.detail not in inc.crash_lines:
                 inc.crash_lines.add(fact.detail)
-                _forget(inc)
+                forget(inc)
             if bulk:
                 bulk, tried = False, (id(inc), inc.epoch)
                 rest = facts[i + 1 :]
-                if self._all_explained(inc, rest):
+                if all_explained(inc, rest, self.config.window_s, self.config.spread_steps):
                     batch += rest
                     members.update(map(_FACT_RANK, rest))
                     inc.last = max(inc.last, rest[-1][3])
                     break
         for inc, kind, batch in batches.values():
-            self._store(inc, kind, batch)
-
-    def _all_explained(self, inc: _Open, rest: list[Fact]) -> bool:
-        """Would each of ``rest`` (in time order, after a fact of theirs just went to ``inc``,
-        the newest incident) go to ``inc`` one by one, and leave what ``_explains`` reads as it
-        is? Then they go at once. One kind, explained by its class, within the window."""
-        kinds = set(map(_FACT_KIND, rest))
-        if len(kinds) != 1:
-            return False
-        (kind,) = kinds
-        if kind in _TIMED_KINDS or kind not in inc.evidence:
-            return False
-        window = self.config.window_s
-        if rest[-1][3] - inc.last > window or inc.opened - rest[0][3] > window:
-            return False
-        if kind != _NONFINITE:
-            hit = inc.memo.get(kind)
-            if hit is None:  # by its class alone: the same for every fact of the kind
-                hit = inc.memo[kind] = self._explains(inc, rest[0])
-            return hit
-        # Each is explained in any order when every step is within spread_steps of the lowest
-        # first step the incident can have meanwhile; that is then its first step.
-        steps = set(map(_FACT_STEP, rest))
-        cause = inc.verdict.cause if inc.verdict is not None else _first_cause(inc)
-        if None in steps or cause != "nonfinite" or inc.first_step is None:
-            return False
-        low = min(inc.first_step, *steps)
-        if max(steps) > low + self.config.spread_steps:
-            return False
-        if low != inc.first_step:
-            inc.first_step = low
-            _forget(inc)
-        return True
-
-    def _store(self, inc: _Open, kind: str, batch: list[Fact]) -> None:
-        facts_of = inc.evidence[kind]
-        keys = list(zip(map(_FACT_RANK, batch), map(_FACT_METRIC, batch), strict=True))
-        fresh = dict(zip(keys, batch, strict=True))
-        if len(fresh) == len(keys) and facts_of.keys().isdisjoint(keys):
-            room = EVIDENCE_MAX - inc.count
-            if len(keys) > room:
-                self.dropped_evidence += len(keys) - room
-                fresh = dict(zip(keys[:room], batch[:room], strict=True))
-            facts_of.update(fresh)
-            inc.count += len(fresh)
-        else:  # a rank's evidence again (a verdict and its alert): one at a time
-            for key, fact in zip(keys, batch, strict=True):
-                old = facts_of.get(key)
-                if old is None:
-                    if inc.count >= EVIDENCE_MAX:
-                        self.dropped_evidence += 1
-                        continue
-                    facts_of[key] = fact
-                    inc.count += 1
-                elif fact.step is not None and (old.step is None or fact.step < old.step):
-                    facts_of[key] = fact  # the earlier step says more
-        inc.open_keys.update(zip(map(_FACT_RANK, batch), repeat(kind), map(_FACT_METRIC, batch)))
-        # ``batch`` is in time order: only its head can be among the earliest
-        head = batch[: self._early_max]
-        inc.early = heapq.nsmallest(self._early_max, chain(inc.early, head), key=rules.BY_TIME)
+            self.dropped_evidence += store(inc, kind, batch, EVIDENCE_MAX, self._early_max)
 
     def _has_own(self, own: set[tuple[str, int, str, str]], run_name: str, fact: Fact) -> bool:
         if (run_name, fact.rank, fact.kind, fact.metric) in own:
@@ -375,7 +299,7 @@ class IncidentTracker:
             run = self._runs[name] = _Run()
         return run
 
-    def _route(self, run: _Run, name: str, fact: Fact) -> _Open:
+    def _route(self, run: _Run, name: str, fact: Fact) -> Open:
         window = self.config.window_s
         for inc in reversed(run.open):
             if fact.time - inc.last > window or inc.opened - fact.time > window:
@@ -386,8 +310,8 @@ class IncidentTracker:
             cls: object = (kind, fact.step) if kind == rules.NONFINITE else kind
             hit = inc.memo.get(cls)
             if hit is None:
-                hit = self._explains(inc, fact)
-                if kind not in _TIMED_KINDS:
+                hit = explains(inc, fact, self.config.spread_steps)
+                if kind not in TIMED_KINDS:
                     inc.memo[cls] = hit
             if hit:
                 return inc
@@ -397,42 +321,11 @@ class IncidentTracker:
             if oldest.value is not None:
                 self._keep(run, oldest.value)
         run.count += 1
-        inc = _Open(f"{name}#{run.count}", name, fact.time, last=fact.time)
+        inc = Open(f"{name}#{run.count}", name, fact.time, last=fact.time)
         run.open.append(inc)
         return inc
 
-    def _explains(self, inc: _Open, fact: Fact) -> bool:
-        """Does ``inc`` explain a fact of a rank not yet in it (its time within the window)?"""
-        cause = inc.verdict.cause if inc.verdict is not None else _first_cause(inc)
-        if fact.kind == rules.NONFINITE:
-            first = inc.first_step
-            return (
-                cause == "nonfinite"
-                and fact.step is not None
-                and (first is None or fact.step <= first + self.config.spread_steps)
-            )
-        if fact.kind == rules.COLLECTIVE:
-            return cause not in ("divergence",)
-        if fact.kind == rules.CRASHED:
-            # Peers that failed in a collective were waiting for someone: a crash that is not a
-            # collective failure is who they waited for, whichever arrived first.
-            # So is a crash that precedes the losses and kills that opened an incident.
-            kinds = set(inc.evidence)
-            waiting = (
-                not inc.crash_lines
-                and kinds <= _CONSEQUENCES
-                and (rules.COLLECTIVE in kinds or inc.first is None or fact.time <= inc.first.time)
-            )
-            return fact.detail in inc.crash_lines or waiting
-        if fact.kind in (rules.LOST, rules.KILLED):
-            if cause == "lost":
-                return abs(fact.time - inc.opened) <= rules.LOST_BURST_S
-            return cause in ("crash", "hang", "nonfinite")
-        if fact.kind == rules.STALLED:
-            return cause in ("crash", "hang", "lost", "slow")
-        return False
-
-    def _judge(self, run: _Run, inc: _Open, now: float) -> list[IncidentChange]:
+    def _judge(self, run: _Run, inc: Open, now: float) -> list[IncidentChange]:
         old = inc.value
         if not inc.open_keys:
             run.open.remove(inc)
@@ -443,7 +336,7 @@ class IncidentTracker:
             return [IncidentChange("resolved", done, old)]
         verdict = rules.judge(inc.evidence, run.health, lambda: self._groups(run, inc), run.world)
         if inc.verdict is None or inc.verdict.cause != verdict.cause:
-            _forget(inc)
+            forget(inc)
         inc.verdict = verdict
         value = self._value(inc, verdict, now)
         inc.value = value
@@ -453,7 +346,7 @@ class IncidentTracker:
             return [IncidentChange("updated", value, old)]
         return []
 
-    def _groups(self, run: _Run, inc: _Open) -> list[StackGroup]:
+    def _groups(self, run: _Run, inc: Open) -> list[StackGroup]:
         """The run's stall stacks grouped, from samples of this incident's time (older ones are
         of another stall); kept until a sample arrives or goes."""
         held = inc.groups
@@ -464,7 +357,7 @@ class IncidentTracker:
         inc.groups = (run.stacks_version, groups)
         return groups
 
-    def _value(self, inc: _Open, v: rules.Verdict, now: float) -> Incident:
+    def _value(self, inc: Open, v: rules.Verdict, now: float) -> Incident:
         limit = self.config.timeline_max
         # The culprits' evidence first, then the earliest of the rest.
         shown = v.own[:limit]
@@ -478,7 +371,7 @@ class IncidentTracker:
             inc.opened, now, None, "firing", v.summary, v.basis, v.step, inc.count,
         )  # fmt: skip
 
-    def _early(self, inc: _Open) -> list[Fact]:
+    def _early(self, inc: Open) -> list[Fact]:
         """The earliest facts held (``_store`` keeps them as they come), by time."""
         evidence = inc.evidence
         held = [f for f in inc.early if evidence[f.kind].get((f.rank, f.metric)) is f]
@@ -493,46 +386,7 @@ class IncidentTracker:
             del run.history[0]
 
 
-_CONSEQUENCES = {rules.COLLECTIVE, rules.LOST, rules.KILLED, rules.STALLED}
-_TIMED_KINDS = {rules.CRASHED, rules.LOST, rules.KILLED}  # their _explains reads the time
-_RECOVERED = (RankState.ALIVE, RankState.PAUSED, RankState.FINISHED)
 _TIME_RANK = itemgetter(3, 1)
-_FACT_KIND, _FACT_RANK, _FACT_STEP, _FACT_METRIC = (
-    itemgetter(0),
-    itemgetter(1),
-    itemgetter(2),
-    itemgetter(4),
-)
+_FACT_RANK = itemgetter(1)
 _NONFINITE, _CRASHED = rules.NONFINITE, rules.CRASHED
 _EMPTY: dict[tuple[int, str], Fact] = {}
-
-
-def _forget(inc: _Open) -> None:
-    inc.memo.clear()
-    inc.epoch += 1
-
-
-def _first_cause(inc: _Open) -> str:
-    """The cause as the earliest evidence says, before the incident is first judged."""
-    return _CAUSE_OF_KIND[inc.first.kind] if inc.first is not None else ""
-
-
-_CAUSE_OF_KIND = {
-    rules.NONFINITE: "nonfinite", rules.OUTLIER: "divergence", rules.STRAGGLER: "slow",
-    rules.CRASHED: "crash", rules.COLLECTIVE: "crash", rules.STALLED: "hang",
-    rules.LOST: "lost", rules.KILLED: "lost",
-}  # fmt: skip
-
-
-def _recover(inc: _Open, rank: int, key: tuple[str, str] | None) -> bool:
-    if rank not in inc.members:
-        return False
-    before = len(inc.open_keys)
-    if key is None:  # alive again: every health fact of the rank is over
-        inc.open_keys.difference_update((rank, kind, "") for kind in _HEALTH_KINDS)
-    else:
-        inc.open_keys.discard((rank, *key))
-    return len(inc.open_keys) != before
-
-
-_HEALTH_KINDS = (rules.STALLED, rules.LOST, rules.CRASHED, rules.COLLECTIVE, rules.KILLED)
