@@ -35,7 +35,14 @@ ecc        an ECC burst: corrected += 100 x magnitude per sample,      errors (4
            uncorrected += magnitude once
 nodeslow   every rank of that rank's node: step_time x magnitude,      factor (1.5)
            host CPU at 100 %, load x 3
+nanspread  loss is NaN, every rank's from the next step on             -
+hangwait   hangs; every rank waits, the peers fail after a while       seconds (4)
+crashwait  raises; every rank waits, the peers fail after a while      seconds (4)
 =========  ==========================================================  ===============
+
+The last three spread to every rank (``bench/loadgen_cascade.py``), with seeded noise
+(``--jitter-s``, ``--lag-ticks``, ``--spread-s``, ``--shuffle``) and crash texts read from files
+(``--peer-text``, ``--culprit-text``).
 
 With ``--telemetry-s`` (0: off) each rank also sends telemetry records (schema version 2, in
 frames of their own) every that many seconds, staggered: a ``gpu`` record for its card
@@ -64,6 +71,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from loadgen_cascade import CASCADE_KINDS, DEFAULT_WAIT_S, WHERES, Noise
 
 METRICS = ("loss", "lr", "throughput", "step_time", "grad_norm")
 LOSS_SIGMA = 0.05  # relative per-rank noise of the loss (the sigma of drift faults)
@@ -83,10 +91,11 @@ FAULT_KINDS = (
     "throttle",
     "ecc",
     "nodeslow",
+    *CASCADE_KINDS,
 )
 DEFAULT_MAGNITUDE = {
     "drift": 3.0, "spike": 20.0, "slow": 2.0, "hot": 25.0, "throttle": 0.7, "ecc": 4.0,
-    "nodeslow": 1.5,
+    "nodeslow": 1.5, "hangwait": DEFAULT_WAIT_S, "crashwait": DEFAULT_WAIT_S,
 }  # fmt: skip
 # Telemetry of a healthy card and host: (mean, relative sigma) of each value.
 CARD = {
@@ -140,6 +149,8 @@ def parse_faults(text: str, world: int, default_step: int) -> list[Fault]:
             raise ValueError(f"fault {item!r}: magnitude must be finite")
         if kind in ("slow", "throttle", "nodeslow") and magnitude is not None and magnitude <= 0:
             raise ValueError(f"fault {item!r}: {kind} factor must be > 0")
+        if kind in ("hangwait", "crashwait") and magnitude is not None and magnitude <= 0:
+            raise ValueError(f"fault {item!r}: the peers' wait must be > 0 seconds")
         out.append(Fault(kind, rank, magnitude, step))
     return out
 
@@ -179,6 +190,8 @@ class Model:
                 loss[f.rank] += mag * LOSS_SIGMA * loss_level
             elif f.kind == "nan":
                 loss[f.rank] = math.nan
+            elif f.kind == "nanspread":
+                loss[f.rank if step == f.step else slice(None)] = math.nan
             elif f.kind == "spike" and step == f.step:
                 loss[f.rank] += mag * LOSS_SIGMA * loss_level
             elif f.kind == "slow":
@@ -244,6 +257,7 @@ class LoadConfig:
     heartbeat_s: float = 5.0
     ranks_per_node: int = 8  # simulated host names: node<rank // ranks_per_node>
     telemetry_s: float = 0.0  # seconds between a rank's telemetry samples (0: none)
+    noise: Noise = field(default_factory=Noise)  # of the cascade faults
 
     @property
     def steps(self) -> int:
@@ -260,6 +274,7 @@ class LoadConfig:
             raise ValueError(f"sockets must be 'rank' or 'process', got {self.sockets!r}")
         if not self.addrs or len(self.addrs) > self.ranks:
             raise ValueError("need between 1 and --ranks addresses")
+        self.noise.check()
 
     def segments(self) -> list[list[tuple[int, int, str]]]:
         """Per worker: its (rank_lo, rank_hi, addr) blocks (address blocks split by worker)."""
@@ -415,7 +430,22 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
         heartbeat_s=args.heartbeat_s,
         ranks_per_node=args.ranks_per_node,
         telemetry_s=args.telemetry_s,
-    )
+        noise=Noise(
+            args.jitter_s, args.lag_ticks, args.spread_s, args.shuffle,
+            *(_text(path, default) for path, default in (
+                (args.peer_text, Noise.peer_text), (args.culprit_text, Noise.culprit_text))),
+            args.where,
+        ),
+    )  # fmt: skip
+
+
+def _text(path: str | None, default: str) -> str:
+    if path is None:
+        return default
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -432,6 +462,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--heartbeat-s", type=float, default=5.0)
     ap.add_argument("--ranks-per-node", type=int, default=8)
     ap.add_argument("--telemetry-s", type=float, default=0.0, help="telemetry every (0: none)")
+    ap.add_argument("--jitter-s", type=float, default=0.0, help="ranks' clock offsets, up to")
+    ap.add_argument("--lag-ticks", type=int, default=0, help="culprit's records sent late")
+    ap.add_argument("--spread-s", type=float, default=0.0, help="peers' failures spread over")
+    ap.add_argument("--shuffle", action="store_true", help="send each tick's records shuffled")
+    ap.add_argument("--peer-text", metavar="FILE", help="the peers' crash text (a file)")
+    ap.add_argument("--culprit-text", metavar="FILE", help="the crashing rank's text (a file)")
+    ap.add_argument("--where", choices=WHERES, default="dataloader", help="the hung rank's place")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -21,6 +22,7 @@ from typing import Any
 import msgpack
 import zmq
 from loadgen import METRICS, Fault, Model
+from loadgen_cascade import Cascade, Noise
 from rankwatch.agent.wire.records import MAX_FRAME_BYTES, frame_groups, version_of
 
 RECORDS_PER_FRAME = 4_000  # shared-socket mode: records per frame before the size check
@@ -64,6 +66,14 @@ class Worker:
         self.last_step: dict[int, int | None] = {r: None for r in self.ranks}
         self.hang = {f.rank: f.step for f in self.faults if f.kind == "hang"}
         self.lost = {f.rank: f.step for f in self.faults if f.kind == "lost"}
+        self.cascade = Cascade(
+            self.world, self.rate, spec["seed"], self.faults, Noise(**spec["noise"])
+        )
+        self.shuffle = random.Random(f"{spec['seed']}:{spec['index']}:order") if (
+            spec["noise"]["shuffle"]
+        ) else None  # fmt: skip
+        self.over: set[int] = set()  # ranks whose process crashed or was killed
+        self.held: dict[int, dict[int, list[dict[str, Any]]]] = {}  # tick -> socket -> records
         self.by_kind = {"step": 0, "event": 0, "heartbeat": 0, "telemetry": 0}
         self.records = self.frames = self.again = 0
         self.ctx = zmq.Context()
@@ -86,6 +96,7 @@ class Worker:
     def _common(self, rank: int, kind: str, now: float) -> dict[str, Any]:
         self.seq[rank] += 1
         self.by_kind[kind] += 1
+        now += self.cascade.offset[rank]  # this rank's clock
         return {"kind": kind, "run": self.run, "rank": rank, "seq": self.seq[rank], "time": now}
 
     def _event(self, rank: int, event: str, step: int | None, info: dict[str, Any], now: float):
@@ -122,11 +133,17 @@ class Worker:
         if self.tele_every:
             tele = {k: v.tolist() for k, v in self.model.telemetry(step).items()}
         out: dict[int, list[dict[str, Any]]] = {}
+        cascade = self.cascade
+        stepping = cascade.stepping(step)
         for r in self.ranks:
-            if self._silent(r, step):
+            if self._silent(r, step) or r in self.over:
                 continue
-            batch = out.setdefault(self.owner[r], [])
-            hung = r in self.hang and step >= self.hang[r]
+            lag = cascade.lagged.get(r)
+            if lag:  # sent ``lag`` ticks from now, after that tick's records of the others
+                batch = self.held.setdefault(step + lag, {}).setdefault(self.owner[r], [])
+            else:
+                batch = out.setdefault(self.owner[r], [])
+            hung = (r in self.hang and step >= self.hang[r]) or not stepping
             if not hung:
                 rec = self._common(r, "step", now)
                 rec.update(world_size=self.world, host=self._host(r), pid=PID_BASE + r)
@@ -136,15 +153,36 @@ class Worker:
             if (step + r) % self.hb_every == 0:
                 beat = self._common(r, "heartbeat", now)
                 beat.update(last_step=self.last_step[r], next_in=self.heartbeat_s, dropped=0)
+                stack = cascade.stack(r, step, beat["time"])
+                if stack is not None:
+                    beat["stack"] = stack
                 batch.append(beat)
             if tele is not None and (step + r) % self.tele_every == 0:
                 batch.extend(self._telemetry(r, now, tele))
+            event = cascade.event(r, step)
+            if event is not None:
+                kind, at, info = event
+                batch.append(self._event(r, kind, at, info, now))
+                self.over.add(r)
+        for key, recs in self.held.pop(step, {}).items():
+            out.setdefault(key, []).extend(recs)
         return out
 
     # --- sending -------------------------------------------------------------------------
 
     def send(self, batches: dict[int, list[dict[str, Any]]]) -> None:
-        for key, recs in batches.items():
+        items = list(batches.items())
+        if self.shuffle is not None:  # arrival order: ranks' sockets, records in a frame
+            self.shuffle.shuffle(items)
+            if not self.per_rank:  # each rank's records stay in their order (their seq)
+                for _, recs in items:
+                    per_rank: dict[int, list[dict[str, Any]]] = {}
+                    for rec in recs:
+                        per_rank.setdefault(rec["rank"], []).append(rec)
+                    groups = list(per_rank.values())
+                    self.shuffle.shuffle(groups)
+                    recs[:] = [rec for group in groups for rec in group]
+        for key, recs in items:
             frames: list[tuple[bytes, int]] = []
             for part in frame_groups(recs):  # telemetry (schema version 2) in frames of its own
                 if self.per_rank:
@@ -197,7 +235,7 @@ class Worker:
         now = time.time()
         ends: dict[int, list[dict[str, Any]]] = {}
         for r in self.ranks:
-            if not self._silent(r, self.steps + 1) and r not in self.hang:
+            if not self._silent(r, self.steps + 1) and r not in self.hang and r not in self.over:
                 ends.setdefault(self.owner[r], []).append(
                     self._event(r, "end", self.last_step[r], {"reason": "normal"}, now)
                 )

@@ -1,6 +1,7 @@
 """Incidents: one fault, its culprit rank(s), the ranks it reached, and where stalled ranks are.
 
-``model`` (the values), ``rules`` (culprit rules), ``tracker`` (grouping and transitions),
+``model`` (the values), ``facts`` (evidence from inputs), ``rules`` (culprit rules),
+``grouping`` (which incident evidence belongs to), ``tracker`` (routing and transitions),
 ``stacks`` (grouping stack samples), ``oneline`` (crash messages in one line). All pure.
 """
 

@@ -46,6 +46,7 @@ COLLECTIVE_WORDS = (
 )  # fmt: skip
 _MPI = re.compile(r"\bmpi\b")  # not "compiler"
 COLLECTIVE_SCAN_CHARS = 1024  # the head of a message says what failed; a C++ stack follows
+COLLECTIVE_QUICK_CHARS = 200  # scanned first: a burst of peers' failures is decided there
 
 __all__ = ["COLLECTIVE_WORDS", "is_collective_failure", "one_line"]
 
@@ -72,7 +73,10 @@ def one_line(message: str, limit: int = ONE_LINE_MAX) -> str:
 def is_collective_failure(message: str) -> bool:
     """Does this crash message read as a failed collective, a timeout or a lost peer?"""
     text = str(message)
-    if _collective_words(text[:COLLECTIVE_SCAN_CHARS]):
+    # Most failures name the collective in their first line: scan that before the whole head.
+    if _collective_words(text[:COLLECTIVE_QUICK_CHARS]) or (
+        len(text) > COLLECTIVE_QUICK_CHARS and _collective_words(text[:COLLECTIVE_SCAN_CHARS])
+    ):
         return True
     # A whole traceback names the exception at its end.
     return _TRACEBACK in text and _collective_words(one_line(text))
@@ -80,7 +84,10 @@ def is_collective_failure(message: str) -> bool:
 
 def _collective_words(text: str) -> bool:
     head = text.lower()
-    return any(word in head for word in COLLECTIVE_WORDS) or _MPI.search(head) is not None
+    for word in COLLECTIVE_WORDS:  # a loop, not any(): no generator per message of a burst
+        if word in head:
+            return True
+    return _MPI.search(head) is not None
 
 
 def _exception_start(lines: list[str]) -> int | None:

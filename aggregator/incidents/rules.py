@@ -5,19 +5,16 @@ culprits, affected and terminated ranks and one sentence. Pure; order of arrival
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from operator import itemgetter
+from functools import partial
+from itertools import compress, repeat
+from operator import eq, is_not, itemgetter
 from typing import NamedTuple
 
 from rankwatch.aggregator.health import RankHealth, RankState
 from rankwatch.aggregator.incidents.oneline import one_line
-from rankwatch.aggregator.incidents.stacks import (
-    StackSample,
-    group_stacks,
-    odd_ones_out,
-    summary_line,
-)
+from rankwatch.aggregator.incidents.stacks import StackGroup, odd_ones_out, summary_line
 
 # Kinds of evidence (the tracker makes them from verdicts, alerts and health).
 NONFINITE, OUTLIER, STRAGGLER = "nonfinite", "outlier", "straggler"
@@ -37,10 +34,25 @@ class Fact(NamedTuple):  # a tuple: a burst makes one per rank
 
     @property
     def line(self) -> str:
-        return self.what or f"crashed: {one_line(self.raw)}"
+        if self.what:
+            return self.what
+        if self.kind == NONFINITE:
+            return f"{self.metric} non-finite"
+        if self.kind == STALLED:
+            return f"stalled at step {self.step}"
+        return f"crashed: {one_line(self.raw)}"
 
 
-_BY_TIME = itemgetter(3, 1, 0, 4)  # (time, rank, kind, metric): unique within an incident
+BY_TIME = itemgetter(3, 1, 0, 4)  # (time, rank, kind, metric): unique within an incident
+_RANK, _METRIC = itemgetter(0), itemgetter(1)  # of a (rank, metric) key
+_STEP = itemgetter(2)
+_KNOWN = partial(is_not, None)  # "is not None", as a function for filter()
+
+# An incident's evidence: kind -> (rank, metric) -> fact. The tracker keeps it this way as
+# facts arrive, so a judgement costs a few passes in C over the kinds it needs, not a sort of
+# everything.
+Evidence = Mapping[str, Mapping[tuple[int, str], Fact]]
+Groups = Callable[[], list[StackGroup]]  # the run's stall stacks, grouped; asked for lazily
 
 
 @dataclass(frozen=True)
@@ -52,45 +64,68 @@ class Verdict:
     basis: str
     summary: str
     step: int | None
-    facts: list[Fact]  # the evidence by time
+    own: list[Fact]  # the culprits' evidence by time (of the first ``OWN_RANKS`` culprits)
+
+
+OWN_RANKS = 64  # culprits whose evidence a verdict lists
 
 
 def judge(
-    facts: Iterable[Fact],
+    evidence: Evidence,
     health: Mapping[int, RankHealth],
-    stacks: Mapping[int, StackSample],
+    groups: Groups,
+    world: int = 0,
 ) -> Verdict:
-    facts = sorted(facts, key=_BY_TIME)
-    by_kind: dict[str, list[Fact]] = {}
-    for f in facts:
-        by_kind.setdefault(f.kind, []).append(f)
-    nonfinite = by_kind.get(NONFINITE, [])
-    roots = by_kind.get(CRASHED, [])
-    if nonfinite and (not roots or nonfinite[0].time <= roots[0].time):
-        cause, culprits, basis, step = _nonfinite(nonfinite, health)
+    """``world``: the run's world size (0: the ranks ``health`` knows)."""
+    nonfinite = _values(evidence, NONFINITE)
+    roots = sorted(_values(evidence, CRASHED), key=BY_TIME)
+    nf0 = min(nonfinite, key=BY_TIME) if nonfinite else None
+    if nf0 is not None and (not roots or nf0.time <= roots[0].time):
+        cause, culprits, basis, step = _nonfinite(nonfinite, world or len(health))
     elif roots:
         cause, culprits, basis, step = _crash(roots)
-    elif any(k in by_kind for k in (COLLECTIVE, STALLED)):
-        cause, culprits, basis, step = _hang(by_kind, health, stacks)
-    elif LOST in by_kind or KILLED in by_kind:
-        lost = by_kind.get(LOST) or by_kind[KILLED]
+    elif COLLECTIVE in evidence or STALLED in evidence:
+        cause, culprits, basis, step = _hang(evidence, health, groups)
+    elif LOST in evidence or KILLED in evidence:
+        lost = sorted(_values(evidence, LOST) or _values(evidence, KILLED), key=BY_TIME)
         first = lost[0].time
         culprits = _ordered(f for f in lost if f.time - first <= LOST_BURST_S)
         cause, basis, step = "lost", "went silent first", lost[0].step
-    elif OUTLIER in by_kind:
-        out = sorted(by_kind[OUTLIER], key=lambda f: (f.step or 0, f.time, f.rank))
+    elif OUTLIER in evidence:
+        out = sorted(_values(evidence, OUTLIER), key=lambda f: (f.step or 0, f.time, f.rank))
         cause, basis, step = "divergence", "diverged while the others agreed", out[0].step
         culprits = _ordered(out)
     else:
-        slow = by_kind.get(STRAGGLER, [])
+        slow = sorted(_values(evidence, STRAGGLER), key=BY_TIME)
         cause, basis = "slow", "slower than the others"
         culprits, step = _ordered(slow), (slow[0].step if slow else None)
     culprit_set = set(culprits)
-    ranks_bad = {f.rank for f in facts if f.kind not in (LOST, KILLED)} - culprit_set
-    terminated = tuple(sorted({f.rank for f in facts} - culprit_set - ranks_bad))
-    affected = tuple(sorted(ranks_bad))
-    summary = _summary(cause, culprits, affected, terminated, facts, health, basis, step)
-    return Verdict(cause, culprits, affected, terminated, basis, summary, step, facts)
+    bad: set[int] = set()
+    silent: set[int] = set()
+    for kind, facts in evidence.items():
+        (silent if kind in (LOST, KILLED) else bad).update(map(_RANK, facts))
+    bad -= culprit_set
+    terminated = tuple(sorted(silent - culprit_set - bad))
+    affected = tuple(sorted(bad))
+    own = facts_of_ranks(evidence, culprits[:OWN_RANKS])
+    summary = _summary(cause, culprits, affected, terminated, evidence, health, basis, step, own)
+    return Verdict(cause, culprits, affected, terminated, basis, summary, step, own)
+
+
+def _values(evidence: Evidence, kind: str) -> list[Fact]:
+    facts = evidence.get(kind)
+    return list(facts.values()) if facts else []
+
+
+def facts_of_ranks(evidence: Evidence, ranks: Iterable[int]) -> list[Fact]:
+    """The facts of ``ranks`` (a few: the culprits), by time: looked up, not searched for."""
+    wanted = list(ranks)
+    out: list[Fact] = []
+    for facts in evidence.values():
+        get = facts.get
+        found = (get((r, m)) for m in set(map(_METRIC, facts)) for r in wanted)
+        out += [f for f in found if f is not None]
+    return sorted(out, key=BY_TIME)
 
 
 LOST_BURST_S = 10.0  # ranks silent within this of the first are one loss (a switch, a node)
@@ -103,28 +138,28 @@ def _ordered(facts: Iterable[Fact]) -> tuple[int, ...]:
     return tuple(seen)
 
 
-def _nonfinite(
-    facts: list[Fact], health: Mapping[int, RankHealth]
-) -> tuple[str, tuple[int, ...], str, int | None]:
-    s0 = min(f.step for f in facts if f.step is not None) if _any_step(facts) else None
-    at_s0 = [f for f in facts if f.step == s0]
+def _min_step(facts: Iterable[Fact]) -> int | None:
+    return min(filter(_KNOWN, map(_STEP, facts)), default=None)
+
+
+def _at_step(facts: list[Fact], step: int | None) -> list[Fact]:
+    return list(compress(facts, map(eq, map(_STEP, facts), repeat(step))))
+
+
+def _nonfinite(facts: list[Fact], world: int) -> tuple[str, tuple[int, ...], str, int | None]:
+    s0 = _min_step(facts)
     per_metric: dict[str, list[Fact]] = {}
-    for f in at_s0:
+    for f in _at_step(facts, s0):
         per_metric.setdefault(f.metric, []).append(f)
     # A value taken after the collective (a reduced gradient norm) is non-finite on every rank
     # at the fault step; the metric with the fewest non-finite ranks there names the card.
     metric, chosen = min(per_metric.items(), key=lambda kv: (len({f.rank for f in kv[1]}), kv[0]))
-    culprits = _ordered(sorted(chosen, key=lambda f: (f.time, f.rank)))
-    world = max((h.world_size for h in health.values()), default=0) or len(health)
+    culprits = _ordered(sorted(chosen, key=BY_TIME))
     if len(culprits) > 1 and len(culprits) >= world:
         basis = f"every rank non-finite at step {s0} at once ({metric}): no single culprit"
     else:
         basis = f"non-finite first, at step {s0} ({metric})"
     return "nonfinite", culprits, basis, s0
-
-
-def _any_step(facts: list[Fact]) -> bool:
-    return any(f.step is not None for f in facts)
 
 
 def _crash(roots: list[Fact]) -> tuple[str, tuple[int, ...], str, int | None]:
@@ -135,58 +170,57 @@ def _crash(roots: list[Fact]) -> tuple[str, tuple[int, ...], str, int | None]:
 
 
 def _stop_step(
-    culprits: tuple[int, ...], health: Mapping[int, RankHealth], collective: list[Fact]
+    culprits: tuple[int, ...], health: Mapping[int, RankHealth], peers: int | None
 ) -> int | None:
     """The step hung ranks stopped after, when no stall report says it. The health held for a
     rank is that of its last state change, which for a rank still "alive" may be long ago (its
     first sight, before any step). The peers could not finish a step whose collectives it had
-    not joined, so it got to at least the step before theirs; an older step is stale, and
-    theirs is the better guess."""
+    not joined, so it got to at least the step before theirs (``peers``: the earliest step of
+    their collective failures); an older step is stale, and theirs is the better guess."""
     known = min(
         (s for r in culprits if r in health and (s := health[r].last_step) is not None),
         default=None,
     )
-    peers = min((f.step for f in collective if f.step is not None), default=None)
     stale = peers is not None and (known is None or known < peers - 1)
     return peers if stale else known
 
 
 def _hang(
-    by_kind: dict[str, list[Fact]],
-    health: Mapping[int, RankHealth],
-    stacks: Mapping[int, StackSample],
+    evidence: Evidence, health: Mapping[int, RankHealth], groups: Groups
 ) -> tuple[str, tuple[int, ...], str, int | None]:
-    collective = by_kind.get(COLLECTIVE, [])
-    stalled = by_kind.get(STALLED, [])
-    silent = by_kind.get(LOST, []) + by_kind.get(KILLED, [])
-    step = min((f.step for f in stalled if f.step is not None), default=None)
-    groups = group_stacks(stacks.values())
-    odd = odd_ones_out(groups)
+    collective = _values(evidence, COLLECTIVE)
+    stalled = _values(evidence, STALLED)
+    silent = _values(evidence, LOST) + _values(evidence, KILLED)
+    step = _min_step(stalled)
+    peers_step = _min_step(collective)
+    grouped = groups()
+    odd = odd_ones_out(grouped)
     if odd:
         if step is None:
-            step = _stop_step(odd, health, collective)
-        return "hang", odd, f"stacks: {summary_line(groups)}", step
-    failed = {f.rank for f in collective}
+            step = _stop_step(odd, health, peers_step)
+        return "hang", odd, f"stacks: {summary_line(grouped)}", step
+    failed = set(map(_RANK, evidence.get(COLLECTIVE, {})))
     waited_for = [
         r
         for r, h in health.items()
         if r not in failed and not (h.state is RankState.FINISHED and "normal" in h.message)
     ]
-    if failed and waited_for and len(waited_for) <= len(failed):
+    first_failure = min(collective, key=BY_TIME) if collective else None
+    if first_failure is not None and waited_for and len(waited_for) <= len(failed):
         culprits = tuple(sorted(waited_for, key=lambda r: _progress_key(r, health)))
         cause, named = "hang", set(culprits)
         first_silence = min((f.time for f in silent if f.rank in named), default=None)
         if step is None:  # no stall seen: the step they stopped after
-            step = _stop_step(culprits, health, collective)
-        if first_silence is not None and first_silence < collective[0].time:
+            step = _stop_step(culprits, health, peers_step)
+        if first_silence is not None and first_silence < first_failure.time:
             cause = "lost"
         return cause, culprits, "its peers failed in collectives waiting for it", step
-    if collective and not stalled:
+    if first_failure is not None and not stalled:
         return (
             "crash",
-            (collective[0].rank,),
+            (first_failure.rank,),
             "first to fail; every rank failed in a collective",
-            (collective[0].step),
+            first_failure.step,
         )
     candidates = {f.rank for f in stalled} | {f.rank for f in silent}
     ranked = sorted(candidates, key=lambda r: _progress_key(r, health))
@@ -214,18 +248,18 @@ def _summary(
     culprits: tuple[int, ...],
     affected: tuple[int, ...],
     terminated: tuple[int, ...],
-    facts: list[Fact],
+    evidence: Evidence,
     health: Mapping[int, RankHealth],
     basis: str,
     step: int | None,
+    own: list[Fact],
 ) -> str:
     who = _who(culprits, health)
-    culprit_set, affected_set = set(culprits), set(affected)
-    first = next((f for f in facts if f.rank in culprit_set), None)
+    first = own[0] if own else None
     if cause == "nonfinite":
-        later = [f.step for f in facts if f.rank in affected_set and f.step is not None]
+        later = _first_step_of_others(_values(evidence, NONFINITE), set(culprits))
         head = f"{who} went non-finite first ({first.metric if first else '?'} at step {step})"
-        tail = f"; {_count(affected)} followed from step {min(later)}" if later else ""
+        tail = f"; {_count(affected)} followed from step {later}" if later is not None else ""
         if basis.startswith("every rank"):
             head = f"every rank went non-finite at step {step} at once"
     elif cause == "crash":
@@ -246,6 +280,14 @@ def _summary(
     if terminated:
         tail += f"; {_count(terminated)} terminated by the launcher"
     return head + tail
+
+
+def _first_step_of_others(facts: list[Fact], culprits: set[int]) -> int | None:
+    """The earliest step at which a rank other than the culprits is non-finite."""
+    for s in sorted(set(filter(_KNOWN, map(_STEP, facts)))):
+        if any(f.rank not in culprits for f in _at_step(facts, s)):
+            return s
+    return None
 
 
 def _who(ranks: tuple[int, ...], health: Mapping[int, RankHealth]) -> str:

@@ -13,20 +13,35 @@ per ``observe`` call: call it once per loop pass with everything new, not once p
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from itertools import islice
+from operator import itemgetter
 
 from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.divergence.types import Divergence
-from rankwatch.aggregator.health import RankHealth, RankState
+from rankwatch.aggregator.health import RankHealth
 from rankwatch.aggregator.incidents import rules
+from rankwatch.aggregator.incidents.facts import (
+    alert_items,
+    divergence_fact,
+    divergence_kind,
+    health_fact,
+)
+from rankwatch.aggregator.incidents.grouping import (
+    RECOVERED,
+    TIMED_KINDS,
+    Open,
+    all_explained,
+    explains,
+    forget,
+    recover,
+    store,
+)
 from rankwatch.aggregator.incidents.model import Evidence, Incident, IncidentChange
-from rankwatch.aggregator.incidents.oneline import is_collective_failure, one_line
 from rankwatch.aggregator.incidents.rules import Fact
-from rankwatch.aggregator.incidents.stacks import StackSample
-from rankwatch.aggregator.metrics import KNOWN_METRICS
+from rankwatch.aggregator.incidents.stacks import StackGroup, StackSample, group_stacks
 
 DEFAULT_WINDOW_S = 120.0  # evidence this long after an incident's last is a new fault
 DEFAULT_SPREAD_STEPS = 1  # non-finite this many steps after the first is propagation
@@ -34,8 +49,7 @@ TIMELINE_MAX = 64  # evidence items an Incident value carries (all are kept insi
 HISTORY_MAX = 256  # closed incidents kept per run, the oldest dropped first
 OPEN_MAX = 64  # open incidents per run; past it the oldest is closed as it stands
 EVIDENCE_MAX = 65_536  # evidence items held per incident (4,096 ranks x 16 metrics)
-KILL_WORDS = ("sigterm", "sigkill", "terminated", "killed", "signal 9", "signal 15")
-
+BULK_MIN = 32  # facts left in a burst worth checking whether all go where the last went (in C)
 HealthInput = RankHealth | tuple[RankHealth, str]
 
 __all__ = ["IncidentConfig", "IncidentTracker"]
@@ -57,29 +71,14 @@ class IncidentConfig:
 
 
 @dataclass
-class _Open:
-    id: str
-    run: str
-    opened: float
-    facts: dict[tuple[int, str, str], Fact] = field(default_factory=dict)
-    members: set[int] = field(default_factory=set)  # ranks with evidence in it
-    open_keys: set[tuple[int, str, str]] = field(default_factory=set)  # facts not yet over
-    last: float = 0.0  # time of the latest evidence
-    first: Fact | None = None  # the earliest evidence
-    first_step: int | None = None  # the earliest non-finite step
-    crash_lines: set[str] = field(default_factory=set)  # one-line messages of its crashes
-    kinds: set[tuple[str, str]] = field(default_factory=set)  # (kind, metric) of its evidence
-    value: Incident | None = None  # as last announced
-    verdict: rules.Verdict | None = None
-
-
-@dataclass
 class _Run:
     count: int = 0
-    open: list[_Open] = field(default_factory=list)
+    open: list[Open] = field(default_factory=list)
     history: list[Incident] = field(default_factory=list)
     health: dict[int, RankHealth] = field(default_factory=dict)
     stacks: dict[int, StackSample] = field(default_factory=dict)
+    stacks_version: int = 0  # bumped when ``stacks`` changes
+    world: int = 0  # the largest world size its ranks reported
 
 
 class IncidentTracker:
@@ -89,6 +88,8 @@ class IncidentTracker:
         self.refused_stacks = 0  # samples for a rank the run has never reported
         self.evicted = 0  # open incidents closed unresolved to stay within OPEN_MAX
         self.dropped_evidence = 0  # evidence not held past EVIDENCE_MAX (still routed)
+        # early facts kept per incident: enough to fill a timeline besides the culprits' own
+        self._early_max = 2 * self.config.timeline_max
 
     def observe(
         self,
@@ -107,87 +108,169 @@ class IncidentTracker:
         (without it, ``now`` is their time). ``health``: ``HealthTracker.changes()`` items or
         bare ``RankHealth`` values.
         """
-        facts: list[tuple[str, Fact]] = []
+        facts: dict[str, list[Fact]] = {}  # per run
         recoveries: list[tuple[str, int, tuple[str, str] | None]] = []
+        name: str | None = None  # the run of the previous item: a burst is of one run
+        run, out = _Run(), []
         for item in health:
             h = item[0] if isinstance(item, tuple) else item
-            self._run(h.run).health[h.rank] = h
-            fact = _health_fact(h)
+            if h.run != name:
+                name, run = h.run, self._run(h.run)
+                out = facts.setdefault(name, [])
+            run.health[h.rank] = h
+            if h.world_size > run.world:
+                run.world = h.world_size
+            fact = health_fact(h)
             if fact is not None:
-                facts.append((h.run, fact))
-            elif h.state in (RankState.ALIVE, RankState.PAUSED, RankState.FINISHED):
+                out.append(fact)
+            elif h.state in RECOVERED:
                 recoveries.append((h.run, h.rank, None))
-                self._runs[h.run].stacks.pop(h.rank, None)  # where it was no longer matters
-        times = times or {}
+                if run.stacks.pop(h.rank, None) is not None:  # where it was no longer matters
+                    run.stacks_version += 1
+        name = None
         for d in divergences:
-            t = times.get((d.run, d.rank, d.since_step), now) if times else now
-            facts.append((d.run, _divergence_fact(d, t)))
+            if d.run != name:
+                name = d.run
+                out = facts.setdefault(name, [])
+            out.append(divergence_fact(d, times.get((name, d.rank, d.since_step), now)
+                                       if times else now))  # fmt: skip
         for d in resolved:
-            recoveries.append((d.run, d.rank, (_divergence_kind(d.kind, d.metric), d.metric)))
-        # A grouped alert's since_step is its earliest rank's: given to a rank that has its own
-        # verdict it would move that rank back to the culprit's step. So it speaks only for the
-        # ranks of the group that have no verdict of their own (this call or an open incident).
-        own = {(run_name, f.rank, f.kind, f.metric) for run_name, f in facts}
-        for a in alerts:
-            grouped = a.rank is None and len(a.ranks) > 1
-            for run_name, fact, recovery in _alert_items(a):
-                if fact is not None and grouped and self._has_own(own, run_name, fact):
-                    continue
-                if fact is not None:
-                    facts.append((run_name, fact))
-                if recovery is not None:
-                    recoveries.append((run_name, recovery[0], recovery[1]))
-        touched: dict[int, tuple[_Run, _Open]] = {}
+            recoveries.append((d.run, d.rank, (divergence_kind(d.kind, d.metric), d.metric)))
+        self._take_alerts(alerts, facts, recoveries)
+        touched: dict[int, tuple[_Run, Open]] = {}
         for s in stacks:
-            run = self._runs.get(s.run)
-            if run is None or s.rank not in run.health:
+            of = self._runs.get(s.run)
+            if of is None or s.rank not in of.health:
                 self.refused_stacks += 1
                 continue
-            run.stacks[s.rank] = s
-            for inc in run.open:
+            of.stacks[s.rank] = s
+            of.stacks_version += 1
+            for inc in of.open:
                 if s.rank in inc.members:
-                    touched[id(inc)] = (run, inc)
-        facts.sort(key=lambda rf: (rf[1].time, rf[1].rank))  # route causes before effects
-        window = self.config.window_s
-        for run_name, fact in facts:
-            run = self._run(run_name)
-            newest = run.open[-1] if run.open else None
-            # The common case of a burst first: a rank already part of the newest incident.
-            if (
-                newest is not None
-                and fact.rank in newest.members
-                and fact.time - newest.last <= window
-                and newest.opened - fact.time <= window
-            ):
-                inc = newest
-            else:
-                inc = self._route(run, run_name, fact)
-            if (
-                len(inc.facts) >= EVIDENCE_MAX
-                and (fact.rank, fact.kind, fact.metric) not in inc.facts
-            ):
-                self.dropped_evidence += 1
-                continue
-            _add(inc, fact)
-            touched[id(inc)] = (run, inc)
+                    touched[id(inc)] = (of, inc)
+        for run_name, run_facts in facts.items():
+            self._place(self._run(run_name), run_name, run_facts, touched)
         for run_name, rank, key in recoveries:
-            run = self._runs.get(run_name)
-            if run is None:
+            of = self._runs.get(run_name)
+            if of is None:
                 continue
-            for inc in run.open:
-                if _recover(inc, rank, key):
-                    touched[id(inc)] = (run, inc)
+            for inc in of.open:
+                if recover(inc, rank, key):
+                    touched[id(inc)] = (of, inc)
         changes: list[IncidentChange] = []
         for run, inc in touched.values():
             changes.extend(self._judge(run, inc, now))
         return changes
 
+    def _take_alerts(
+        self,
+        alerts: Iterable[Alert],
+        facts: dict[str, list[Fact]],
+        recoveries: list[tuple[str, int, tuple[str, str] | None]],
+    ) -> None:
+        # A grouped alert's since_step is its earliest rank's: given to a rank that has its own
+        # verdict it would move that rank back to the culprit's step. So it speaks only for the
+        # ranks of the group that have no verdict of their own (this call or an open incident).
+        own: set[tuple[str, int, str, str]] | None = None
+        for a in alerts:
+            grouped = a.rank is None and len(a.ranks) > 1
+            for run_name, fact, recovery in alert_items(a):
+                if fact is not None and grouped:
+                    if own is None:
+                        own = {(r, f.rank, f.kind, f.metric) for r, fs in facts.items() for f in fs}
+                    if self._has_own(own, run_name, fact):
+                        continue
+                if fact is not None:
+                    facts.setdefault(run_name, []).append(fact)
+                if recovery is not None:
+                    recoveries.append((run_name, recovery[0], recovery[1]))
+
+    def _place(
+        self, run: _Run, name: str, facts: list[Fact], touched: dict[int, tuple[_Run, Open]]
+    ) -> None:
+        """Route a run's new facts, causes before effects, and add each to its incident."""
+        facts.sort(key=_TIME_RANK)
+        window = self.config.window_s
+        newest = run.open[-1] if run.open else None
+        inc: Open | None = None
+        kind = ""
+        batch: list[Fact] = []
+        members: set[int] = set()
+        # Each fact is routed in time order, its rank made a member at once (later facts of it
+        # follow it there); the facts are stored per (incident, kind) in bulk afterwards.
+        batches: dict[tuple[int, str], tuple[Open, str, list[Fact]]] = {}
+        tried: tuple[int, int] | None = None
+        bulk = False
+        for i, fact in enumerate(facts):
+            rank, t = fact[1], fact[3]
+            # The common cases of a burst first, as ``_route`` would decide them for the newest
+            # incident: a rank already part of it, or a fact of a class it explains.
+            if (
+                newest is not None
+                and t - newest.last <= window
+                and newest.opened - t <= window
+                and rank in newest.members
+            ):
+                to = newest
+            else:
+                if (
+                    newest is not None
+                    and t - newest.last <= window
+                    and newest.opened - t <= window
+                    and newest.memo.get((fact[0], fact[2]) if fact[0] == _NONFINITE else fact[0])
+                ):
+                    to = newest
+                else:
+                    to = self._route(run, name, fact)
+                    newest = run.open[-1]
+                # Explained by its class: maybe the rest of the burst is too. Asked again only
+                # when what the answer depends on has changed.
+                if to is newest and tried != (id(to), to.epoch) and len(facts) - i > BULK_MIN:
+                    bulk = True
+            if to is not inc or fact[0] != kind:
+                inc, kind = to, fact[0]
+                held = batches.get((id(inc), kind))
+                if held is None:
+                    held = batches[(id(inc), kind)] = (inc, kind, [])
+                    touched[id(inc)] = (run, inc)
+                    if kind not in inc.evidence:
+                        inc.evidence[kind] = {}
+                        forget(inc)
+                batch, members = held[2], inc.members
+            batch.append(fact)
+            members.add(rank)
+            if t > inc.last:
+                inc.last = t
+            if t < inc.first_time:
+                inc.first, inc.first_time = fact, t
+                forget(inc)
+            if kind == _NONFINITE:
+                step = fact[2]
+                if step is not None and (inc.first_step is None or step < inc.first_step):
+                    inc.first_step = step
+                    forget(inc)
+            elif kind == _CRASHED and fact.detail not in inc.crash_lines:
+                inc.crash_lines.add(fact.detail)
+                forget(inc)
+            if bulk:
+                bulk, tried = False, (id(inc), inc.epoch)
+                rest = facts[i + 1 :]
+                if all_explained(inc, rest, self.config.window_s, self.config.spread_steps):
+                    batch += rest
+                    members.update(map(_FACT_RANK, rest))
+                    inc.last = max(inc.last, rest[-1][3])
+                    break
+        for inc, kind, batch in batches.values():
+            self.dropped_evidence += store(inc, kind, batch, EVIDENCE_MAX, self._early_max)
+
     def _has_own(self, own: set[tuple[str, int, str, str]], run_name: str, fact: Fact) -> bool:
         if (run_name, fact.rank, fact.kind, fact.metric) in own:
             return True
         run = self._runs.get(run_name)
-        key = (fact.rank, fact.kind, fact.metric)
-        return run is not None and any(key in inc.facts for inc in run.open)
+        key = (fact.rank, fact.metric)
+        return run is not None and any(
+            key in inc.evidence.get(fact.kind, _EMPTY) for inc in run.open
+        )
 
     def incidents(self, run: str) -> list[Incident]:
         """Every announced incident of ``run``, oldest first (open ones as last judged)."""
@@ -216,9 +299,21 @@ class IncidentTracker:
             run = self._runs[name] = _Run()
         return run
 
-    def _route(self, run: _Run, name: str, fact: Fact) -> _Open:
+    def _route(self, run: _Run, name: str, fact: Fact) -> Open:
+        window = self.config.window_s
         for inc in reversed(run.open):
-            if self._explains(inc, fact):
+            if fact.time - inc.last > window or inc.opened - fact.time > window:
+                continue
+            if fact.rank in inc.members:
+                return inc
+            kind = fact.kind
+            cls: object = (kind, fact.step) if kind == rules.NONFINITE else kind
+            hit = inc.memo.get(cls)
+            if hit is None:
+                hit = explains(inc, fact, self.config.spread_steps)
+                if kind not in TIMED_KINDS:
+                    inc.memo[cls] = hit
+            if hit:
                 return inc
         if len(run.open) >= OPEN_MAX:
             oldest = run.open.pop(0)
@@ -226,47 +321,11 @@ class IncidentTracker:
             if oldest.value is not None:
                 self._keep(run, oldest.value)
         run.count += 1
-        inc = _Open(f"{name}#{run.count}", name, fact.time, last=fact.time)
+        inc = Open(f"{name}#{run.count}", name, fact.time, last=fact.time)
         run.open.append(inc)
         return inc
 
-    def _explains(self, inc: _Open, fact: Fact) -> bool:
-        if fact.time - inc.last > self.config.window_s or inc.opened - fact.time > (
-            self.config.window_s
-        ):
-            return False
-        if fact.rank in inc.members:
-            return True
-        cause = inc.verdict.cause if inc.verdict is not None else _first_cause(inc)
-        if fact.kind == rules.NONFINITE:
-            first = inc.first_step
-            return (
-                cause == "nonfinite"
-                and fact.step is not None
-                and (first is None or fact.step <= first + self.config.spread_steps)
-            )
-        if fact.kind == rules.COLLECTIVE:
-            return cause not in ("divergence",)
-        if fact.kind == rules.CRASHED:
-            # Peers that failed in a collective were waiting for someone: a crash that is not a
-            # collective failure is who they waited for, whichever arrived first.
-            # So is a crash that precedes the losses and kills that opened an incident.
-            kinds = {k[0] for k in inc.kinds}
-            waiting = (
-                not inc.crash_lines
-                and kinds <= _CONSEQUENCES
-                and (rules.COLLECTIVE in kinds or inc.first is None or fact.time <= inc.first.time)
-            )
-            return fact.detail in inc.crash_lines or waiting
-        if fact.kind in (rules.LOST, rules.KILLED):
-            if cause == "lost":
-                return abs(fact.time - inc.opened) <= rules.LOST_BURST_S
-            return cause in ("crash", "hang", "nonfinite")
-        if fact.kind == rules.STALLED:
-            return cause in ("crash", "hang", "lost", "slow")
-        return False
-
-    def _judge(self, run: _Run, inc: _Open, now: float) -> list[IncidentChange]:
+    def _judge(self, run: _Run, inc: Open, now: float) -> list[IncidentChange]:
         old = inc.value
         if not inc.open_keys:
             run.open.remove(inc)
@@ -275,9 +334,9 @@ class IncidentTracker:
             done = replace(old, state="resolved", resolved=now, updated=now)
             self._keep(run, done)
             return [IncidentChange("resolved", done, old)]
-        since = inc.opened - self.config.window_s  # older samples are of another stall
-        stacks = {r: s for r, s in run.stacks.items() if s.time >= since}
-        verdict = rules.judge(inc.facts.values(), run.health, stacks)
+        verdict = rules.judge(inc.evidence, run.health, lambda: self._groups(run, inc), run.world)
+        if inc.verdict is None or inc.verdict.cause != verdict.cause:
+            forget(inc)
         inc.verdict = verdict
         value = self._value(inc, verdict, now)
         inc.value = value
@@ -287,16 +346,39 @@ class IncidentTracker:
             return [IncidentChange("updated", value, old)]
         return []
 
-    def _value(self, inc: _Open, v: rules.Verdict, now: float) -> Incident:
-        culprits, limit = set(v.culprits), self.config.timeline_max
-        shown = [f for f in v.facts if f.rank in culprits][:limit]
+    def _groups(self, run: _Run, inc: Open) -> list[StackGroup]:
+        """The run's stall stacks grouped, from samples of this incident's time (older ones are
+        of another stall); kept until a sample arrives or goes."""
+        held = inc.groups
+        if held is not None and held[0] == run.stacks_version:
+            return held[1]
+        since = inc.opened - self.config.window_s
+        groups = group_stacks(s for s in run.stacks.values() if s.time >= since)
+        inc.groups = (run.stacks_version, groups)
+        return groups
+
+    def _value(self, inc: Open, v: rules.Verdict, now: float) -> Incident:
+        limit = self.config.timeline_max
+        # The culprits' evidence first, then the earliest of the rest.
+        shown = v.own[:limit]
         if len(shown) < limit:
-            shown += islice((f for f in v.facts if f.rank not in culprits), limit - len(shown))
+            mine = set(v.culprits[: rules.OWN_RANKS])
+            early = [f for f in self._early(inc) if f.rank not in mine]
+            shown = shown + early[: limit - len(shown)]
         timeline = tuple(Evidence(f.step, f.time, f.rank, f.line) for f in shown)
         return Incident(
             inc.id, inc.run, v.cause, v.culprits, v.affected, v.terminated, timeline,
-            inc.opened, now, None, "firing", v.summary, v.basis, v.step, len(inc.facts),
+            inc.opened, now, None, "firing", v.summary, v.basis, v.step, inc.count,
         )  # fmt: skip
+
+    def _early(self, inc: Open) -> list[Fact]:
+        """The earliest facts held (``_store`` keeps them as they come), by time."""
+        evidence = inc.evidence
+        held = [f for f in inc.early if evidence[f.kind].get((f.rank, f.metric)) is f]
+        if len(held) < len(inc.early) and inc.count > len(held):  # one was replaced: again
+            every = (f for facts in evidence.values() for f in facts.values())
+            held = inc.early = heapq.nsmallest(self._early_max, every, key=rules.BY_TIME)
+        return held
 
     def _keep(self, run: _Run, done: Incident) -> None:
         run.history.append(done)
@@ -304,124 +386,7 @@ class IncidentTracker:
             del run.history[0]
 
 
-_CONSEQUENCES = {rules.COLLECTIVE, rules.LOST, rules.KILLED, rules.STALLED}
-
-
-def _add(inc: _Open, fact: Fact) -> None:
-    key = (fact.rank, fact.kind, fact.metric)
-    old = inc.facts.get(key)
-    # The same evidence twice (a verdict and its alert): the earlier step says more.
-    if old is None or (fact.step is not None and (old.step is None or fact.step < old.step)):
-        inc.facts[key] = fact
-    inc.open_keys.add(key)
-    inc.members.add(fact.rank)
-    if fact.time > inc.last:
-        inc.last = fact.time
-    inc.kinds.add(key[1:])
-    if inc.first is None or fact.time < inc.first.time:
-        inc.first = fact
-    if fact.kind == rules.NONFINITE and fact.step is not None:
-        inc.first_step = fact.step if inc.first_step is None else min(inc.first_step, fact.step)
-    if fact.kind == rules.CRASHED:
-        inc.crash_lines.add(fact.detail)
-
-
-def _first_cause(inc: _Open) -> str:
-    """The cause as the earliest evidence says, before the incident is first judged."""
-    return _CAUSE_OF_KIND[inc.first.kind] if inc.first is not None else ""
-
-
-_CAUSE_OF_KIND = {
-    rules.NONFINITE: "nonfinite", rules.OUTLIER: "divergence", rules.STRAGGLER: "slow",
-    rules.CRASHED: "crash", rules.COLLECTIVE: "crash", rules.STALLED: "hang",
-    rules.LOST: "lost", rules.KILLED: "lost",
-}  # fmt: skip
-
-
-def _recover(inc: _Open, rank: int, key: tuple[str, str] | None) -> bool:
-    if rank not in inc.members:
-        return False
-    before = len(inc.open_keys)
-    if key is None:  # alive again: every health fact of the rank is over
-        inc.open_keys.difference_update((rank, kind, "") for kind in _HEALTH_KINDS)
-    else:
-        inc.open_keys.discard((rank, *key))
-    return len(inc.open_keys) != before
-
-
-_HEALTH_KINDS = (rules.STALLED, rules.LOST, rules.CRASHED, rules.COLLECTIVE, rules.KILLED)
-
-
-_DIVERGENCE_KINDS = {"outlier": rules.OUTLIER, "nonfinite": rules.NONFINITE,
-                     "straggler": rules.STRAGGLER}  # fmt: skip
-
-
-# In synchronous data parallelism every rank waits for the slowest in the all-reduce, so a slow
-# rank's step time is everyone's; what stands out is its own time outside the step (data_time),
-# which the detector reports as an outlier. An outlier in a timing metric is slowness.
-_TIMING_METRICS = frozenset(m.name for m in KNOWN_METRICS if m.unit in ("s", "samples/s"))
-
-
-def _divergence_kind(kind: str, metric: str) -> str:
-    out = _DIVERGENCE_KINDS.get(kind, rules.OUTLIER)
-    return rules.STRAGGLER if out == rules.OUTLIER and metric in _TIMING_METRICS else out
-
-
-def _divergence_fact(d: Divergence, time: float) -> Fact:
-    kind = _divergence_kind(d.kind, d.metric)
-    if kind == rules.NONFINITE:
-        what = f"{d.metric} non-finite"
-    else:
-        what = f"{d.metric} {d.direction} (z {d.z:.1f}, {d.rel:.2f}x the median)"
-    return Fact(kind, d.rank, d.since_step, time, d.metric, what)
-
-
-def _health_fact(h: RankHealth) -> Fact | None:
-    msg = h.message
-    if h.state is RankState.CRASHED:
-        if is_collective_failure(msg):  # most of a burst: its one line is made when shown
-            return Fact(rules.COLLECTIVE, h.rank, h.last_step, h.since, "", "", raw=msg)
-        line = one_line(msg)
-        if _killed(msg):
-            return Fact(rules.KILLED, h.rank, h.last_step, h.since, "", f"killed: {line}", line)
-        return Fact(rules.CRASHED, h.rank, h.last_step, h.since, "", f"crashed: {line}", line)
-    if h.state is RankState.FINISHED and _killed(msg):
-        return Fact(rules.KILLED, h.rank, h.last_step, h.since, "", msg, msg)
-    if h.state is RankState.LOST:
-        return Fact(rules.LOST, h.rank, h.last_step, h.since, "", f"lost: {msg}", msg)
-    if h.state is RankState.STALLED:
-        return Fact(
-            rules.STALLED, h.rank, h.last_step, h.since, "", f"stalled at step {h.last_step}", msg
-        )
-    return None
-
-
-def _killed(message: str) -> bool:
-    text = message.lower()
-    return any(word in text for word in KILL_WORDS)
-
-
-_ALERT_KINDS = {"nonfinite": rules.NONFINITE, "divergence": rules.OUTLIER,
-                "straggler": rules.STRAGGLER}  # fmt: skip
-
-
-def _alert_items(
-    a: Alert,
-) -> list[tuple[str, Fact | None, tuple[int, tuple[str, str] | None] | None]]:
-    """Divergence-rule alerts as evidence (per rank of a grouped alert); health rules come
-    through ``health`` with their messages, run-level rules (threshold, plateau, throughput)
-    name no rank and are left to the alert sinks."""
-    kind = _ALERT_KINDS.get(a.rule)
-    if kind is None or a.metric is None:
-        return []
-    kind = _divergence_kind(kind, a.metric)
-    ranks = a.ranks or ((a.rank,) if a.rank is not None else ())
-    out: list[tuple[str, Fact | None, tuple[int, tuple[str, str] | None] | None]] = []
-    for rank in ranks:
-        if a.state == "resolved":
-            out.append((a.run, None, (rank, (kind, a.metric))))
-        else:
-            what = f"{a.metric} non-finite" if kind == rules.NONFINITE else a.message[:200]
-            fact = Fact(kind, rank, a.since_step, a.since_time, a.metric, what)
-            out.append((a.run, fact, None))
-    return out
+_TIME_RANK = itemgetter(3, 1)
+_FACT_RANK = itemgetter(1)
+_NONFINITE, _CRASHED = rules.NONFINITE, rules.CRASHED
+_EMPTY: dict[tuple[int, str], Fact] = {}
