@@ -91,6 +91,10 @@ def judge(
         first = lost[0].time
         culprits = _ordered(f for f in lost if f.time - first <= LOST_BURST_S)
         cause, basis, step = "lost", "went silent first", lost[0].step
+        if len(culprits) > 1 and len(culprits) >= (world or len(health)):
+            # Every rank at once is the job, its network or the path to this head node, not a
+            # card: naming them all culprits would paint the whole run red.
+            basis = "every rank went silent at once: no single culprit"
     elif OUTLIER in evidence:
         out = sorted(_values(evidence, OUTLIER), key=lambda f: (f.step or 0, f.time, f.rank))
         cause, basis, step = "divergence", "diverged while the others agreed", out[0].step
@@ -269,6 +273,12 @@ def _summary(
         where = basis.split("; ")[-1] if basis.startswith("stacks") else basis
         head = f"{who} hung" + (f" after step {step}" if step is not None else "") + f" ({where})"
         tail = f"; {_count(affected)} waited or timed out after it" if affected else ""
+    elif cause == "lost" and basis.startswith("every rank"):
+        head = (
+            f"every rank ({len(culprits)}) went silent at once: the job stopped without an end "
+            "event, or the network between its nodes and this head node failed"
+        )
+        tail = ""
     elif cause == "lost":
         head = f"{who} went silent first"
         tail = f"; {_count(affected)} failed after it" if affected else ""

@@ -74,7 +74,7 @@ export function shown() {
 function recomputeRoles() {
   const roles = new Map();
   const from = [shown(), ...model.incidents.filter((i) => i.state === 'firing')]
-    .filter((i) => i && (i.culprits || []).length <= CULPRITS_NAMED);
+    .filter((i) => i && !noSingleCulprit(i));
   for (const role of ROLE_ORDER) {
     for (const inc of from) {
       const ranks = role === 'culprit' ? inc.culprits : role === 'affected' ? inc.affected : inc.terminated;
@@ -133,6 +133,12 @@ function plural(n, one, many) {
 }
 
 // "rank 2 · node0 · pid 1002" for each culprit, from the rank table (host and pid per rank).
+// More culprits than the card names, or every rank at once (the rules' basis says so): the
+// fault is the job's, its network's or the head's, not one card's.
+function noSingleCulprit(inc) {
+  return (inc.culprits || []).length > CULPRITS_NAMED || String(inc.basis || '').startsWith('every rank');
+}
+
 function culpritLine(inc, ranksByNumber) {
   const line = el('div', { class: 'inc-culprit' });
   const culprits = inc.culprits || [];
@@ -140,7 +146,7 @@ function culpritLine(inc, ranksByNumber) {
     line.append(el('span', { class: 'inc-who' }, 'no culprit named yet'));
     return line;
   }
-  if (culprits.length > CULPRITS_NAMED) { // "no single culprit": a count, not a wall of red
+  if (noSingleCulprit(inc)) { // a count, not a wall of red
     const who = el('span', { class: 'inc-who' });
     who.append(el('strong', {}, `${culprits.length} ranks`));
     line.append(who);

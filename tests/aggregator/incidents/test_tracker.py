@@ -299,6 +299,24 @@ def test_many_ranks_lost_in_one_burst_are_one_incident() -> None:
     assert inc.cause == "lost" and inc.culprits == tuple(range(32, 64))
 
 
+@pytest.mark.parametrize("n", [4, 64])
+def test_every_rank_silent_at_once_names_no_single_culprit(n: int) -> None:
+    t = IncidentTracker()
+    deliver(t, world(n))
+    t.observe(T0 + 100, health=[health(r, RankState.LOST, world=n, since=T0 + 12 + r / n)
+                                for r in range(n)])  # fmt: skip
+    inc = only(t)
+    assert inc.cause == "lost" and len(inc.culprits) == n
+    assert inc.basis == "every rank went silent at once: no single culprit"
+    assert inc.summary.startswith(f"every rank ({n}) went silent at once: the job stopped")
+    # half of them is still a loss with culprits (a switch, a node)
+    t2 = IncidentTracker()
+    deliver(t2, world(n))
+    t2.observe(T0 + 100, health=[health(r, RankState.LOST, world=n, since=T0 + 12)
+                                 for r in range(n // 2)])  # fmt: skip
+    assert only(t2).basis == "went silent first"
+
+
 @pytest.mark.parametrize(("kind", "cause"), [("outlier", "divergence"), ("straggler", "slow")])
 def test_one_rank_off_while_the_others_agree(kind: str, cause: str) -> None:
     t = IncidentTracker()
