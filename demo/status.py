@@ -2,7 +2,10 @@
 
 ``Reporter`` polls ``/api/status`` (``Aggregator.snapshot()``) and ``/api/alerts`` and remembers
 every flag it saw: a divergence can resolve between two polls, and the summary at the end must
-still name it. Plain ``urllib``: the demo adds no client dependency.
+still name it. An open incident is said once (again when its culprit or cause changes), and the
+flags of the ranks it names as affected are kept for the summary but not said one by one: a NaN
+that spreads is one line about the rank that started it, not a line per rank and metric. Plain
+``urllib``: the demo adds no client dependency.
 """
 
 from __future__ import annotations
@@ -56,21 +59,32 @@ class Reporter:
         self.messages: dict[int, str] = {}
         self.lines: dict[int, str] = {}  # the messages in one line
         self.last_step: int | None = None
+        self.incidents: dict[str, tuple[str, tuple[int, ...]]] = {}  # id -> (cause, culprits) said
+        self.affected: set[int] = set()  # ranks an incident says the fault reached
+        self.quiet = 0  # their flags, not said one by one
+        self.words: dict[str, str] = {}  # incident id -> its latest sentence
 
     def poll(self) -> None:
         query = urllib.parse.urlencode({"run": self.run})
+        incidents = get_json(f"{self.http}/api/runs/{urllib.parse.quote(self.run, safe='')}"
+                             "/incidents")  # fmt: skip
         self.ingest(
             get_json(f"{self.http}/api/status?{query}"),  # not the earlier demos' runs
             get_json(f"{self.http}/api/alerts?{query}"),
+            incidents,
         )
 
-    def ingest(self, snapshot: Any, alerts: Any) -> None:
-        """Take in one ``/api/status`` and one ``/api/alerts`` answer (None: not answered)."""
+    def ingest(self, snapshot: Any, alerts: Any, incidents: Any = None) -> None:
+        """Take in one ``/api/status``, ``/api/alerts`` and ``/api/runs/R/incidents`` answer
+        (None: not answered). Incidents first: their affected ranks' flags are not said."""
+        if isinstance(incidents, Mapping) and isinstance(incidents.get("incidents"), list):
+            self._incidents(list(reversed(incidents["incidents"])))  # oldest first
         if isinstance(snapshot, Mapping):
             for entry in snapshot.get("runs") or []:
                 if isinstance(entry, Mapping) and entry.get("run") == self.run:
                     self.entry = dict(entry)
                     self._ranks(entry.get("ranks") or [])
+                    self._incidents(entry.get("incidents") or [])
                     for div in entry.get("divergences") or []:
                         self._flag(div, div.get("kind") if isinstance(div, Mapping) else None)
                     if isinstance(entry.get("last_step"), int):
@@ -101,6 +115,21 @@ class Reporter:
             suffix = f": {self.lines[rank]}" if message else ""
             self.say(f"  rank {rank}: {state}{at}{suffix}")
 
+    def _incidents(self, incidents: list[Any]) -> None:
+        for inc in incidents:
+            if not isinstance(inc, Mapping) or not isinstance(inc.get("id"), str):
+                continue
+            culprits = tuple(r for r in inc.get("culprits") or [] if type(r) is int)
+            self.words[inc["id"]] = f"{inc.get('cause')}: {inc.get('summary') or ''}"
+            self.affected.update(r for r in inc.get("affected") or [] if type(r) is int)
+            self.affected.difference_update(culprits)
+            said = (str(inc.get("cause")), culprits)
+            if self.incidents.get(inc["id"]) == said:
+                continue
+            word = "INCIDENT" if inc["id"] not in self.incidents else "INCIDENT UPDATED"
+            self.incidents[inc["id"]] = said
+            self.say(f"  {word} {said[0]}: {inc.get('summary') or ''}")
+
     def _flag(self, item: Any, kind: Any) -> None:
         """Remember the first sighting per (rank, metric), or per (rank, rule) for health."""
         if not isinstance(item, Mapping) or type(item.get("rank")) is not int:
@@ -119,7 +148,10 @@ class Reporter:
         known = self.flags.get(key)
         if known is None:
             self.flags[key] = flag
-            self.say(f"  FLAG rank {flag.rank}: {_describe(flag)}")
+            if flag.rank in self.affected:
+                self.quiet += 1
+            else:
+                self.say(f"  FLAG rank {flag.rank}: {_describe(flag)}")
         elif known.step is None and flag.step is not None:
             self.flags[key] = replace(known, step=flag.step)  # an alert came before its divergence
 
@@ -166,10 +198,20 @@ class Reporter:
         lines.append(f"  ranks: {states or 'none seen'}")
         for rank, message in data["messages"].items():
             lines.append(f"  rank {rank}: {self.lines.get(int(rank)) or _first_line(message)}")
+        for words in self.words.values():
+            lines.append(f"  incident {words}")
         if not data["flagged"]:
             lines.append("  flagged: no rank")
+        quiet = sorted({f.rank for f in self.flags.values() if f.rank in self.affected})
         for flag in sorted(self.flags.values(), key=lambda f: (f.rank, f.since_step or 0)):
-            lines.append(f"  flagged rank {flag.rank}: {_describe(flag)}")
+            if flag.rank not in self.affected:
+                lines.append(f"  flagged rank {flag.rank}: {_describe(flag)}")
+        if quiet:
+            count = sum(f.rank in self.affected for f in self.flags.values())
+            lines.append(
+                f"  flagged too, as the fault reached them: ranks {quiet} ({count} flags; "
+                "the incident names the rank it started on)"
+            )
         if fault != "none":
             first = self.first_flag_step(fault_rank)
             if first is None:

@@ -138,3 +138,37 @@ def test_verdict_names_who_went_first_and_what_became_of_the_others() -> None:
     rep.ingest(snapshot(rows, []), alerts)
     verdict = rep.summary_lines("crash", 2, 20)[-1]
     assert "and it is crashed; the other ranks: rank 0 lost, rank 1 lost, rank 3 lost" in verdict
+
+
+def test_an_incident_is_one_line_and_the_ranks_it_reached_are_not_said_one_by_one() -> None:
+    rep, said = reporter()
+    alive = [rank_row(r, "alive") for r in range(4)]
+    nan = [
+        {**divergence(r, m, 20 if r == 2 else 21, 20 if r == 2 else 21), "kind": "nonfinite"}
+        for r in range(4)
+        for m in ("loss", "grad_norm_local")
+    ]
+    incident = {
+        "id": f"{RUN}#1", "cause": "nonfinite", "culprits": [2], "affected": [0, 1, 3],
+        "summary": "rank 2 (node0, pid 12) went non-finite first (loss at step 20); "
+        "3 ranks (0, 1, 3) followed from step 21",
+    }  # fmt: skip
+    entry = snapshot(alive, nan)
+    entry["runs"][1]["incidents"] = [incident]
+    rep.ingest(entry, None)
+    rep.ingest(entry, None)  # the same incident again: not said again
+    assert said == [
+        f"  INCIDENT nonfinite: {incident['summary']}",
+        "  FLAG rank 2: loss nonfinite since step 20, reported at step 20: rank 2 loss 3.0x the "
+        "median",
+        "  FLAG rank 2: grad_norm_local nonfinite since step 20, reported at step 20: rank 2 "
+        "grad_norm_local 3.0x the median",
+    ]
+    entry["runs"][1]["incidents"] = [{**incident, "culprits": [1], "affected": [0, 2, 3]}]
+    rep.ingest(entry, None)
+    assert said[-1].startswith("  INCIDENT UPDATED nonfinite: ")
+    lines = rep.summary_lines("nan", 2, 20)
+    assert f"  incident nonfinite: {incident['summary']}" in lines
+    assert any(line.startswith("  flagged too, as the fault reached them: ranks [0, 2, 3]")
+               for line in lines)  # fmt: skip
+    assert rep.summary("nan", 2, 20)["flagged"] == [0, 1, 2, 3]  # the data keeps every flag
