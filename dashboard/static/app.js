@@ -3,7 +3,7 @@
 // lives in the URL hash. Tests read window.rankwatch (charts, state, firstDrawn).
 
 import { bindActions, showActions } from './actions.js';
-import { MetricChart, flaggedRanks, stepExtentOf } from './charts.js';
+import { MetricChart } from './charts.js';
 import { bindControls, syncControls } from './controls.js';
 import { hardwareView } from './hardware.js';
 import { Heatmap } from './heatmap.js';
@@ -79,8 +79,21 @@ const refUi = refView({
 
 const app = {
   state,
-  highlighted: () => flaggedRanks(state.divergent),
-  extent: () => stepExtentOf(charts),
+  highlighted() {
+    const out = new Set();
+    for (const ranks of state.divergent.values()) for (const r of ranks) out.add(r);
+    return out;
+  },
+  extent() {
+    let lo = Infinity;
+    let hi = -Infinity;
+    for (const c of charts.values()) {
+      const [a, b] = c.stepExtent();
+      lo = Math.min(lo, a);
+      hi = Math.max(hi, b);
+    }
+    return hi === lo ? [lo, hi + 1] : [lo, hi];
+  },
   // A rank's part in the run's incident (culprit, affected, terminated, or null), and the
   // chart style that goes with it: the charts ask these before their divergent colours.
   rankRole: incidents.rankRole,

@@ -33,25 +33,6 @@ const EVENT_STYLE = {
   restart: { color: '#ea580c', type: 'dashed' },
 };
 
-// What every page of charts answers the same way: the ranks flagged on any metric, and the
-// step range the charts span together (one step wide at least).
-export function flaggedRanks(divergent) {
-  const out = new Set();
-  for (const ranks of divergent.values()) for (const r of ranks) out.add(r);
-  return out;
-}
-
-export function stepExtentOf(charts) {
-  let lo = Infinity;
-  let hi = -Infinity;
-  for (const c of charts.values()) {
-    const [a, b] = c.stepExtent();
-    lo = Math.min(lo, a);
-    hi = Math.max(hi, b);
-  }
-  return hi === lo ? [lo, hi + 1] : [lo, hi];
-}
-
 export class MetricChart {
   constructor(metric, container, app) {
     this.metric = metric;

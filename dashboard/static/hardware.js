@@ -4,7 +4,7 @@
 // findings, and temp / util / memory columns added to the rank table. Everything from the wire
 // is text (textContent, esc()), never HTML.
 
-import { MetricChart, flaggedRanks, stepExtentOf } from './charts.js';
+import { MetricChart } from './charts.js';
 import { api, el, esc, fmt, lowerBound } from './util.js';
 
 const RELOAD_MS = 10000; // telemetry is sampled every 10 s by default: charts re-read as often
@@ -107,8 +107,21 @@ export function hardwareView({ state, toggleRank: toggle, roleStyle, redrawTable
   };
   const hwApp = {
     state: hwState,
-    highlighted: () => flaggedRanks(hwState.divergent),
-    extent: () => stepExtentOf(charts),
+    highlighted() {
+      const out = new Set();
+      for (const ranks of hwState.divergent.values()) for (const r of ranks) out.add(r);
+      return out;
+    },
+    extent() {
+      let lo = Infinity;
+      let hi = -Infinity;
+      for (const c of charts.values()) {
+        const [a, b] = c.stepExtent();
+        lo = Math.min(lo, a);
+        hi = Math.max(hi, b);
+      }
+      return hi === lo ? [lo, hi + 1] : [lo, hi];
+    },
     rankRole: () => null,
     roleStyle,
     stepEvents: () => [],
