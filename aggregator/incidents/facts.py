@@ -7,17 +7,29 @@ NamedTuple constructor's Python frame and with their line for people left to ``F
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from itertools import compress, islice, repeat
+from operator import attrgetter, eq, not_
+
 from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.divergence.types import Divergence
 from rankwatch.aggregator.health import RankHealth, RankState
 from rankwatch.aggregator.incidents import rules
-from rankwatch.aggregator.incidents.oneline import is_collective_failure, one_line
+from rankwatch.aggregator.incidents.columns import Rows
+from rankwatch.aggregator.incidents.oneline import (
+    collective_failures,
+    is_collective_failure,
+    one_line,
+)
 from rankwatch.aggregator.incidents.rules import Fact
 from rankwatch.aggregator.metrics import KNOWN_METRICS
 
 KILL_WORDS = ("sigterm", "sigkill", "terminated", "killed", "signal 9", "signal 15")
 
-__all__ = ["KILL_WORDS", "alert_items", "divergence_fact", "divergence_kind", "health_fact"]
+__all__ = [
+    "KILL_WORDS", "alert_items", "divergence_fact", "divergence_facts", "divergence_kind",
+    "health_fact", "health_facts",
+]  # fmt: skip
 
 _new = tuple.__new__
 
@@ -43,9 +55,36 @@ def divergence_fact(d: Divergence, time: float) -> Fact:
     return Fact(kind, d.rank, d.since_step, time, d.metric, what)
 
 
+def divergence_facts(
+    ds: Sequence[Divergence],
+    run: str,
+    now: float,
+    times: Mapping[tuple[str, int, int], float] | None,
+    rows: Rows,
+) -> None:
+    """``divergence_fact`` of each of a burst of one run's verdicts, added to ``rows``; a burst
+    of non-finite verdicts (the common one) column by column, in C."""
+    if not all(map(eq, map(_KIND, ds), repeat("nonfinite"))):
+        for d in ds:
+            rows.add(divergence_fact(d, times.get((run, d.rank, d.since_step), now)
+                                     if times else now))  # fmt: skip
+        return
+    ranks, steps = list(map(_RANK, ds)), list(map(_SINCE, ds))
+    when = map(times.get, zip(repeat(run), ranks, steps), repeat(now)) if times else repeat(now)
+    rows.extend(rules.NONFINITE, ranks, steps, islice(when, len(ranks)), list(map(_METRIC, ds)))
+
+
+_KIND, _RANK, _SINCE, _METRIC = (
+    attrgetter("kind"), attrgetter("rank"), attrgetter("since_step"), attrgetter("metric")
+)  # fmt: skip
+_STATE, _STEP, _AT, _MESSAGE = (
+    attrgetter("state"), attrgetter("last_step"), attrgetter("since"), attrgetter("message")
+)  # fmt: skip
+
 _CRASHED, _STALLED, _FINISHED, _LOST = (
     RankState.CRASHED, RankState.STALLED, RankState.FINISHED, RankState.LOST
 )  # fmt: skip
+_NO_FACT = {RankState.ALIVE, RankState.PAUSED}  # states ``health_fact`` makes nothing of
 
 
 def health_fact(h: RankHealth) -> Fact | None:
@@ -53,10 +92,7 @@ def health_fact(h: RankHealth) -> Fact | None:
     if state is _CRASHED:
         if is_collective_failure(msg):  # most of a burst: its one line is made when shown
             return _new(Fact, (rules.COLLECTIVE, h.rank, h.last_step, h.since, "", "", "", msg))
-        line = one_line(msg)
-        if _killed(msg):
-            return Fact(rules.KILLED, h.rank, h.last_step, h.since, "", f"killed: {line}", line)
-        return Fact(rules.CRASHED, h.rank, h.last_step, h.since, "", f"crashed: {line}", line)
+        return _crash_fact(h)
     if state is _STALLED:
         return _new(Fact, (rules.STALLED, h.rank, h.last_step, h.since, "", "", msg, ""))
     if state is _FINISHED and _killed(msg):
@@ -64,6 +100,71 @@ def health_fact(h: RankHealth) -> Fact | None:
     if state is _LOST:
         return Fact(rules.LOST, h.rank, h.last_step, h.since, "", f"lost: {msg}", msg)
     return None
+
+
+def health_facts(
+    hs: list[RankHealth], rows: Rows, ranks: list[int] | None = None
+) -> list[RankHealth]:
+    """``health_fact`` of each of a burst of health values, added to ``rows``; returns the
+    values that make none (recovered ranks and the like). A burst of stalls or of crashes, the
+    big ones, goes column by column, in C. The tracker puts the rows in (time, rank) order, so
+    their order here matters only for a rank that comes twice: then they keep the burst's.
+    ``ranks``: their ranks, when the caller has them already."""
+    states = set(map(_STATE, hs))
+    if states <= _NO_FACT:
+        return list(hs)
+    if len(states) == 1:
+        parts = [(states.pop(), hs)]
+        whole = ranks
+    elif len(set(map(_RANK, hs))) < len(hs):
+        return _one_by_one(hs, rows)
+    else:
+        parts = [(k, [h for h in hs if h.state is k]) for k in states]
+        whole = None
+    rest: list[RankHealth] = []
+    for state, part in parts:
+        if state is _STALLED:
+            every = whole if whole is not None else list(map(_RANK, part))
+            rows.extend(rules.STALLED, every, map(_STEP, part), map(_AT, part),
+                        detail=map(_MESSAGE, part))  # fmt: skip
+        elif state is _CRASHED:
+            messages = list(map(_MESSAGE, part))
+            collective = collective_failures(messages)
+            peers = list(compress(part, collective))
+            own = list(compress(part, map(not_, collective))) if len(peers) < len(part) else []
+            peer_ranks = whole if whole is not None and not own else list(map(_RANK, peers))
+            if own and not set(map(_RANK, own)).isdisjoint(peer_ranks):
+                rest += _one_by_one(part, rows)  # a rank twice, both ways: as they came
+                continue
+            for h in own:  # first: the culprit's crash is most often earliest, rows in order
+                rows.add(_crash_fact(h))
+            rows.extend(rules.COLLECTIVE, peer_ranks, map(_STEP, peers), map(_AT, peers),
+                        raw=messages if not own else map(_MESSAGE, peers))  # fmt: skip
+        elif state in _NO_FACT:
+            rest += part
+        else:
+            rest += _one_by_one(part, rows)
+    return rest
+
+
+def _one_by_one(hs: Sequence[RankHealth], rows: Rows) -> list[RankHealth]:
+    rest: list[RankHealth] = []
+    for h in hs:
+        fact = health_fact(h)
+        if fact is None:
+            rest.append(h)
+        else:
+            rows.add(fact)
+    return rest
+
+
+def _crash_fact(h: RankHealth) -> Fact:
+    """A crash that is not a collective failure: its own, or the launcher's kill."""
+    msg = h.message
+    line = one_line(msg)
+    if _killed(msg):
+        return Fact(rules.KILLED, h.rank, h.last_step, h.since, "", f"killed: {line}", line)
+    return Fact(rules.CRASHED, h.rank, h.last_step, h.since, "", f"crashed: {line}", line)
 
 
 def _killed(message: str) -> bool:

@@ -11,15 +11,19 @@ import heapq
 import math
 from dataclasses import dataclass, field
 from itertools import chain, repeat
-from operator import itemgetter
+from operator import eq
+from typing import cast
 
 from rankwatch.aggregator.health import RankState
 from rankwatch.aggregator.incidents import rules
+from rankwatch.aggregator.incidents.columns import Column, Rows
 from rankwatch.aggregator.incidents.model import Incident
-from rankwatch.aggregator.incidents.rules import Fact
+from rankwatch.aggregator.incidents.rules import Fact, known
 from rankwatch.aggregator.incidents.stacks import StackGroup
 
-__all__ = ["Open", "all_explained", "explains", "forget", "recover", "store"]
+__all__ = [
+    "Open", "all_explained", "explains", "forget", "is_open", "members_only", "recover", "store",
+]  # fmt: skip
 
 
 @dataclass
@@ -27,11 +31,13 @@ class Open:
     id: str
     run: str
     opened: float
-    # kind -> (rank, metric) -> fact: what the rules read, a pass per kind (rules.Evidence)
-    evidence: dict[str, dict[tuple[int, str], Fact]] = field(default_factory=dict)
+    # kind -> metric -> its facts, one row per rank: what the rules read (rules.Evidence)
+    evidence: dict[str, dict[str, Column]] = field(default_factory=dict)
     count: int = 0  # facts held
     members: set[int] = field(default_factory=set)  # ranks with evidence in it
-    open_keys: set[tuple[int, str, str]] = field(default_factory=set)  # facts not yet over
+    # (kind, metric) -> ranks whose fact of it is over (a subset of its column's): the rest
+    # fire. Kept as what is over, not what fires: a burst adds no rank to it.
+    over: dict[tuple[str, str], set[int]] = field(default_factory=dict)
     last: float = 0.0  # time of the latest evidence
     first: Fact | None = None  # the earliest evidence
     first_time: float = math.inf  # its time
@@ -80,29 +86,40 @@ def explains(inc: Open, fact: Fact, spread_steps: int) -> bool:
     return False
 
 
-def all_explained(inc: Open, rest: list[Fact], window: float, spread_steps: int) -> bool:
-    """Would each of ``rest`` (in time order, after a fact of theirs just went to ``inc``,
-    the newest incident) go to ``inc`` one by one, and leave what ``explains`` reads as it
-    is? Then they go at once. One kind, explained by its class, within the window."""
-    kinds = set(map(_FACT_KIND, rest))
+def is_open(inc: Open) -> bool:
+    """Is any of its evidence not yet over?"""
+    over = inc.over
+    return any(
+        len(column) > len(over.get((kind, metric), _NONE))
+        for kind, columns in inc.evidence.items()
+        for metric, column in columns.items()
+    )
+
+
+def all_explained(inc: Open, rows: Rows, start: int, window: float, spread_steps: int) -> bool:
+    """Would each of ``rows`` from ``start`` on (in time order, after a fact of theirs just
+    went to ``inc``, the newest incident) go to ``inc`` one by one, and leave what ``explains``
+    reads as it is? Then they go at once. One kind, explained by its class, within the window."""
+    kinds = set(rows.kind[start:])
     if len(kinds) != 1:
         return False
     (kind,) = kinds
     if kind in TIMED_KINDS or kind not in inc.evidence:
         return False
-    if rest[-1][3] - inc.last > window or inc.opened - rest[0][3] > window:
+    if rows.time[-1] - inc.last > window or inc.opened - rows.time[start] > window:
         return False
     if kind != _NONFINITE:
         hit = inc.memo.get(kind)
         if hit is None:  # by its class alone: the same for every fact of the kind
-            hit = inc.memo[kind] = explains(inc, rest[0], spread_steps)
+            hit = inc.memo[kind] = explains(inc, rows.fact(start), spread_steps)
         return hit
     # Each is explained in any order when every step is within spread_steps of the lowest
     # first step the incident can have meanwhile; that is then its first step.
-    steps = set(map(_FACT_STEP, rest))
+    held = set(rows.step[start:])
     cause = inc.verdict.cause if inc.verdict is not None else first_cause(inc)
-    if None in steps or cause != "nonfinite" or inc.first_step is None:
+    if None in held or cause != "nonfinite" or inc.first_step is None:
         return False
+    steps = cast("set[int]", held)
     low = min(inc.first_step, *steps)
     if max(steps) > low + spread_steps:
         return False
@@ -112,34 +129,47 @@ def all_explained(inc: Open, rest: list[Fact], window: float, spread_steps: int)
     return True
 
 
-def store(inc: Open, kind: str, batch: list[Fact], limit: int, early_max: int) -> int:
-    """Add a batch of one kind to ``inc``, at most ``limit`` facts held in all; returns how
+def members_only(inc: Open, rows: Rows, start: int, window: float) -> bool:
+    """Are ``rows`` from ``start`` on (in time order) all of ranks already in ``inc``, the
+    newest incident, of one kind, within its window, none earlier than its first evidence and
+    none changing what ``explains`` reads? Then they go to it at once, as one by one."""
+    kinds = set(rows.kind[start:])
+    if len(kinds) != 1 or not inc.members.issuperset(rows.rank[start:]):
+        return False
+    (kind,) = kinds
+    times = rows.time
+    if times[-1] - inc.last > window or inc.opened - times[start] > window:
+        return False
+    if times[start] < inc.first_time:
+        return False
+    if kind == _NONFINITE:
+        steps = set(rows.step[start:])
+        first = inc.first_step
+        return None not in steps and first is not None and min(known(steps)) >= first
+    return kind != _CRASHED or inc.crash_lines.issuperset(rows.detail[start:])
+
+
+def store(inc: Open, kind: str, rows: Rows, limit: int, early_max: int) -> int:
+    """Add facts of one kind to ``inc``, at most ``limit`` facts held in all; returns how
     many were not held."""
     dropped = 0
-    facts_of = inc.evidence[kind]
-    keys = list(zip(map(_FACT_RANK, batch), map(_FACT_METRIC, batch), strict=True))
-    fresh = dict(zip(keys, batch, strict=True))
-    if len(fresh) == len(keys) and facts_of.keys().isdisjoint(keys):
-        room = limit - inc.count
-        if len(keys) > room:
-            dropped += len(keys) - room
-            fresh = dict(zip(keys[:room], batch[:room], strict=True))
-        facts_of.update(fresh)
-        inc.count += len(fresh)
-    else:  # a rank's evidence again (a verdict and its alert): one at a time
-        for key, fact in zip(keys, batch, strict=True):
-            old = facts_of.get(key)
-            if old is None:
-                if inc.count >= limit:
-                    dropped += 1
-                    continue
-                facts_of[key] = fact
-                inc.count += 1
-            elif fact.step is not None and (old.step is None or fact.step < old.step):
-                facts_of[key] = fact  # the earlier step says more
-    inc.open_keys.update(zip(map(_FACT_RANK, batch), repeat(kind), map(_FACT_METRIC, batch)))
-    # ``batch`` is in time order: only its head can be among the earliest
-    head = batch[:early_max]
+    columns = inc.evidence[kind]
+    metrics = set(rows.metric)
+    parts = [(metrics.pop(), rows)] if len(metrics) == 1 else [
+        (m, rows.where(list(map(eq, rows.metric, repeat(m))))) for m in sorted(metrics)
+    ]  # fmt: skip
+    for metric, part in parts:
+        column = columns.get(metric)
+        if column is None:
+            column = columns[metric] = Column(kind, metric)
+        added, lost = column.add(part, limit - inc.count)
+        inc.count += added
+        dropped += lost
+        ended = inc.over.get((kind, metric))
+        if ended:  # their evidence again: firing again
+            ended.difference_update(part.rank)
+    # ``rows`` are in time order: only their head can be among the earliest
+    head = rows.take(list(range(min(len(rows), early_max)))).facts()
     inc.early = heapq.nsmallest(early_max, chain(inc.early, head), key=rules.BY_TIME)
     return dropped
 
@@ -147,12 +177,6 @@ def store(inc: Open, kind: str, batch: list[Fact], limit: int, early_max: int) -
 _CONSEQUENCES = {rules.COLLECTIVE, rules.LOST, rules.KILLED, rules.STALLED}
 TIMED_KINDS = {rules.CRASHED, rules.LOST, rules.KILLED}  # ``explains`` reads their time
 RECOVERED = (RankState.ALIVE, RankState.PAUSED, RankState.FINISHED)
-_FACT_KIND, _FACT_RANK, _FACT_STEP, _FACT_METRIC = (
-    itemgetter(0),
-    itemgetter(1),
-    itemgetter(2),
-    itemgetter(4),
-)
 _NONFINITE, _CRASHED = rules.NONFINITE, rules.CRASHED
 
 
@@ -176,12 +200,19 @@ _CAUSE_OF_KIND = {
 def recover(inc: Open, rank: int, key: tuple[str, str] | None) -> bool:
     if rank not in inc.members:
         return False
-    before = len(inc.open_keys)
-    if key is None:  # alive again: every health fact of the rank is over
-        inc.open_keys.difference_update((rank, kind, "") for kind in _HEALTH_KINDS)
-    else:
-        inc.open_keys.discard((rank, *key))
-    return len(inc.open_keys) != before
+    changed = False
+    # alive again: every health fact of the rank is over
+    for k in _HEALTH_KEYS if key is None else (key,):
+        column = inc.evidence.get(k[0], _NO_COLUMNS).get(k[1])
+        if column is not None and rank in column.at:
+            ended = inc.over.setdefault(k, set())
+            if rank not in ended:
+                ended.add(rank)
+                changed = True
+    return changed
 
 
 _HEALTH_KINDS = (rules.STALLED, rules.LOST, rules.CRASHED, rules.COLLECTIVE, rules.KILLED)
+_HEALTH_KEYS = tuple((kind, "") for kind in _HEALTH_KINDS)
+_NONE: set[int] = set()
+_NO_COLUMNS: dict[str, Column] = {}

@@ -9,6 +9,9 @@ lines. A person needs the exception type and the first line that says what went 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import contains, itemgetter, not_
 
 ONE_LINE_MAX = 160  # characters of the one-line form, ellipsis included
 PATH_PARTS_KEPT = 1  # trailing parts of a long slashed name kept after ".../"
@@ -47,8 +50,9 @@ COLLECTIVE_WORDS = (
 _MPI = re.compile(r"\bmpi\b")  # not "compiler"
 COLLECTIVE_SCAN_CHARS = 1024  # the head of a message says what failed; a C++ stack follows
 COLLECTIVE_QUICK_CHARS = 200  # scanned first: a burst of peers' failures is decided there
+_QUICK = itemgetter(slice(None, COLLECTIVE_QUICK_CHARS))
 
-__all__ = ["COLLECTIVE_WORDS", "is_collective_failure", "one_line"]
+__all__ = ["COLLECTIVE_WORDS", "collective_failures", "is_collective_failure", "one_line"]
 
 
 def one_line(message: str, limit: int = ONE_LINE_MAX) -> str:
@@ -72,14 +76,51 @@ def one_line(message: str, limit: int = ONE_LINE_MAX) -> str:
 
 def is_collective_failure(message: str) -> bool:
     """Does this crash message read as a failed collective, a timeout or a lost peer?"""
-    text = str(message)
+    return collective_failures([str(message)])[0]
+
+
+def collective_failures(messages: Sequence[str]) -> list[bool]:
+    """``is_collective_failure`` of each message, for a burst of them: each word is looked for
+    in every message still undecided at once (``map`` in C), not message by message."""
+    texts = messages
     # Most failures name the collective in their first line: scan that before the whole head.
-    if _collective_words(text[:COLLECTIVE_QUICK_CHARS]) or (
-        len(text) > COLLECTIVE_QUICK_CHARS and _collective_words(text[:COLLECTIVE_SCAN_CHARS])
-    ):
-        return True
+    out, todo = _mark_words([False] * len(texts), list(map(str.lower, map(_QUICK, texts))))
+    long = [i for i in todo if len(texts[i]) > COLLECTIVE_QUICK_CHARS]
+    if long:
+        heads = [texts[i][:COLLECTIVE_SCAN_CHARS].lower() for i in long]
+        found, _ = _mark_words([False] * len(long), heads)
+        for i in compress(long, found):
+            out[i] = True
     # A whole traceback names the exception at its end.
-    return _TRACEBACK in text and _collective_words(one_line(text))
+    for i in todo:
+        if not out[i] and _TRACEBACK in texts[i]:
+            out[i] = _collective_words(one_line(texts[i]))
+    return out
+
+
+def _mark_words(out: list[bool], heads: list[str]) -> tuple[list[bool], list[int]]:
+    """``out`` marked where ``heads`` (lower case) has a collective word, and the indices left
+    unmarked. A burst is decided by its first word found: marked in one go."""
+    todo = list(range(len(heads)))
+    for word in COLLECTIVE_WORDS:
+        if not todo:
+            break
+        hits = list(map(contains, heads, repeat(word)))
+        if not any(hits):
+            continue
+        if len(todo) == len(out):
+            out = hits
+            if all(hits):
+                return out, []
+        else:
+            for i in compress(todo, hits):
+                out[i] = True
+        keep = list(map(not_, hits))
+        todo, heads = list(compress(todo, keep)), list(compress(heads, keep))
+    for i, head in zip(todo, heads, strict=True):
+        if _MPI.search(head) is not None:
+            out[i] = True
+    return out, [i for i in todo if not out[i]]
 
 
 def _collective_words(text: str) -> bool:

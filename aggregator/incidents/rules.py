@@ -5,16 +5,18 @@ culprits, affected and terminated ranks and one sentence. Pure; order of arrival
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
-from itertools import compress, repeat
-from operator import eq, is_not, itemgetter
-from typing import NamedTuple
+from operator import is_not, itemgetter
+from typing import TYPE_CHECKING, NamedTuple, TypeVar, cast
 
 from rankwatch.aggregator.health import RankHealth, RankState
 from rankwatch.aggregator.incidents.oneline import one_line
 from rankwatch.aggregator.incidents.stacks import StackGroup, odd_ones_out, summary_line
+
+if TYPE_CHECKING:
+    from rankwatch.aggregator.incidents.columns import Column
 
 # Kinds of evidence (the tracker makes them from verdicts, alerts and health).
 NONFINITE, OUTLIER, STRAGGLER = "nonfinite", "outlier", "straggler"
@@ -44,14 +46,20 @@ class Fact(NamedTuple):  # a tuple: a burst makes one per rank
 
 
 BY_TIME = itemgetter(3, 1, 0, 4)  # (time, rank, kind, metric): unique within an incident
-_RANK, _METRIC = itemgetter(0), itemgetter(1)  # of a (rank, metric) key
 _STEP = itemgetter(2)
 _KNOWN = partial(is_not, None)  # "is not None", as a function for filter()
+_T = TypeVar("_T")
 
-# An incident's evidence: kind -> (rank, metric) -> fact. The tracker keeps it this way as
-# facts arrive, so a judgement costs a few passes in C over the kinds it needs, not a sort of
-# everything.
-Evidence = Mapping[str, Mapping[tuple[int, str], Fact]]
+
+def known(values: Iterable[_T | None]) -> Iterator[_T]:
+    """The values that are not None, filtered in C."""
+    return cast("Iterator[_T]", filter(_KNOWN, values))
+
+
+# An incident's evidence: kind -> metric -> its facts as columns, one row per rank. The tracker
+# keeps it this way as facts arrive, so a judgement costs a few passes in C over the kinds it
+# needs, and makes a ``Fact`` only of the few rows it names.
+Evidence = Mapping[str, Mapping[str, "Column"]]
 Groups = Callable[[], list[StackGroup]]  # the run's stall stacks, grouped; asked for lazily
 
 
@@ -77,9 +85,9 @@ def judge(
     world: int = 0,
 ) -> Verdict:
     """``world``: the run's world size (0: the ranks ``health`` knows)."""
-    nonfinite = _values(evidence, NONFINITE)
+    nonfinite = _columns(evidence, NONFINITE)
     roots = sorted(_values(evidence, CRASHED), key=BY_TIME)
-    nf0 = min(nonfinite, key=BY_TIME) if nonfinite else None
+    nf0 = _earliest(nonfinite)
     if nf0 is not None and (not roots or nf0.time <= roots[0].time):
         cause, culprits, basis, step = _nonfinite(nonfinite, world or len(health))
     elif roots:
@@ -106,8 +114,9 @@ def judge(
     culprit_set = set(culprits)
     bad: set[int] = set()
     silent: set[int] = set()
-    for kind, facts in evidence.items():
-        (silent if kind in (LOST, KILLED) else bad).update(map(_RANK, facts))
+    for kind, columns in evidence.items():
+        for column in columns.values():
+            (silent if kind in (LOST, KILLED) else bad).update(column.at)
     bad -= culprit_set
     terminated = tuple(sorted(silent - culprit_set - bad))
     affected = tuple(sorted(bad))
@@ -116,19 +125,39 @@ def judge(
     return Verdict(cause, culprits, affected, terminated, basis, summary, step, own)
 
 
+def _columns(evidence: Evidence, kind: str) -> list[Column]:
+    columns = evidence.get(kind)
+    return [c for c in columns.values() if len(c)] if columns else []
+
+
 def _values(evidence: Evidence, kind: str) -> list[Fact]:
-    facts = evidence.get(kind)
-    return list(facts.values()) if facts else []
+    """Every fact of a kind, made: for the kinds a burst does not bring by the thousand."""
+    return [f for c in _columns(evidence, kind) for f in c.facts()]
+
+
+def _ranks(columns: Iterable[Column]) -> set[int]:
+    out: set[int] = set()
+    for c in columns:
+        out.update(c.at)
+    return out
+
+
+def _earliest(columns: Iterable[Column]) -> Fact | None:
+    return min(known(c.earliest() for c in columns), key=BY_TIME, default=None)
+
+
+def _min_step_of(columns: Iterable[Column]) -> int | None:
+    return min(known(c.min_step() for c in columns), default=None)
 
 
 def facts_of_ranks(evidence: Evidence, ranks: Iterable[int]) -> list[Fact]:
     """The facts of ``ranks`` (a few: the culprits), by time: looked up, not searched for."""
     wanted = list(ranks)
     out: list[Fact] = []
-    for facts in evidence.values():
-        get = facts.get
-        found = (get((r, m)) for m in set(map(_METRIC, facts)) for r in wanted)
-        out += [f for f in found if f is not None]
+    for columns in evidence.values():
+        for c in columns.values():
+            found = map(c.get, wanted)
+            out += known(found)
     return sorted(out, key=BY_TIME)
 
 
@@ -142,23 +171,17 @@ def _ordered(facts: Iterable[Fact]) -> tuple[int, ...]:
     return tuple(seen)
 
 
-def _min_step(facts: Iterable[Fact]) -> int | None:
-    return min(filter(_KNOWN, map(_STEP, facts)), default=None)
-
-
-def _at_step(facts: list[Fact], step: int | None) -> list[Fact]:
-    return list(compress(facts, map(eq, map(_STEP, facts), repeat(step))))
-
-
-def _nonfinite(facts: list[Fact], world: int) -> tuple[str, tuple[int, ...], str, int | None]:
-    s0 = _min_step(facts)
-    per_metric: dict[str, list[Fact]] = {}
-    for f in _at_step(facts, s0):
-        per_metric.setdefault(f.metric, []).append(f)
+def _nonfinite(columns: list[Column], world: int) -> tuple[str, tuple[int, ...], str, int | None]:
+    s0 = _min_step_of(columns)
+    per_metric: dict[str, tuple[Column, list[int]]] = {}
+    for c in columns:  # one column per metric, one row per rank
+        rows = c.rows_at(s0)
+        if rows:
+            per_metric[c.metric] = (c, rows)
     # A value taken after the collective (a reduced gradient norm) is non-finite on every rank
     # at the fault step; the metric with the fewest non-finite ranks there names the card.
-    metric, chosen = min(per_metric.items(), key=lambda kv: (len({f.rank for f in kv[1]}), kv[0]))
-    culprits = _ordered(sorted(chosen, key=BY_TIME))
+    metric, (column, rows) = min(per_metric.items(), key=lambda kv: (len(kv[1][1]), kv[0]))
+    culprits = _ordered(sorted(map(column.fact, rows), key=BY_TIME))
     if len(culprits) > 1 and len(culprits) >= world:
         basis = f"every rank non-finite at step {s0} at once ({metric}): no single culprit"
     else:
@@ -192,24 +215,24 @@ def _stop_step(
 def _hang(
     evidence: Evidence, health: Mapping[int, RankHealth], groups: Groups
 ) -> tuple[str, tuple[int, ...], str, int | None]:
-    collective = _values(evidence, COLLECTIVE)
-    stalled = _values(evidence, STALLED)
+    collective = _columns(evidence, COLLECTIVE)
+    stalled = _columns(evidence, STALLED)
     silent = _values(evidence, LOST) + _values(evidence, KILLED)
-    step = _min_step(stalled)
-    peers_step = _min_step(collective)
+    step = _min_step_of(stalled)
+    peers_step = _min_step_of(collective)
     grouped = groups()
     odd = odd_ones_out(grouped)
     if odd:
         if step is None:
             step = _stop_step(odd, health, peers_step)
         return "hang", odd, f"stacks: {summary_line(grouped)}", step
-    failed = set(map(_RANK, evidence.get(COLLECTIVE, {})))
+    failed = _ranks(collective)
     waited_for = [
         r
         for r, h in health.items()
         if r not in failed and not (h.state is RankState.FINISHED and "normal" in h.message)
     ]
-    first_failure = min(collective, key=BY_TIME) if collective else None
+    first_failure = _earliest(collective)
     if first_failure is not None and waited_for and len(waited_for) <= len(failed):
         culprits = tuple(sorted(waited_for, key=lambda r: _progress_key(r, health)))
         cause, named = "hang", set(culprits)
@@ -226,7 +249,7 @@ def _hang(
             "first to fail; every rank failed in a collective",
             first_failure.step,
         )
-    candidates = {f.rank for f in stalled} | {f.rank for f in silent}
+    candidates = _ranks(stalled) | {f.rank for f in silent}
     ranked = sorted(candidates, key=lambda r: _progress_key(r, health))
     if not ranked:
         return "hang", (), "no candidate", step
@@ -261,7 +284,7 @@ def _summary(
     who = _who(culprits, health)
     first = own[0] if own else None
     if cause == "nonfinite":
-        later = _first_step_of_others(_values(evidence, NONFINITE), set(culprits))
+        later = _first_step_of_others(_columns(evidence, NONFINITE), set(culprits))
         head = f"{who} went non-finite first ({first.metric if first else '?'} at step {step})"
         tail = f"; {_count(affected)} followed from step {later}" if later is not None else ""
         if basis.startswith("every rank"):
@@ -292,10 +315,13 @@ def _summary(
     return head + tail
 
 
-def _first_step_of_others(facts: list[Fact], culprits: set[int]) -> int | None:
+def _first_step_of_others(columns: list[Column], culprits: set[int]) -> int | None:
     """The earliest step at which a rank other than the culprits is non-finite."""
-    for s in sorted(set(filter(_KNOWN, map(_STEP, facts)))):
-        if any(f.rank not in culprits for f in _at_step(facts, s)):
+    steps: set[int] = set()
+    for c in columns:
+        steps |= c.steps()
+    for s in sorted(steps):
+        if any(not culprits.issuperset(c.ranks_at(s)) for c in columns):
             return s
     return None
 

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import attrgetter, eq
 from typing import Any
 
 from rankwatch.agent.wire.stacks import MAX_FRAMES, WHERES, Frame
 from rankwatch.agent.wire.stacks import StackSample as WireSample
 
 RANKS_LISTED = 8  # ranks named in a group's line before "+N more"
+_PICKED_MAX = 8  # distinct stacks picked out in C; more are grouped sample by sample
+_RANK, _SIGNATURE, _WHERE = attrgetter("rank"), attrgetter("signature"), attrgetter("where")
 
 __all__ = [
     "MAX_FRAMES",
@@ -85,18 +89,34 @@ class StackGroup:
 def group_stacks(samples: Iterable[StackSample]) -> list[StackGroup]:
     """The latest sample of each rank, grouped by signature; the largest group first (then the
     one holding the lowest rank), so the odd ones out come last."""
-    latest: dict[int, StackSample] = {}
-    for s in samples:
-        old = latest.get(s.rank)
-        if old is None or s.time >= old.time:
-            latest[s.rank] = s
+    every = list(samples)
+    if len(set(map(_RANK, every))) < len(every):
+        latest: dict[int, StackSample] = {}
+        for s in every:
+            old = latest.get(s.rank)
+            if old is None or s.time >= old.time:
+                latest[s.rank] = s
+        every = list(latest.values())
+    # A stall at 4,096 ranks is a few distinct stacks: each picked out in C, not rank by rank.
+    sigs = list(map(_SIGNATURE, every))
+    distinct = dict.fromkeys(sigs)
     by_sig: dict[tuple[str, str], list[StackSample]] = {}
-    for s in latest.values():
-        by_sig.setdefault((s.signature, s.where), []).append(s)
+    if len(distinct) <= _PICKED_MAX:
+        for sig in distinct:
+            same = list(compress(every, map(eq, sigs, repeat(sig))))
+            wheres = dict.fromkeys(map(_WHERE, same))
+            if len(wheres) == 1:
+                by_sig[(sig, same[0].where)] = same
+            else:
+                for where in wheres:
+                    by_sig[(sig, where)] = [s for s in same if s.where == where]
+    else:
+        for s in every:
+            by_sig.setdefault((s.signature, s.where), []).append(s)
     groups = []
     for (sig, where), members in by_sig.items():
-        members.sort(key=lambda s: s.rank)
-        groups.append(StackGroup(sig, where, tuple(s.rank for s in members), members[0]))
+        members.sort(key=_RANK)
+        groups.append(StackGroup(sig, where, tuple(map(_RANK, members)), members[0]))
     groups.sort(key=lambda g: (-len(g.ranks), g.ranks[0]))
     return groups
 

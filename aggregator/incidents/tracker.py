@@ -17,25 +17,29 @@ import heapq
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from operator import itemgetter
+from itertools import compress, repeat
+from operator import attrgetter, ge
+from typing import cast
 
 from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.divergence.types import Divergence
 from rankwatch.aggregator.health import RankHealth
 from rankwatch.aggregator.incidents import rules
+from rankwatch.aggregator.incidents.columns import Column, Rows, by_run, rows_of
 from rankwatch.aggregator.incidents.facts import (
     alert_items,
-    divergence_fact,
+    divergence_facts,
     divergence_kind,
-    health_fact,
+    health_facts,
 )
 from rankwatch.aggregator.incidents.grouping import (
-    RECOVERED,
     TIMED_KINDS,
     Open,
     all_explained,
     explains,
     forget,
+    is_open,
+    members_only,
     recover,
     store,
 )
@@ -108,48 +112,50 @@ class IncidentTracker:
         (without it, ``now`` is their time). ``health``: ``HealthTracker.changes()`` items or
         bare ``RankHealth`` values.
         """
-        facts: dict[str, list[Fact]] = {}  # per run
+        facts: dict[str, Rows] = {}  # per run
         recoveries: list[tuple[str, int, tuple[str, str] | None]] = []
-        name: str | None = None  # the run of the previous item: a burst is of one run
-        run, out = _Run(), []
-        for item in health:
-            h = item[0] if isinstance(item, tuple) else item
-            if h.run != name:
-                name, run = h.run, self._run(h.run)
-                out = facts.setdefault(name, [])
-            run.health[h.rank] = h
-            if h.world_size > run.world:
-                run.world = h.world_size
-            fact = health_fact(h)
-            if fact is not None:
-                out.append(fact)
-            elif h.state in RECOVERED:
-                recoveries.append((h.run, h.rank, None))
-                if run.stacks.pop(h.rank, None) is not None:  # where it was no longer matters
-                    run.stacks_version += 1
-        name = None
-        for d in divergences:
-            if d.run != name:
-                name = d.run
-                out = facts.setdefault(name, [])
-            out.append(divergence_fact(d, times.get((name, d.rank, d.since_step), now)
-                                       if times else now))  # fmt: skip
+        # A burst is handled column by column (attributes, facts, dict and set updates in C):
+        # at 4,096 ranks a Python statement per event is most of the cost.
+        given = list(health)
+        if any(map(isinstance, given, repeat(tuple))):
+            hs = [h[0] if isinstance(h, tuple) else h for h in given]
+        else:
+            hs = cast("list[RankHealth]", given)
+        for name, part in by_run(hs):
+            run = self._run(name)
+            ranks = list(map(_RANK, part))
+            run.health.update(zip(ranks, part, strict=True))
+            run.world = max(run.world, max(map(_WORLD, part)))
+            rest = health_facts(part, rows_of(facts, name), ranks)
+            # the rest are ranks well again (RECOVERED): their stalls are over
+            recoveries += zip(repeat(name), map(_RANK, rest), repeat(None))
+            if run.stacks and rest:
+                gone = [r for r in map(_RANK, rest) if run.stacks.pop(r, None) is not None]
+                run.stacks_version += bool(gone)  # where they were no longer matters
+        for name, verdicts in by_run(list(divergences)):
+            divergence_facts(verdicts, name, now, times, rows_of(facts, name))
         for d in resolved:
             recoveries.append((d.run, d.rank, (divergence_kind(d.kind, d.metric), d.metric)))
         self._take_alerts(alerts, facts, recoveries)
         touched: dict[int, tuple[_Run, Open]] = {}
-        for s in stacks:
-            of = self._runs.get(s.run)
-            if of is None or s.rank not in of.health:
-                self.refused_stacks += 1
+        for name, samples in by_run(list(stacks)):
+            of = self._runs.get(name)
+            ranks = list(map(_RANK, samples))
+            if of is not None and not all(map(of.health.__contains__, ranks)):
+                samples = [s for s in samples if s.rank in of.health]
+                self.refused_stacks += len(ranks) - len(samples)
+                ranks = list(map(_RANK, samples))
+            if of is None or not samples:
+                self.refused_stacks += len(ranks)
                 continue
-            of.stacks[s.rank] = s
+            of.stacks.update(zip(ranks, samples, strict=True))
             of.stacks_version += 1
             for inc in of.open:
-                if s.rank in inc.members:
+                if not inc.members.isdisjoint(ranks):
                     touched[id(inc)] = (of, inc)
-        for run_name, run_facts in facts.items():
-            self._place(self._run(run_name), run_name, run_facts, touched)
+        for run_name, rows in facts.items():
+            if len(rows):
+                self._place(self._run(run_name), run_name, rows, touched)
         for run_name, rank, key in recoveries:
             of = self._runs.get(run_name)
             if of is None:
@@ -165,7 +171,7 @@ class IncidentTracker:
     def _take_alerts(
         self,
         alerts: Iterable[Alert],
-        facts: dict[str, list[Fact]],
+        facts: dict[str, Rows],
         recoveries: list[tuple[str, int, tuple[str, str] | None]],
     ) -> None:
         # A grouped alert's since_step is its earliest rank's: given to a rank that has its own
@@ -177,32 +183,38 @@ class IncidentTracker:
             for run_name, fact, recovery in alert_items(a):
                 if fact is not None and grouped:
                     if own is None:
-                        own = {(r, f.rank, f.kind, f.metric) for r, fs in facts.items() for f in fs}
+                        own = {
+                            key
+                            for r, rows in facts.items()
+                            for key in zip(repeat(r), rows.rank, rows.kind, rows.metric)
+                        }
                     if self._has_own(own, run_name, fact):
                         continue
                 if fact is not None:
-                    facts.setdefault(run_name, []).append(fact)
+                    rows_of(facts, run_name).add(fact)
                 if recovery is not None:
                     recoveries.append((run_name, recovery[0], recovery[1]))
 
     def _place(
-        self, run: _Run, name: str, facts: list[Fact], touched: dict[int, tuple[_Run, Open]]
+        self, run: _Run, name: str, rows: Rows, touched: dict[int, tuple[_Run, Open]]
     ) -> None:
         """Route a run's new facts, causes before effects, and add each to its incident."""
-        facts.sort(key=_TIME_RANK)
+        rows.sort()
         window = self.config.window_s
         newest = run.open[-1] if run.open else None
         inc: Open | None = None
         kind = ""
-        batch: list[Fact] = []
+        batch: list[int] = []
         members: set[int] = set()
         # Each fact is routed in time order, its rank made a member at once (later facts of it
         # follow it there); the facts are stored per (incident, kind) in bulk afterwards.
-        batches: dict[tuple[int, str], tuple[Open, str, list[Fact]]] = {}
+        batches: dict[tuple[int, str], tuple[Open, str, list[int]]] = {}
         tried: tuple[int, int] | None = None
-        bulk = False
-        for i, fact in enumerate(facts):
-            rank, t = fact[1], fact[3]
+        bulk = tried_members = False
+        kinds, ranks, steps, times = rows.kind, rows.rank, rows.step, rows.time
+        n = len(rows)
+        for i in range(n):
+            rank, t, fkind = ranks[i], times[i], kinds[i]
             # The common cases of a burst first, as ``_route`` would decide them for the newest
             # incident: a rank already part of it, or a fact of a class it explains.
             if (
@@ -212,64 +224,84 @@ class IncidentTracker:
                 and rank in newest.members
             ):
                 to = newest
+                # The rest of the burst of ranks already in it, maybe (peers timing out after
+                # their stall): asked once.
+                if not tried_members and n - i > BULK_MIN:
+                    bulk = tried_members = True
             else:
                 if (
                     newest is not None
                     and t - newest.last <= window
                     and newest.opened - t <= window
-                    and newest.memo.get((fact[0], fact[2]) if fact[0] == _NONFINITE else fact[0])
+                    and newest.memo.get((fkind, steps[i]) if fkind == _NONFINITE else fkind)
                 ):
                     to = newest
                 else:
-                    to = self._route(run, name, fact)
+                    to = self._route(run, name, rows.fact(i))
                     newest = run.open[-1]
                 # Explained by its class: maybe the rest of the burst is too. Asked again only
                 # when what the answer depends on has changed.
-                if to is newest and tried != (id(to), to.epoch) and len(facts) - i > BULK_MIN:
+                if to is newest and tried != (id(to), to.epoch) and n - i > BULK_MIN:
                     bulk = True
-            if to is not inc or fact[0] != kind:
-                inc, kind = to, fact[0]
-                held = batches.get((id(inc), kind))
-                if held is None:
-                    held = batches[(id(inc), kind)] = (inc, kind, [])
-                    touched[id(inc)] = (run, inc)
-                    if kind not in inc.evidence:
-                        inc.evidence[kind] = {}
-                        forget(inc)
-                batch, members = held[2], inc.members
-            batch.append(fact)
+            if to is not inc or fkind != kind:
+                inc, kind = to, fkind
+                batch, members = self._batch(run, inc, kind, batches, touched), inc.members
+            batch.append(i)
             members.add(rank)
             if t > inc.last:
                 inc.last = t
             if t < inc.first_time:
-                inc.first, inc.first_time = fact, t
+                inc.first, inc.first_time = rows.fact(i), t
                 forget(inc)
             if kind == _NONFINITE:
-                step = fact[2]
+                step = steps[i]
                 if step is not None and (inc.first_step is None or step < inc.first_step):
                     inc.first_step = step
                     forget(inc)
-            elif kind == _CRASHED and fact.detail not in inc.crash_lines:
-                inc.crash_lines.add(fact.detail)
+            elif kind == _CRASHED and rows.detail[i] not in inc.crash_lines:
+                inc.crash_lines.add(rows.detail[i])
                 forget(inc)
             if bulk:
                 bulk, tried = False, (id(inc), inc.epoch)
-                rest = facts[i + 1 :]
-                if all_explained(inc, rest, self.config.window_s, self.config.spread_steps):
-                    batch += rest
-                    members.update(map(_FACT_RANK, rest))
-                    inc.last = max(inc.last, rest[-1][3])
+                if inc is newest and (
+                    members_only(inc, rows, i + 1, window)
+                    or all_explained(inc, rows, i + 1, window, self.config.spread_steps)
+                ):
+                    # the rest is of one kind, not always the kind of this fact
+                    rest = self._batch(run, inc, kinds[i + 1], batches, touched)
+                    rest += range(i + 1, n)
+                    members.update(ranks[i + 1 :])
+                    inc.last = max(inc.last, times[-1])
                     break
-        for inc, kind, batch in batches.values():
-            self.dropped_evidence += store(inc, kind, batch, EVIDENCE_MAX, self._early_max)
+        for inc, kind, at in batches.values():
+            self.dropped_evidence += store(inc, kind, rows.take(at), EVIDENCE_MAX, self._early_max)
+
+    @staticmethod
+    def _batch(
+        run: _Run,
+        inc: Open,
+        kind: str,
+        batches: dict[tuple[int, str], tuple[Open, str, list[int]]],
+        touched: dict[int, tuple[_Run, Open]],
+    ) -> list[int]:
+        """The rows of a burst going to ``inc`` as ``kind``."""
+        held = batches.get((id(inc), kind))
+        if held is None:
+            held = batches[(id(inc), kind)] = (inc, kind, [])
+            touched[id(inc)] = (run, inc)
+            if kind not in inc.evidence:
+                inc.evidence[kind] = {}
+                forget(inc)
+        return held[2]
 
     def _has_own(self, own: set[tuple[str, int, str, str]], run_name: str, fact: Fact) -> bool:
         if (run_name, fact.rank, fact.kind, fact.metric) in own:
             return True
         run = self._runs.get(run_name)
-        key = (fact.rank, fact.metric)
         return run is not None and any(
-            key in inc.evidence.get(fact.kind, _EMPTY) for inc in run.open
+            fact.rank in column.at
+            for inc in run.open
+            if (column := inc.evidence.get(fact.kind, _EMPTY).get(fact.metric)) is not None
         )
 
     def incidents(self, run: str) -> list[Incident]:
@@ -327,7 +359,7 @@ class IncidentTracker:
 
     def _judge(self, run: _Run, inc: Open, now: float) -> list[IncidentChange]:
         old = inc.value
-        if not inc.open_keys:
+        if not is_open(inc):
             run.open.remove(inc)
             if old is None:  # evidence that cleared before it was ever judged
                 return []
@@ -353,7 +385,9 @@ class IncidentTracker:
         if held is not None and held[0] == run.stacks_version:
             return held[1]
         since = inc.opened - self.config.window_s
-        groups = group_stacks(s for s in run.stacks.values() if s.time >= since)
+        held_samples = list(run.stacks.values())
+        recent = map(ge, map(_SAMPLE_TIME, held_samples), repeat(since))
+        groups = group_stacks(compress(held_samples, recent))
         inc.groups = (run.stacks_version, groups)
         return groups
 
@@ -374,9 +408,10 @@ class IncidentTracker:
     def _early(self, inc: Open) -> list[Fact]:
         """The earliest facts held (``_store`` keeps them as they come), by time."""
         evidence = inc.evidence
-        held = [f for f in inc.early if evidence[f.kind].get((f.rank, f.metric)) is f]
+        held = [f for f in inc.early if evidence[f.kind][f.metric].holds(f)]
         if len(held) < len(inc.early) and inc.count > len(held):  # one was replaced: again
-            every = (f for facts in evidence.values() for f in facts.values())
+            every = (f for columns in evidence.values() for c in columns.values()
+                     for f in c.facts())  # fmt: skip
             held = inc.early = heapq.nsmallest(self._early_max, every, key=rules.BY_TIME)
         return held
 
@@ -386,7 +421,7 @@ class IncidentTracker:
             del run.history[0]
 
 
-_TIME_RANK = itemgetter(3, 1)
-_FACT_RANK = itemgetter(1)
+_RANK, _WORLD = attrgetter("rank"), attrgetter("world_size")
+_SAMPLE_TIME = attrgetter("time")
 _NONFINITE, _CRASHED = rules.NONFINITE, rules.CRASHED
-_EMPTY: dict[tuple[int, str], Fact] = {}
+_EMPTY: dict[str, Column] = {}

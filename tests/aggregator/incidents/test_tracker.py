@@ -442,3 +442,19 @@ def test_open_incidents_and_evidence_are_bounded_and_counted(
     t.observe(T0 + 200, divergences=[nan(r, 50) for r in range(8)])
     inc = t.incidents(RUN)[-1]
     assert inc.evidence_count == 5 and t.dropped_evidence == 3
+
+
+def test_the_rest_of_a_burst_of_another_kind_is_held_as_its_own_kind() -> None:
+    # The culprit's stall comes first in the burst, then every peer's collective failure: the
+    # failures go to the incident in one go, and must count as failures, not as stalls.
+    n, culprit = 64, 32
+    t = IncidentTracker()
+    deliver(t, world(n))
+    gloo = crash_text("torch_gloo_timeout.txt")
+    t.observe(T0 + 100, health=[crashed(0, gloo, world=n, since=T0 + 30)])
+    stall = health(culprit, RankState.STALLED, world=n, since=T0 + 31)
+    peers = [crashed(r, gloo, world=n, since=T0 + 32) for r in others(n, culprit) if r]
+    t.observe(T0 + 101, health=[stall, *peers])
+    inc = only(t)
+    assert (inc.cause, inc.culprits, inc.affected) == ("hang", (culprit,), others(n, culprit))
+    assert inc.basis == "its peers failed in collectives waiting for it"
