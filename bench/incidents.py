@@ -1,7 +1,7 @@
-"""Cost of the incident tracker per burst of events at 4,096 ranks, and whether it names the
-culprit in every seed.
+"""Cost of the incident tracker per burst of events at 4,096 ranks, how it grows with the
+ranks, and whether it names the culprit in every seed.
 
-    python bench/incidents.py [--ranks 4096] [--repeats 15] [--seeds 20]
+    python bench/incidents.py [--ranks 4096] [--repeats 15] [--seeds 20] [--scale 4]
 
 Bursts, each one ``IncidentTracker.observe`` call on a tracker that already knows every rank:
 
@@ -9,12 +9,14 @@ Bursts, each one ``IncidentTracker.observe`` call on a tracker that already know
 * ``crash``: the culprit raises, then every peer fails in AllReduce (MindSpore's wording, the
   rank number in each message so no two are the same string);
 * ``hang``: every rank stalled at step 19, with a stack sample each (the culprit in user code, the
-  others in the framework's collective), then a second burst of the peers' collective timeouts.
+  others in the framework's collective); then ``timeouts``, the next burst on that tracker: the
+  peers' collective timeouts.
 
 Median CPU milliseconds per burst over ``--repeats`` fresh trackers, and the ratio against a
 bare loop over the same events in the same run (each event put in a dict by rank: the least any
-consumer does). Then ``--seeds`` seeded shuffles of each burst, split over three passes: how
-many name the injected rank, and it alone.
+consumer does). Then the same at ``--scale`` times the ranks, per event: a ratio near 1 is
+linear. Then ``--seeds`` seeded shuffles of each fault, split over three passes: how many name
+the injected rank, and it alone.
 """
 
 from __future__ import annotations
@@ -115,11 +117,6 @@ def bare(events: list[Events]) -> None:
                 seen[item.rank] = item
 
 
-def replay(tracker: IncidentTracker, events: list[Events]) -> None:
-    for i, burst in enumerate(events):
-        tracker.observe(T0 + 100 + i, **burst)
-
-
 def timed(fn: Callable[[], None]) -> float:
     """Milliseconds of this process's CPU: on a shared machine, wall time counts the waits."""
     t0 = time.process_time()
@@ -127,18 +124,46 @@ def timed(fn: Callable[[], None]) -> float:
     return (time.process_time() - t0) * 1e3
 
 
-def cost(n: int, repeats: int) -> None:
-    print(f"cost per burst at {n} ranks (median of {repeats}; ms)")
-    print(f"{'burst':8} {'events':>7} {'tracker':>9} {'bare loop':>10} {'ratio':>7}")
-    for name, events in bursts(n, n // 3).items():
-        runs, loops = [], []
+NAMES = {"nan": ["nan"], "crash": ["crash"], "hang": ["hang", "timeouts"]}
+
+
+def measure(n: int, repeats: int) -> list[tuple[str, int, float, float]]:
+    """(burst, events, tracker ms, bare loop ms) per burst: medians over fresh trackers."""
+    out = []
+    for fault, events in bursts(n, n // 3).items():
+        runs: list[list[float]] = [[] for _ in events]
+        loops: list[list[float]] = [[] for _ in events]
         for _ in range(repeats):
             tracker = known(n)
-            runs.append(timed(lambda t=tracker, e=events: replay(t, e)))
-            loops.append(timed(lambda e=events: bare(e)))
-        count = sum(len(v) for b in events for v in b.values())
-        tr, lo = statistics.median(runs), statistics.median(loops)
+            for i, burst in enumerate(events):
+                runs[i].append(timed(lambda t=tracker, b=burst, i=i: replay_one(t, b, i)))
+                loops[i].append(timed(lambda b=burst: bare([b])))
+        for name, burst, tr, lo in zip(NAMES[fault], events, runs, loops, strict=True):
+            count = sum(len(v) for v in burst.values())
+            out.append((name, count, statistics.median(tr), statistics.median(lo)))
+    return out
+
+
+def replay_one(tracker: IncidentTracker, burst: Events, i: int) -> None:
+    tracker.observe(T0 + 100 + i, **burst)
+
+
+def cost(n: int, repeats: int, scale: int) -> None:
+    print(f"cost per burst at {n} ranks (median of {repeats}; ms)")
+    print(f"{'burst':8} {'events':>7} {'tracker':>9} {'bare loop':>10} {'ratio':>7}")
+    small = measure(n, repeats)
+    for name, count, tr, lo in small:
         print(f"{name:8} {count:7d} {tr:9.2f} {lo:10.3f} {tr / max(lo, 1e-6):6.0f}x")
+    if scale <= 1:
+        return
+    big = n * scale
+    print(f"per event at {n} and {big} ranks (median of {repeats}; us)")
+    print(f"{'burst':8} {n:>9} {big:>9} {'growth':>7}")
+    for (name, count, tr, _), (_, count_big, tr_big, _) in zip(
+        small, measure(big, repeats), strict=True
+    ):
+        per, per_big = tr / count * 1e3, tr_big / count_big * 1e3
+        print(f"{name:8} {per:9.2f} {per_big:9.2f} {per_big / max(per, 1e-9):6.2f}x")
 
 
 def seeds(n: int, count: int) -> None:
@@ -167,10 +192,11 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--scale", type=int, default=4, help="also at this many times the ranks")
     args = parser.parse_args()
-    if args.ranks < 2 or args.repeats < 1 or args.seeds < 0:
-        parser.error("--ranks must be >= 2, --repeats >= 1, --seeds >= 0")
-    cost(args.ranks, args.repeats)
+    if args.ranks < 2 or args.repeats < 1 or args.seeds < 0 or not 1 <= args.scale <= 16:
+        parser.error("--ranks must be >= 2, --repeats >= 1, --seeds >= 0, --scale 1-16")
+    cost(args.ranks, args.repeats, args.scale)
     seeds(args.ranks, args.seeds)
 
 

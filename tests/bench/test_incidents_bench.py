@@ -19,9 +19,14 @@ def test_incidents_bench_prints_costs_and_right_culprits() -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    rows = re.findall(r"^(nan|crash|hang) +(\d+) +(\d+\.\d+) +(\d+\.\d+) +(\d+)x$", out, re.M)
-    assert [r[0] for r in rows] == ["nan", "crash", "hang"], out
-    assert [int(r[1]) for r in rows] == [64, 64, 64 + 64 + 63], out
+    rows = re.findall(
+        r"^(nan|crash|hang|timeouts) +(\d+) +(\d+\.\d+) +(\d+\.\d+) +(\d+)x$", out, re.M
+    )
+    assert [r[0] for r in rows] == ["nan", "crash", "hang", "timeouts"], out
+    assert [int(r[1]) for r in rows] == [64, 64, 64 + 64, 63], out
+    assert "per event at 64 and 256 ranks" in out, out
+    growth = re.findall(r"^(nan|crash|hang|timeouts) +\d+\.\d+ +\d+\.\d+ +\d+\.\d+x$", out, re.M)
+    assert growth == ["nan", "crash", "hang", "timeouts"], out
     assert re.findall(r"^  (\w+) +(\d+)/(\d+) seeds$", out, re.M) == [
         ("nan", "3", "3"), ("crash", "3", "3"), ("hang", "3", "3")
     ], out  # fmt: skip
