@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import contains, itemgetter, not_
+from operator import contains, ne, not_
 
 ONE_LINE_MAX = 160  # characters of the one-line form, ellipsis included
 PATH_PARTS_KEPT = 1  # trailing parts of a long slashed name kept after ".../"
@@ -50,7 +50,9 @@ COLLECTIVE_WORDS = (
 _MPI = re.compile(r"\bmpi\b")  # not "compiler"
 COLLECTIVE_SCAN_CHARS = 1024  # the head of a message says what failed; a C++ stack follows
 COLLECTIVE_QUICK_CHARS = 200  # scanned first: a burst of peers' failures is decided there
-_QUICK = itemgetter(slice(None, COLLECTIVE_QUICK_CHARS))
+# How the collectives are usually spelt in the wording above: each of these, lower-cased, is in
+# COLLECTIVE_WORDS (a test checks), so finding one as it is says what the lower-case search would.
+_FORMS = ("AllReduce", "NCCL", "HCCL", "gloo", "timeout", "Timeout", "timed out", "ALLREDUCE")
 
 __all__ = ["COLLECTIVE_WORDS", "collective_failures", "is_collective_failure", "one_line"]
 
@@ -83,8 +85,15 @@ def collective_failures(messages: Sequence[str]) -> list[bool]:
     """``is_collective_failure`` of each message, for a burst of them: each word is looked for
     in every message still undecided at once (``map`` in C), not message by message."""
     texts = messages
-    # Most failures name the collective in their first line: scan that before the whole head.
-    out, todo = _mark_words([False] * len(texts), list(map(str.lower, map(_QUICK, texts))))
+    # Most failures name the collective in their first line, as a collective is usually written:
+    # found so (str.find within the head), a message needs no lower-case copy. Then the head of
+    # the rest in lower case, then their whole head.
+    out, undecided = _mark_forms(texts)
+    heads = [texts[i][:COLLECTIVE_QUICK_CHARS].lower() for i in undecided]
+    rest, todo = _mark_words([False] * len(undecided), heads)
+    for i in compress(undecided, rest):
+        out[i] = True
+    todo = [undecided[k] for k in todo]
     long = [i for i in todo if len(texts[i]) > COLLECTIVE_QUICK_CHARS]
     if long:
         heads = [texts[i][:COLLECTIVE_SCAN_CHARS].lower() for i in long]
@@ -96,6 +105,24 @@ def collective_failures(messages: Sequence[str]) -> list[bool]:
         if not out[i] and _TRACEBACK in texts[i]:
             out[i] = _collective_words(one_line(texts[i]))
     return out
+
+
+def _mark_forms(texts: Sequence[str]) -> tuple[list[bool], list[int]]:
+    """Messages whose head holds a collective word in one of its usual spellings (``_FORMS``),
+    and the indices of the others: what this finds, the lower-case search finds too."""
+    out = [False] * len(texts)
+    todo = list(range(len(texts)))
+    for form in _FORMS:
+        if not todo:
+            break
+        heads = texts if len(todo) == len(texts) else [texts[i] for i in todo]
+        hits = list(map(ne, map(str.find, heads, repeat(form), repeat(0),
+                                repeat(COLLECTIVE_QUICK_CHARS)), repeat(-1)))  # fmt: skip
+        if any(hits):
+            for i in compress(todo, hits):
+                out[i] = True
+            todo = list(compress(todo, map(not_, hits)))
+    return out, todo
 
 
 def _mark_words(out: list[bool], heads: list[str]) -> tuple[list[bool], list[int]]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
-from operator import is_not, itemgetter
+from itertools import compress
+from operator import is_not, itemgetter, not_
 from typing import TYPE_CHECKING, NamedTuple, TypeVar, cast
 
 from rankwatch.aggregator.health import RankHealth, RankState
@@ -317,13 +318,11 @@ def _summary(
 
 def _first_step_of_others(columns: list[Column], culprits: set[int]) -> int | None:
     """The earliest step at which a rank other than the culprits is non-finite."""
-    steps: set[int] = set()
+    lows = []
     for c in columns:
-        steps |= c.steps()
-    for s in sorted(steps):
-        if any(not culprits.issuperset(c.ranks_at(s)) for c in columns):
-            return s
-    return None
+        others = map(culprits.__contains__, c.rank)
+        lows.append(min(known(compress(c.step, map(not_, others))), default=None))
+    return min(known(lows), default=None)
 
 
 def _who(ranks: tuple[int, ...], health: Mapping[int, RankHealth]) -> str:

@@ -86,11 +86,12 @@ class StackGroup:
         return self.sample.frames[0]
 
 
-def group_stacks(samples: Iterable[StackSample]) -> list[StackGroup]:
+def group_stacks(samples: Iterable[StackSample], *, one_per_rank: bool = False) -> list[StackGroup]:
     """The latest sample of each rank, grouped by signature; the largest group first (then the
-    one holding the lowest rank), so the odd ones out come last."""
+    one holding the lowest rank), so the odd ones out come last. ``one_per_rank``: the caller
+    knows no rank comes twice."""
     every = list(samples)
-    if len(set(map(_RANK, every))) < len(every):
+    if not one_per_rank and len(set(map(_RANK, every))) < len(every):
         latest: dict[int, StackSample] = {}
         for s in every:
             old = latest.get(s.rank)

@@ -13,7 +13,6 @@ per ``observe`` call: call it once per loop pass with everything new, not once p
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -43,9 +42,10 @@ from rankwatch.aggregator.incidents.grouping import (
     recover,
     store,
 )
-from rankwatch.aggregator.incidents.model import Evidence, Incident, IncidentChange
+from rankwatch.aggregator.incidents.model import Incident, IncidentChange
 from rankwatch.aggregator.incidents.rules import Fact
 from rankwatch.aggregator.incidents.stacks import StackGroup, StackSample, group_stacks
+from rankwatch.aggregator.incidents.timeline import Lines, timeline
 
 DEFAULT_WINDOW_S = 120.0  # evidence this long after an incident's last is a new fault
 DEFAULT_SPREAD_STEPS = 1  # non-finite this many steps after the first is propagation
@@ -94,6 +94,7 @@ class IncidentTracker:
         self.dropped_evidence = 0  # evidence not held past EVIDENCE_MAX (still routed)
         # early facts kept per incident: enough to fill a timeline besides the culprits' own
         self._early_max = 2 * self.config.timeline_max
+        self._lines = Lines()  # crash messages' one lines, for the next judgements
 
     def observe(
         self,
@@ -387,33 +388,16 @@ class IncidentTracker:
         since = inc.opened - self.config.window_s
         held_samples = list(run.stacks.values())
         recent = map(ge, map(_SAMPLE_TIME, held_samples), repeat(since))
-        groups = group_stacks(compress(held_samples, recent))
+        groups = group_stacks(compress(held_samples, recent), one_per_rank=True)  # by rank
         inc.groups = (run.stacks_version, groups)
         return groups
 
     def _value(self, inc: Open, v: rules.Verdict, now: float) -> Incident:
-        limit = self.config.timeline_max
-        # The culprits' evidence first, then the earliest of the rest.
-        shown = v.own[:limit]
-        if len(shown) < limit:
-            mine = set(v.culprits[: rules.OWN_RANKS])
-            early = [f for f in self._early(inc) if f.rank not in mine]
-            shown = shown + early[: limit - len(shown)]
-        timeline = tuple(Evidence(f.step, f.time, f.rank, f.line) for f in shown)
+        shown = timeline(inc, v, self.config.timeline_max, self._early_max, self._lines)
         return Incident(
-            inc.id, inc.run, v.cause, v.culprits, v.affected, v.terminated, timeline,
+            inc.id, inc.run, v.cause, v.culprits, v.affected, v.terminated, shown,
             inc.opened, now, None, "firing", v.summary, v.basis, v.step, inc.count,
         )  # fmt: skip
-
-    def _early(self, inc: Open) -> list[Fact]:
-        """The earliest facts held (``_store`` keeps them as they come), by time."""
-        evidence = inc.evidence
-        held = [f for f in inc.early if evidence[f.kind][f.metric].holds(f)]
-        if len(held) < len(inc.early) and inc.count > len(held):  # one was replaced: again
-            every = (f for columns in evidence.values() for c in columns.values()
-                     for f in c.facts())  # fmt: skip
-            held = inc.early = heapq.nsmallest(self._early_max, every, key=rules.BY_TIME)
-        return held
 
     def _keep(self, run: _Run, done: Incident) -> None:
         run.history.append(done)

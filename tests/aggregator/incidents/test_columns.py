@@ -6,7 +6,12 @@ import random
 
 import pytest
 from rankwatch.aggregator.incidents.columns import Column, Rows
-from rankwatch.aggregator.incidents.oneline import collective_failures, is_collective_failure
+from rankwatch.aggregator.incidents.oneline import (
+    _FORMS,
+    COLLECTIVE_WORDS,
+    collective_failures,
+    is_collective_failure,
+)
 from rankwatch.aggregator.incidents.rules import NONFINITE, Fact
 
 from tests.aggregator.incidents.builders import CRASHES, T0
@@ -64,3 +69,8 @@ def test_a_column_keeps_a_rank_once_with_its_earliest_step_within_its_room() -> 
     assert sorted(column.at) == [1, 2, 4, 10, 11] and len(column) == 5
     held = column.get(10)
     assert held is not None and column.holds(held) and not column.holds(nf(10, 29, T0 + 9))
+
+
+def test_the_usual_spellings_looked_for_first_are_collective_words() -> None:
+    # found as they are, they must say what the lower-case search says
+    assert all(form.lower() in COLLECTIVE_WORDS for form in _FORMS)
