@@ -84,8 +84,10 @@ def judge(
     health: Mapping[int, RankHealth],
     groups: Groups,
     world: int = 0,
+    members: set[int] | None = None,
 ) -> Verdict:
-    """``world``: the run's world size (0: the ranks ``health`` knows)."""
+    """``world``: the run's world size (0: the ranks ``health`` knows). ``members``: the ranks
+    with evidence in it, when the caller keeps them."""
     nonfinite = _columns(evidence, NONFINITE)
     roots = sorted(_values(evidence, CRASHED), key=BY_TIME)
     nf0 = _earliest(nonfinite)
@@ -115,9 +117,12 @@ def judge(
     culprit_set = set(culprits)
     bad: set[int] = set()
     silent: set[int] = set()
-    for kind, columns in evidence.items():
-        for column in columns.values():
-            (silent if kind in (LOST, KILLED) else bad).update(column.at)
+    if members is not None and LOST not in evidence and KILLED not in evidence:
+        bad = set(members)  # a copy, its hashes held: cheaper than a set made from the columns
+    else:
+        for kind, columns in evidence.items():
+            for column in columns.values():
+                (silent if kind in (LOST, KILLED) else bad).update(column.at)
     bad -= culprit_set
     terminated = tuple(sorted(silent - culprit_set - bad))
     affected = tuple(sorted(bad))
@@ -230,8 +235,8 @@ def _hang(
     failed = _ranks(collective)
     waited_for = [
         r
-        for r, h in health.items()
-        if r not in failed and not (h.state is RankState.FINISHED and "normal" in h.message)
+        for r in health.keys() - failed  # a set difference in C: the few left are looked at
+        if not ((h := health[r]).state is RankState.FINISHED and "normal" in h.message)
     ]
     first_failure = _earliest(collective)
     if first_failure is not None and waited_for and len(waited_for) <= len(failed):

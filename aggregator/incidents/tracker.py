@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
-from operator import attrgetter, ge
+from operator import attrgetter, ge, itemgetter
 from typing import cast
 
 from rankwatch.aggregator.alerts.rules import Alert
@@ -118,7 +118,10 @@ class IncidentTracker:
         # A burst is handled column by column (attributes, facts, dict and set updates in C):
         # at 4,096 ranks a Python statement per event is most of the cost.
         given = list(health)
-        if any(map(isinstance, given, repeat(tuple))):
+        types = set(map(type, given))
+        if types == {tuple}:  # HealthTracker.changes(): (health, old state)
+            hs = list(map(_FIRST, cast("list[tuple[RankHealth, str]]", given)))
+        elif any(issubclass(t, tuple) for t in types):
             hs = [h[0] if isinstance(h, tuple) else h for h in given]
         else:
             hs = cast("list[RankHealth]", given)
@@ -271,7 +274,8 @@ class IncidentTracker:
                     # the rest is of one kind, not always the kind of this fact
                     rest = self._batch(run, inc, kinds[i + 1], batches, touched)
                     rest += range(i + 1, n)
-                    members.update(ranks[i + 1 :])
+                    if not members.issuperset(ranks[i + 1 :]):  # not all of them in it yet
+                        members.update(ranks[i + 1 :])
                     inc.last = max(inc.last, times[-1])
                     break
         for inc, kind, at in batches.values():
@@ -367,7 +371,11 @@ class IncidentTracker:
             done = replace(old, state="resolved", resolved=now, updated=now)
             self._keep(run, done)
             return [IncidentChange("resolved", done, old)]
-        verdict = rules.judge(inc.evidence, run.health, lambda: self._groups(run, inc), run.world)
+        # its members are the ranks of its evidence while none was left out for want of room
+        members = inc.members if inc.count < EVIDENCE_MAX else None
+        verdict = rules.judge(
+            inc.evidence, run.health, lambda: self._groups(run, inc), run.world, members
+        )
         if inc.verdict is None or inc.verdict.cause != verdict.cause:
             forget(inc)
         inc.verdict = verdict
@@ -406,6 +414,7 @@ class IncidentTracker:
 
 
 _RANK, _WORLD = attrgetter("rank"), attrgetter("world_size")
+_FIRST = itemgetter(0)
 _SAMPLE_TIME = attrgetter("time")
 _NONFINITE, _CRASHED = rules.NONFINITE, rules.CRASHED
 _EMPTY: dict[str, Column] = {}
