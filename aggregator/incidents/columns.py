@@ -76,7 +76,12 @@ class Rows:
     def sort(self) -> None:
         """By (time, rank), rows of the same time and rank in their order."""
         times, ranks = self.time, self.rank
-        if all(map(le, times, islice(times, 1, None))):
+        if not times:
+            return
+        if times.count(times[0]) == len(times):  # one time throughout: by rank alone
+            if all(map(le, ranks, islice(ranks, 1, None))):
+                return
+        elif all(map(le, times, islice(times, 1, None))):
             by_rank = map(le, ranks, islice(ranks, 1, None))
             if all(compress(by_rank, map(eq, times, islice(times, 1, None)))):
                 return  # already in order: the common burst
