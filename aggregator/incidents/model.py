@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -57,3 +58,5 @@ class IncidentChange:
     change: str  # opened | updated (culprits or cause changed) | resolved
     incident: Incident
     previous: Incident | None = None  # for "updated": what was announced before
+    # the commands sent about it (``Issued.as_dict``), so its messages say what was done
+    actions: tuple[Mapping[str, Any], ...] = ()

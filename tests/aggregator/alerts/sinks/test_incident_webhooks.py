@@ -120,10 +120,15 @@ def test_a_nan_spread_to_64_ranks_is_two_messages_per_webhook(
         assert "fault step 20; 63 ranks affected after it" in resolved
         assert "resolved 20" in resolved
         assert "NaN at step 21; rank 1" not in opened + resolved  # no per-rank list
+        # no policy acted: the message offers the card's buttons and the request itself
+        assert "no action taken: checkpoint or stop it with the buttons" in opened
+        assert f"'{PUBLIC}/api/run/commands?run=nanjob'" in opened
+        assert "no action taken" not in resolved
     ((_, first), *_) = [(p, b) for p, b in capture.bodies("/json") if b["type"] == "incidents"]
     (entry,) = first["incidents"]
     assert entry["change"] == "opened" and entry["incident"]["culprits"] == [2]
     assert entry["link"] == f"{PUBLIC}/#run=nanjob&sel=2&zoom=0-40"
+    assert entry["action"]["taken"] is False and entry["action"]["dashboard"] == PUBLIC
     ((_, slack), *_) = [(p, b) for p, b in capture.bodies("/slack") if "INCIDENT" in b["text"]]
     assert f"<{PUBLIC}/#run=nanjob&sel=2&zoom=0-40|open the dashboard" in slack["text"]
     ((_, ding), *_) = [(p, b) for p, b in capture.bodies("/dingtalk") if "INCIDENT" in str(b)]
