@@ -126,12 +126,11 @@ class Issued:
         issued.updated = float(body.get("updated", issued.created))
         issued.incident = str(body.get("incident") or "")
         issued.phase, issued.moves = str(body.get("phase") or ""), int(body.get("moves") or 0)
-        for answer in issued.answers.values():
-            answer.word = ""  # a restarted aggregator re-sends nothing: the ranks decide alone
         for rank, raw in (body.get("acks") or {}).items():
             answer = RankAnswer(str(raw.get("state", "pending")), int(raw.get("sends", 0)))
             answer.step, answer.at = raw.get("step"), raw.get("at")
             answer.detail, answer.time = str(raw.get("detail", "")), raw.get("time")
+            answer.word = ""  # a restarted aggregator re-sends nothing: the ranks decide alone
             issued.answers[int(rank)] = answer
         return issued
 
