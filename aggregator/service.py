@@ -30,7 +30,7 @@ from rankwatch.agent.wire.records import (
     TelemetryRecord,
     unblock,
 )
-from rankwatch.aggregator.actions.desk import ActionDesk, annotate
+from rankwatch.aggregator.actions.desk import ActionDesk, ActionError, annotate
 from rankwatch.aggregator.actions.news import ActionNews
 from rankwatch.aggregator.alerts.rules import Alert, AlertEngine
 from rankwatch.aggregator.alerts.sinks.base import Sink
@@ -422,7 +422,12 @@ class Aggregator:
 
     def issue_command(self, run: str, kind: str, *, by: str, **how: Any) -> dict[str, Any]:
         """A command to a live run's ranks (``ActionDesk.issue``: ``ranks``, ``text``,
-        ``reason``); sent at the next tick. ActionError says why it cannot be."""
+        ``reason``, ``incident``: an open incident of the run it was asked from); sent at the
+        next tick. ActionError says why it cannot be."""
+        incident = how.get("incident")
+        if incident and not any(i["id"] == incident and i.get("state") == "firing"
+                                for i in self.incidents_of(run)):  # fmt: skip
+            raise ActionError(f"run {run!r} has no open incident {incident!r}")
         with self.lock:
             now = time.time()
             health = self._health_snapshot(now)

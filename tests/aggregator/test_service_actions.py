@@ -269,9 +269,13 @@ def test_commands_over_http_need_a_token(tmp_path: Path) -> None:
         body = ok.json()
         assert body["ranks"] == [0, 1] and body["by"].startswith("page (")
         for bad, code in [({"cmd": "stop", "ranks": [9]}, 409), ({"cmd": "stop", "x": 1}, 422),
-                          ({"cmd": 3}, 422), ({"cmd": "stop", "ranks": "0"}, 422)]:  # fmt: skip
+                          ({"cmd": 3}, 422), ({"cmd": "stop", "ranks": "0"}, 422),
+                          ({"cmd": "stop", "incident": "r#9"}, 409),
+                          ({"cmd": "stop", "incident": 9}, 422)]:  # fmt: skip
             got = app.post("/api/run/commands", params={"run": "r"}, headers=auth, json=bad)
             assert got.status_code == code, (bad, got.text)
+            if "incident" in bad and code == 409:
+                assert "run 'r' has no open incident 'r#9'" in got.json()["detail"]
         listed = app.get("/api/run/commands", params={"run": "r"}, headers=auth).json()
         assert [c["id"] for c in listed["commands"]] == [body["id"]]  # the audit history
     finally:
