@@ -3,7 +3,7 @@
 An incident change of a tick carries the commands of its incident (a policy decides in the
 tick the incident opens, so its "opened" message already names the stop). The ranks answer
 later: when every command about an incident is settled (done, aborted, incomplete), that is one
-"updated" message for the incident, never one per rank or per answer.
+"acted" message for the incident (``[ACTION]``), never one per rank or per answer.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class ActionNews:
         commands_of: Callable[[str], Sequence[Command]],
         incident_of: Callable[[str, str], Incident | None],
     ) -> tuple[list[IncidentChange], list[IncidentChange]]:
-        """``changes`` with their incidents' commands; and the "updated" changes to tell for
+        """``changes`` with their incidents' commands; and the "acted" changes to tell for
         incidents whose commands (``changed`` this tick among them) are all settled now.
         ``commands_of(run)``: the run's commands; ``incident_of(run, id)``: the live incident."""
         about: dict[str, list[Command]] = {}
@@ -64,7 +64,7 @@ class ActionNews:
             for x in got:
                 self._remember(str(x.get("id")))
             told.add(ident)
-            news.append(IncidentChange("updated", incident, None, tuple(got)))
+            news.append(IncidentChange("acted", incident, None, tuple(got)))
         return out, news
 
     def _remember(self, ident: str) -> None:

@@ -120,7 +120,8 @@ def incident_title(notes: Sequence[IncidentNote]) -> str:
 def merge_changes(changes: Sequence[IncidentChange]) -> list[IncidentChange]:
     """Changes of the same incident that queued up together as one: its latest judgement,
     announced as it was first (opened stays opened unless it resolved meanwhile; an update
-    keeps what was announced before the first of them)."""
+    keeps what was announced before the first of them; an "acted" joins the change before it),
+    with the latest commands about it."""
     merged: dict[str, IncidentChange] = {}
     for c in changes:
         first = merged.get(c.incident.id)
@@ -129,8 +130,10 @@ def merge_changes(changes: Sequence[IncidentChange]) -> list[IncidentChange]:
             continue
         if c.change == "resolved":
             kind = "resolved"
+        elif first.change == "opened" or c.change == "acted":
+            kind = first.change  # what the commands did rides on the change told with them
         else:
-            kind = "opened" if first.change == "opened" else "updated"
+            kind = "updated"
         merged[c.incident.id] = IncidentChange(
             kind, c.incident, first.previous or c.previous, c.actions or first.actions
         )

@@ -89,7 +89,22 @@ def test_the_message_carries_the_action_and_one_update_when_it_settles() -> None
     assert take([], [held[0]]) == ([], [])  # the stop is still waiting: nothing yet
     held[1] = command("s1", "stop", ["done"] * 4, incident=inc.id)
     _, (update,) = take([], [held[1]])
-    assert update.change == "updated" and update.incident is inc
+    assert update.change == "acted" and update.incident is inc
+    assert incident_note(update).title == "rankwatch [ACTION] job: rank 2 non-finite"
     assert "4/4 acknowledged, done" in "\n".join(incident_note(update, PUBLIC).lines)
     assert take([], held) == ([], [])  # told once, however often they change again
     assert incident_note(opened, PUBLIC).action["taken"] is False  # type: ignore[index]
+
+
+def test_an_outcome_queued_with_a_change_rides_on_it() -> None:
+    from rankwatch.aggregator.alerts.sinks.words import merge_changes
+
+    opened = opened_change()
+    cmds = (command("s1", "stop", ["done"] * 4, incident=opened.incident.id),)
+    acted = IncidentChange("acted", opened.incident, None, cmds)
+    resolved = IncidentChange("resolved", opened.incident)
+    table = [([opened, acted], "opened"), ([acted, acted], "acted"),
+             ([acted, resolved], "resolved"), ([resolved, acted], "resolved")]  # fmt: skip
+    for queued, kind in table:
+        (merged,) = merge_changes(queued)
+        assert merged.change == kind and merged.actions == cmds, queued
