@@ -44,6 +44,11 @@ class CommandCounts:
         with self._lock:
             self.n[what] += 1
 
+    def counters(self) -> dict[str, int]:
+        """For /metrics: ``command_requests_accepted``, ``_no_token``, ``_bad``."""
+        with self._lock:
+            return {f"command_requests_{k}": v for k, v in self.n.items()}
+
 
 def _refuse(request: Request, what: str, status: int, detail: str) -> HTTPException:
     request.app.state.command_counts.count(what)

@@ -278,5 +278,10 @@ def test_commands_over_http_need_a_token(tmp_path: Path) -> None:
                 assert "run 'r' has no open incident 'r#9'" in got.json()["detail"]
         listed = app.get("/api/run/commands", params={"run": "r"}, headers=auth).json()
         assert [c["id"] for c in listed["commands"]] == [body["id"]]  # the audit history
+        scraped = app.get("/metrics", headers=auth).text  # every request counted
+        for name, n in [("accepted", 1), ("bad", 6)]:
+            assert f"rankwatch_aggregator_command_requests_{name} {n}.0" in scraped, name
+        scraped = open_app.get("/metrics").text
+        assert "rankwatch_aggregator_command_requests_no_token 1.0" in scraped
     finally:
         agg.stop()
