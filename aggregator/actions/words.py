@@ -117,17 +117,18 @@ def _group_line(group: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _why(group: Sequence[Mapping[str, Any]]) -> str:
-    """The ranks that kept a command from being done, by their answer."""
-    by_state: dict[str, set[str]] = {}
+    """The ranks that kept the commands from being done, by command and answer."""
+    parts = []
     for c in group:
+        by_state: dict[str, list[str]] = {}
         for rank, a in (c.get("acks") or {}).items():
             if a.get("state") not in ("done", "received", "late", "aborted"):
-                by_state.setdefault(str(a.get("state")), set()).add(str(rank))
-    parts = []
-    for state, named in sorted(by_state.items()):
-        ranks = sorted(named, key=int)
-        few = len(ranks) <= MAX_RANKS_NAMED
-        parts.append(f"{state} rank {','.join(ranks)}" if few else f"{len(ranks)} {state}")
+                by_state.setdefault(str(a.get("state")), []).append(str(rank))
+        for state, named in sorted(by_state.items()):
+            ranks = sorted(named, key=int)
+            few = len(ranks) <= MAX_RANKS_NAMED
+            what = f"{state} rank {','.join(ranks)}" if few else f"{len(ranks)} {state}"
+            parts.append(f"{c.get('cmd')}: {what}" if len(group) > 1 else what)
     return "; ".join(parts) or "see the commands"
 
 

@@ -47,6 +47,10 @@ def test_a_policy_stop_in_words_as_the_ranks_answer() -> None:
     said = incident_action([refused], "job", firing=False)
     assert said is not None
     assert said["line"].endswith("2/2 acknowledged, aborted for every rank (refused rank 1)")
+    failed = command("s1", "stop", ["failed"] * 2)
+    both = incident_action([command("c1", "checkpoint", ["refused"] * 2), failed], "job", True)
+    assert both is not None and both["line"].endswith(
+        "incomplete (checkpoint: refused rank 0,1; stop: failed rank 0,1)")  # fmt: skip
 
 
 def test_nothing_done_offers_the_card_and_the_request_while_it_fires() -> None:

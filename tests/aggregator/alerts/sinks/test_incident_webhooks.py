@@ -156,7 +156,7 @@ def test_a_policy_stop_is_in_the_opened_message_and_its_outcome_is_one_more(
         assert "action: checkpoint then stop at step " in opened
         assert "not yet delivered to 64 ranks (policy nonfinite); 0/64 acknowledged" in opened
         assert "rankwatch [ACTION] stopjob: rank 2 non-finite" in acted
-        assert "aborted for every rank (64 no_ack)" in acted
+        assert "aborted for every rank (checkpoint: 64 no_ack; stop: 64 no_ack)" in acted
     ((_, first), (_, last)) = capture.bodies("/json")
     action = first["incidents"][0]["action"]
     assert action["taken"] is True and [c["cmd"] for c in action["commands"]] == [
