@@ -3,7 +3,9 @@
 card is done on every rank and is in the commands history with its incident, and the run's stop
 makes every rank stop after one step; without a token the server refuses both and the page says
 why, and nothing stops. Screenshots of the card with its buttons (desktop and phone) go to
-test-artifacts/ (or $RANKWATCH_ARTIFACTS): actions-card-desktop.png, actions-card-phone.png."""
+test-artifacts/ (or $RANKWATCH_ARTIFACTS): actions-card-desktop.png, actions-card-phone.png, and
+actions-card-pressed.png once the checkpoint pressed there is done, actions-card-refused.png
+without a token."""
 
 from __future__ import annotations
 
@@ -161,6 +163,7 @@ def test_stop_from_the_page(
             page.click(f"{CARD_BUTTONS}.stop")
             said = result(page, "refused", "inc-action-result")
             assert "need a token" in said and "--token" in said
+            page.locator("#incident").screenshot(path=str(artifacts / "actions-card-refused.png"))
             page.click("#actions button[data-cmd=stop]")
             said = result(page, "refused")
             assert "need a token" in said and "--token" in said
@@ -172,6 +175,7 @@ def test_stop_from_the_page(
         page.click(f"{CARD_BUTTONS}.checkpoint")
         said = result(page, f"{WORLD} done", "inc-action-result")
         assert said.startswith("checkpoint at step ")
+        page.locator("#incident").screenshot(path=str(artifacts / "actions-card-pressed.png"))
         (ckpt,) = get("/api/run/commands")["commands"]
         assert ckpt["incident"] == incident["id"] and ckpt["cmd"] == "checkpoint"
         assert ckpt["by"] == "page (127.0.0.1)"
