@@ -208,9 +208,11 @@ class DataProvider(Protocol):
         ranks: Sequence[int] | None = None,
         text: str = "",
         reason: str = "",
+        incident: str = "",
     ) -> dict[str, Any]:
         """Send ``run``'s ranks a command (checkpoint, stop, note) at the next tick; the
-        command as stored. ActionError for an unknown run or rank, or nothing live."""
+        command as stored. ``incident``: the open incident it was asked from. ActionError for
+        an unknown run, rank or incident, or nothing live."""
         ...
 
     def read_stacks(self, run: str) -> StackView:
@@ -355,8 +357,10 @@ class AggregatorProvider:
         ranks: Sequence[int] | None = None,
         text: str = "",
         reason: str = "",
+        incident: str = "",
     ) -> dict[str, Any]:
-        return self._agg.issue_command(run, kind, by=by, ranks=ranks, text=text, reason=reason)
+        return self._agg.issue_command(run, kind, by=by, ranks=ranks, text=text, reason=reason,
+                                       incident=incident)  # fmt: skip
 
     def read_stacks(self, run: str) -> StackView:
         agg = self._agg

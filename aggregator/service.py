@@ -30,7 +30,8 @@ from rankwatch.agent.wire.records import (
     TelemetryRecord,
     unblock,
 )
-from rankwatch.aggregator.actions.desk import ActionDesk, annotate
+from rankwatch.aggregator.actions.desk import ActionDesk, ActionError, annotate
+from rankwatch.aggregator.actions.news import ActionNews
 from rankwatch.aggregator.alerts.rules import Alert, AlertEngine
 from rankwatch.aggregator.alerts.sinks.base import Sink
 from rankwatch.aggregator.alerts.sinks.console import ConsoleSink
@@ -49,6 +50,7 @@ from rankwatch.aggregator.feed import Feed, event_message, jsonable, points_mess
 from rankwatch.aggregator.health import HealthTracker, RankHealth
 from rankwatch.aggregator.history import StoredRuns
 from rankwatch.aggregator.incidents import IncidentTracker
+from rankwatch.aggregator.incidents.model import Incident
 from rankwatch.aggregator.ingest.receiver import Receiver
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
 from rankwatch.aggregator.outlet import IncidentOutlet, live_dicts
@@ -102,6 +104,7 @@ class Aggregator:
         self.incidents = IncidentTracker(cfg.incidents)
         self.telemetry = TelemetryIntake(cfg.telemetry)  # hardware findings and card notes
         self.actions = ActionDesk(cfg.policies)  # policies and commands to the ranks
+        self.news = ActionNews()  # what the incidents' messages say was done about them
         self.webhooks = Webhooks(cfg.webhooks, cfg.public_url)
         self.sinks: list[Sink] = list(self.webhooks.sinks)
         if cfg.console_alerts:
@@ -356,15 +359,23 @@ class Aggregator:
             commands = self.actions.turn(
                 now, health, incidents, events, steps, send, self.restarts.current
             )
+            incidents, news = self.news.take(
+                incidents, commands, self.actions.commands, self._live_incident
+            )
         for run, inputs in tables:  # built without the lock, as the snapshot's are
             self.feed.publish({"type": "ranks", "run": run, "ranks": rank_entries(inputs)})
         self.n["sink_errors"] += self.outlet.announce(incidents, bodies, self.sinks)
+        for change in news:  # the commands about an incident settled: one message, to the sinks
+            self.n["sink_errors"] += deliver(self.sinks, change)
         for body in commands:
             self._command(body)
         for alert, hit in zip(transitions, covered, strict=True):
             self.feed.publish({"type": "alert", **alert_dict(alert)})
             self.n["sink_errors"] += deliver(self.sinks, alert, covered=hit)
         return transitions
+
+    def _live_incident(self, run: str, ident: str) -> Incident | None:
+        return next((i for i in self.incidents.incidents(run) if i.id == ident), None)
 
     def _health_snapshot(self, now: float) -> dict[str, dict[int, RankHealth]]:
         """Every rank's health for this tick: evaluated again after a record that may change a
@@ -411,7 +422,12 @@ class Aggregator:
 
     def issue_command(self, run: str, kind: str, *, by: str, **how: Any) -> dict[str, Any]:
         """A command to a live run's ranks (``ActionDesk.issue``: ``ranks``, ``text``,
-        ``reason``); sent at the next tick. ActionError says why it cannot be."""
+        ``reason``, ``incident``: an open incident of the run it was asked from); sent at the
+        next tick. ActionError says why it cannot be."""
+        incident = how.get("incident")
+        if incident and not any(i["id"] == incident and i.get("state") == "firing"
+                                for i in self.incidents_of(run)):  # fmt: skip
+            raise ActionError(f"run {run!r} has no open incident {incident!r}")
         with self.lock:
             now = time.time()
             health = self._health_snapshot(now)

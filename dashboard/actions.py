@@ -3,7 +3,8 @@
 Only with a token (``rankwatch serve --token``): without one, anyone who can reach the
 dashboard could stop the job, so the request is refused (403) and says how to turn it on. The
 body is ``{"cmd": "stop" | "checkpoint" | "note", "ranks": [..] (default: every live rank),
-"text": "..." (note), "reason": "..."}``; the answer is the command as stored
+"text": "..." (note), "reason": "...", "incident": "<run>#<n>" (pressed on that incident's
+card: an open incident of the run)}``; the answer is the command as stored
 (``GET /api/run/commands`` lists it with each rank's answer). Every press is in that history,
 with ``by`` naming the page and the client's address; refusals are counted.
 """
@@ -25,7 +26,8 @@ NO_TOKEN = (
     "commands from the page need a token: start `rankwatch serve --token-file FILE` (or "
     "RANKWATCH_TOKEN); without one, anyone who can reach this dashboard could stop the job"
 )
-BODY_KEYS = ("cmd", "ranks", "text", "reason")
+BODY_KEYS = ("cmd", "ranks", "text", "reason", "incident")
+MAX_INCIDENT_CHARS = 300
 MAX_RANKS = 65_536
 
 actions_api = APIRouter(prefix="/api", tags=["api"])
@@ -41,6 +43,11 @@ class CommandCounts:
     def count(self, what: str) -> None:
         with self._lock:
             self.n[what] += 1
+
+    def counters(self) -> dict[str, int]:
+        """For /metrics: ``command_requests_accepted``, ``_no_token``, ``_bad``."""
+        with self._lock:
+            return {f"command_requests_{k}": v for k, v in self.n.items()}
 
 
 def _refuse(request: Request, what: str, status: int, detail: str) -> HTTPException:
@@ -63,6 +70,7 @@ def post_command(
         raise _refuse(request, "bad", 422, f"unknown field(s) {unknown}; known: {BODY_KEYS}")
     kind, ranks = body.get("cmd"), body.get("ranks")
     text, reason = body.get("text", ""), body.get("reason", "")
+    incident = body.get("incident", "")
     if not isinstance(kind, str):
         raise _refuse(request, "bad", 422, "'cmd' must be checkpoint, stop or note")
     if ranks is not None and (
@@ -73,12 +81,15 @@ def post_command(
         raise _refuse(request, "bad", 422, "'ranks' must be a list of rank numbers")
     if not isinstance(text, str) or not isinstance(reason, str) or len(reason) > 500:
         raise _refuse(request, "bad", 422, "'text' and 'reason' must be strings (reason <= 500)")
+    if not isinstance(incident, str) or len(incident) > MAX_INCIDENT_CHARS:
+        raise _refuse(request, "bad", 422, "'incident' must be an incident id like 'run#1'")
     client = request.client.host if request.client is not None else "?"
     provider: DataProvider = request.app.state.provider
     try:
         command = provider.issue_command(
-            run, kind, by=f"page ({client})", ranks=ranks, text=text, reason=reason
-        )
+            run, kind, by=f"page ({client})", ranks=ranks, text=text, reason=reason,
+            incident=incident,
+        )  # fmt: skip
     except ActionError as exc:
         raise _refuse(request, "bad", 409, str(exc)) from None
     request.app.state.command_counts.count("accepted")

@@ -467,6 +467,7 @@ def metrics(request: Request) -> PlainTextResponse:
         **ingest_counts(request).counters(),
         **request.app.state.access_counts.counters(),
         **request.app.state.bodies.counters(),
+        **request.app.state.command_counts.counters(),  # checkpoint / stop asked over HTTP
     }
     body = prom.render(provider.snapshot(), counters, len(provider.alerts_firing()),
                        provider.telemetry_latest())  # fmt: skip

@@ -6,6 +6,7 @@ went). Per rank a command goes
     pending --sent--> sent --ack--> received | late --ack--> done | failed
                            \\--ack--> refused | done | failed
     pending | sent  --no ack within ACK_TIMEOUT_S--> no_ack   (a later ack still counts)
+    received (go)   --the rank reports PASSED_STEPS past the step, no answer--> failed
 
 A held command (checkpoint and stop: ``wire/commands.py``) also has a phase: ``ask`` until every
 rank answered (or ``ASK_TIMEOUT_S``), then ``go`` when all can still reach the step, ``move``
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ MAX_MOVES = 3  # a held command moved this often to a later step is aborted
 RETRY_S = 1.0  # a rank without an answer is sent the command again after this long ...
 MAX_SENDS = 5  # ... this many times at most
 ACK_TIMEOUT_S = 15.0  # no answer this long after the command was made: no_ack
+PASSED_STEPS = 2  # a rank told go that reports this many steps past the step did not act
 MAX_KEPT = 4096  # commands held; the oldest settled ones are dropped first
 WAITING = ("pending", "sent")  # no answer yet
 SETTLED = ("done", "failed", "refused", "no_ack", "aborted")  # nothing more is expected
@@ -126,12 +128,11 @@ class Issued:
         issued.updated = float(body.get("updated", issued.created))
         issued.incident = str(body.get("incident") or "")
         issued.phase, issued.moves = str(body.get("phase") or ""), int(body.get("moves") or 0)
-        for answer in issued.answers.values():
-            answer.word = ""  # a restarted aggregator re-sends nothing: the ranks decide alone
         for rank, raw in (body.get("acks") or {}).items():
             answer = RankAnswer(str(raw.get("state", "pending")), int(raw.get("sends", 0)))
             answer.step, answer.at = raw.get("step"), raw.get("at")
             answer.detail, answer.time = str(raw.get("detail", "")), raw.get("time")
+            answer.word = ""  # a restarted aggregator re-sends nothing: the ranks decide alone
             issued.answers[int(rank)] = answer
         return issued
 
@@ -145,7 +146,7 @@ class CommandBook:
                   "command_acks": 0, "command_acks_unknown": 0, "command_acks_bad": 0,
                   "command_acks_replayed": 0, "command_acks_after_timeout": 0,
                   "command_refused": 0, "command_no_ack": 0, "commands_moved": 0,
-                  "commands_aborted": 0}  # fmt: skip
+                  "commands_aborted": 0, "command_not_acted": 0}  # fmt: skip
 
     def __contains__(self, ident: str) -> bool:
         return ident in self._held
@@ -321,6 +322,33 @@ class CommandBook:
             answer.word, answer.sends = "abort", 0  # it answered after the others were told
         issued.updated = now
         return issued
+
+    def passed(self, now: float, last_step: Callable[[str, int], int | None]) -> list[Issued]:
+        """Ranks told to act at a step that report steps well past it and never said done
+        (their loop does not ask ``should_stop``, or the answer was lost): ``failed``, so the
+        command settles instead of waiting for ever. ``last_step(run, rank)``: the rank's
+        newest step. The commands that changed."""
+        out = []
+        for issued in self._held.values():
+            if issued.step is None or issued.kind == "note" or issued.phase not in ("", "go"):
+                continue
+            changed = False
+            for rank, answer in issued.answers.items():
+                step = last_step(issued.run, rank)
+                if answer.state not in ("received", "late") or step is None:
+                    continue
+                if step >= issued.step + PASSED_STEPS and step >= (answer.at or 0) + PASSED_STEPS:
+                    answer.state, answer.word, answer.step = "failed", "", step
+                    answer.detail = (
+                        f"reported step {step} without acting at step {answer.at or issued.step}: "
+                        "its loop does not call should_stop(), or the answer was lost"
+                    )
+                    self.n["command_not_acted"] += 1
+                    changed = True
+            if changed:
+                issued.updated = now
+                out.append(issued)
+        return out
 
     def expire(self, now: float) -> list[Issued]:
         """Ranks that never answered within ``ACK_TIMEOUT_S`` become ``no_ack``; the commands

@@ -127,6 +127,15 @@ class ActionDesk:
             self._changed[issued.id] = issued
         for issued in self.book.expire(now):
             self._changed[issued.id] = issued
+
+        def last_step(run: str, rank: int) -> int | None:
+            known = health.get(run, {}).get(rank)
+            return known.last_step if known is not None else None
+
+        for issued in self.book.passed(now, last_step):
+            self._changed[issued.id] = issued
+            log.warning("rankwatch: [ACTION] %s: %s %s: a rank went past step %s without acting "
+                        "on it", issued.run, issued.kind, issued.id, issued.step)  # fmt: skip
         changed, self._changed = list(self._changed.values()), {}
         return changed
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 CAUSES = ("nonfinite", "divergence", "hang", "crash", "lost", "slow")
-CHANGES = ("opened", "updated", "resolved")
+# acted: not the tracker's, the service's: the commands sent about it settled (actions/news.py)
+CHANGES = ("opened", "updated", "resolved", "acted")
 
 __all__ = ["CAUSES", "CHANGES", "Evidence", "Incident", "IncidentChange"]
 
@@ -54,6 +56,8 @@ class Incident:
 
 @dataclass(frozen=True)
 class IncidentChange:
-    change: str  # opened | updated (culprits or cause changed) | resolved
+    change: str  # opened | updated (culprits or cause changed) | resolved | acted
     incident: Incident
     previous: Incident | None = None  # for "updated": what was announced before
+    # the commands sent about it (``Issued.as_dict``), so its messages say what was done
+    actions: tuple[Mapping[str, Any], ...] = ()

@@ -17,9 +17,10 @@ __all__ = ["dashboard_link", "spread_line", "status_lines", "text", "title"]
 
 
 def title(change: IncidentChange) -> str:
-    """``[INCIDENT] job: rank 2 non-finite`` / ``[UPDATED]`` / ``[RESOLVED]``."""
+    """``[INCIDENT] job: rank 2 non-finite`` / ``[UPDATED]`` / ``[RESOLVED]`` / ``[ACTION]``."""
     inc = change.incident
-    head = {"opened": "INCIDENT", "updated": "UPDATED", "resolved": "RESOLVED"}[change.change]
+    head = {"opened": "INCIDENT", "updated": "UPDATED", "resolved": "RESOLVED",
+            "acted": "ACTION"}[change.change]  # fmt: skip
     return f"[{head}] {inc.run}: {_who(inc.culprits)} {_CAUSE_WORDS[inc.cause]}"
 
 

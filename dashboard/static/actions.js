@@ -1,6 +1,8 @@
-// Checkpoint and stop from the page (docs/actions.md): two buttons on the run. A confirmation
-// names the run and its live ranks; the server acts only with a token (serve --token) and
-// otherwise says why it refused; the answer of every rank is followed here for a while.
+// Checkpoint and stop from the page (docs/actions.md): two buttons on the run, and the same two
+// on an open incident's card (the press then names the incident, so the commands history says
+// where it came from). A confirmation names the run and its live ranks; the server acts only
+// with a token (serve --token) and otherwise says why it refused; the answer of every rank is
+// followed here for a while.
 
 import { api } from './util.js';
 
@@ -26,26 +28,29 @@ export function showActions(run) {
   say('', '');
 }
 
-function say(text, kind) {
-  const out = document.getElementById('action-result');
+function say(text, kind, out = document.getElementById('action-result')) {
   if (!out) return;
   out.textContent = text;
   out.className = `action-result ${kind}`;
 }
 
-async function press(cmd, run) {
+// A press of a command button. incident: the id of the incident whose card it is on (or '');
+// out: where the outcome is written (default: beside the run's buttons).
+export async function press(cmd, run, incident = '', out = undefined) {
   if (!run || !WORDS[cmd]) return;
+  const tell = (text, kind) => say(text, kind, out);
   let live = [];
   try {
     const body = await api('/api/run/ranks', { run });
     live = (body.ranks || []).filter((r) => LIVE.has(r.state));
   } catch (err) {
-    say(`cannot read the ranks of ${run}: ${err.message}`, 'refused');
+    tell(`cannot read the ranks of ${run}: ${err.message}`, 'refused');
     return;
   }
   const [verb, when] = WORDS[cmd];
-  if (!window.confirm(`${verb} run "${run}" on its ${live.length} live rank(s) ${when}?`)) {
-    say('cancelled', '');
+  const from = incident ? ` (from incident ${incident})` : '';
+  if (!window.confirm(`${verb} run "${run}" on its ${live.length} live rank(s) ${when}?${from}`)) {
+    tell('cancelled', '');
     return;
   }
   const url = new URL('/api/run/commands', window.location.origin);
@@ -57,23 +62,25 @@ async function press(cmd, run) {
       method: 'POST',
       credentials: 'same-origin',
       headers: { 'Content-Type': 'application/json', Accept: 'application/json' },
-      body: JSON.stringify({ cmd, reason: 'pressed on the page' }),
+      body: JSON.stringify(incident
+        ? { cmd, incident, reason: `pressed on the card of incident ${incident}` }
+        : { cmd, reason: 'pressed on the page' }),
     });
     body = await res.json().catch(() => ({}));
   } catch (err) {
-    say(`not sent: ${err.message}`, 'refused');
+    tell(`not sent: ${err.message}`, 'refused');
     return;
   }
   if (!res.ok) {
     const detail = typeof body.detail === 'string' ? body.detail : `HTTP ${res.status}`;
-    say(`refused: ${detail}`, 'refused');
+    tell(`refused: ${detail}`, 'refused');
     return;
   }
-  say(`${cmd} sent to ${body.ranks.length} rank(s) for the end of step ${body.step}`, 'sent');
-  follow(run, body.id, cmd, Date.now());
+  tell(`${cmd} sent to ${body.ranks.length} rank(s) for the end of step ${body.step}`, 'sent');
+  follow(run, body.id, cmd, Date.now(), tell);
 }
 
-async function follow(run, id, cmd, since) {
+async function follow(run, id, cmd, since, tell) {
   let got = null;
   try {
     const body = await api('/api/run/commands', { run });
@@ -81,8 +88,8 @@ async function follow(run, id, cmd, since) {
   } catch (_) { /* the next read may work */ }
   if (got) {
     const counts = Object.entries(got.counts || {}).map(([s, n]) => `${n} ${s}`).join(', ');
-    say(`${cmd} at step ${got.step}: ${counts}`, got.state === 'done' ? 'done' : 'sent');
+    tell(`${cmd} at step ${got.step}: ${counts}`, got.state === 'done' ? 'done' : 'sent');
     if (got.state !== 'waiting') return;
   }
-  if (Date.now() - since < FOLLOW_FOR_MS) setTimeout(() => follow(run, id, cmd, since), FOLLOW_MS);
+  if (Date.now() - since < FOLLOW_FOR_MS) setTimeout(() => follow(run, id, cmd, since, tell), FOLLOW_MS);
 }

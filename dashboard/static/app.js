@@ -411,6 +411,9 @@ function handle(msg) {
       if (msg.incident && msg.incident.run !== state.run) break;
       if (!incidentUi.onMessage(msg)) refreshIncidentsSoon();
       break;
+    case 'command': // the card lists what was done about its incident, with the answers
+      if (msg.run === state.run && msg.command && msg.command.incident) refreshIncidentsSoon();
+      break;
     default:
       break;
   }

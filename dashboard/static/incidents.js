@@ -41,9 +41,12 @@ export function setIncidents(list) {
 }
 
 // One change from the stream: the incident replaces the one with its id, or joins, newest first.
+// The stream's incident carries no commands: those read before stay on it.
 export function applyIncidentChange(msg) {
-  const inc = msg && msg.incident;
+  let inc = msg && msg.incident;
   if (!inc || typeof inc.id !== 'string') return null;
+  const before = model.incidents.find((i) => i.id === inc.id);
+  if (before && before.actions && !inc.actions) inc = { ...inc, actions: before.actions };
   const rest = model.incidents.filter((i) => i.id !== inc.id);
   return setIncidents([inc, ...rest].sort((a, b) => (b.opened ?? 0) - (a.opened ?? 0)));
 }
@@ -230,6 +233,32 @@ function messageOf(inc, ranksByNumber) {
 }
 
 let cardKey = '';
+// Where a press of the card's command buttons says how it went: one node, moved into every
+// rebuilt card, so the outcome stays while the incident's evidence keeps changing the card.
+let cmdResult = null;
+let cmdResultFor = '';
+
+export function commandResult(id) {
+  if (!cmdResult) cmdResult = el('output', { class: 'action-result', id: 'inc-action-result' });
+  if (cmdResultFor !== id) {
+    cmdResultFor = id;
+    cmdResult.textContent = '';
+    cmdResult.className = 'action-result';
+  }
+  return cmdResult;
+}
+
+// Checkpoint and stop for an open incident (actions.js sends them): a confirmation first, and
+// the server acts only with a token. Styled as commands, not as the card's harmless buttons.
+function commandButtons(inc) {
+  const box = el('div', { class: 'inc-cmds', role: 'group', 'aria-label': 'act on this run' });
+  box.append(
+    el('button', { type: 'button', class: 'inc-cmd checkpoint', 'data-action': 'cmd', 'data-cmd': 'checkpoint' }, 'checkpoint now'),
+    el('button', { type: 'button', class: 'inc-cmd stop', 'data-action': 'cmd', 'data-cmd': 'stop' }, 'stop at the next step'),
+    commandResult(inc.id),
+  );
+  return box;
+}
 
 // What a policy did about the incident (docs/actions.md), and the ranks' answers.
 function actionLine(a) {
@@ -278,6 +307,7 @@ export function renderIncidentCard(node, ranks, serverNow) {
   if (msg) parts.push(msg);
   parts.push(stateLine(inc, serverNow));
   for (const a of (inc.actions || []).slice().reverse()) parts.push(el('div', { class: 'inc-action' }, actionLine(a)));
+  if (inc.state === 'firing') parts.push(commandButtons(inc));
   parts.push(el('div', { class: 'inc-basis' }, `${inc.id}${inc.basis ? ` · why this rank: ${inc.basis}` : ''}`));
   if (inc.step !== null && inc.step !== undefined && (inc.culprits || []).length) {
     parts.push(el('button', { type: 'button', class: 'inc-go', 'data-action': 'zoom' }, `show step ${inc.step} on the charts`));

@@ -4,6 +4,7 @@
 // ctx: {state, serverNow(), restyle()}: restyle redraws the charts, table and chips after a
 // change of roles.
 
+import { press } from './actions.js';
 import * as incidents from './incidents.js';
 import { api, formatRanks, runPath } from './util.js';
 
@@ -69,7 +70,9 @@ export function incidentView(ctx) {
     $('incident').addEventListener('click', (e) => {
       const action = e.target.closest('[data-action]')?.dataset.action;
       const inc = incidents.shown();
-      if (action === 'timeline') {
+      if (action === 'cmd' && inc) {
+        press(e.target.closest('[data-cmd]').dataset.cmd, state.run, inc.id, incidents.commandResult(inc.id));
+      } else if (action === 'timeline') {
         incidents.toggleTimeline();
         render();
       } else if (action === 'zoom' && inc) {

@@ -269,10 +269,19 @@ def test_commands_over_http_need_a_token(tmp_path: Path) -> None:
         body = ok.json()
         assert body["ranks"] == [0, 1] and body["by"].startswith("page (")
         for bad, code in [({"cmd": "stop", "ranks": [9]}, 409), ({"cmd": "stop", "x": 1}, 422),
-                          ({"cmd": 3}, 422), ({"cmd": "stop", "ranks": "0"}, 422)]:  # fmt: skip
+                          ({"cmd": 3}, 422), ({"cmd": "stop", "ranks": "0"}, 422),
+                          ({"cmd": "stop", "incident": "r#9"}, 409),
+                          ({"cmd": "stop", "incident": 9}, 422)]:  # fmt: skip
             got = app.post("/api/run/commands", params={"run": "r"}, headers=auth, json=bad)
             assert got.status_code == code, (bad, got.text)
+            if "incident" in bad and code == 409:
+                assert "run 'r' has no open incident 'r#9'" in got.json()["detail"]
         listed = app.get("/api/run/commands", params={"run": "r"}, headers=auth).json()
         assert [c["id"] for c in listed["commands"]] == [body["id"]]  # the audit history
+        scraped = app.get("/metrics", headers=auth).text  # every request counted
+        for name, n in [("accepted", 1), ("bad", 6)]:
+            assert f"rankwatch_aggregator_command_requests_{name} {n}.0" in scraped, name
+        scraped = open_app.get("/metrics").text
+        assert "rankwatch_aggregator_command_requests_no_token 1.0" in scraped
     finally:
         agg.stop()

@@ -8,7 +8,7 @@ import time
 from typing import Any, TextIO
 
 from rankwatch.aggregator.alerts.sinks.base import CLOSE_TIMEOUT_S
-from rankwatch.aggregator.alerts.sinks.words import alert_dict, alert_line
+from rankwatch.aggregator.alerts.sinks.words import alert_dict, alert_line, change_action
 from rankwatch.aggregator.incidents.model import IncidentChange
 from rankwatch.aggregator.incidents.words import dashboard_link, title
 
@@ -33,11 +33,14 @@ class ConsoleSink:
         self.failed = 0
 
     def submit_incident(self, change: IncidentChange) -> None:
-        """One line a person reads first: what broke, on which rank, why."""
+        """One line a person reads first: what broke, on which rank, why; what was done about
+        it (or that nothing was)."""
         inc = change.incident
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(inc.updated))
         link = f" {dashboard_link(self.public_url, inc)}" if self.public_url else ""
-        self._write(f"{stamp} rankwatch {title(change)}: {inc.summary}{link}")
+        action = change_action(change, self.public_url)
+        done = f" | {action['line']}" if action is not None else ""
+        self._write(f"{stamp} rankwatch {title(change)}: {inc.summary}{done}{link}")
 
     def submit(self, alert: Any) -> None:
         self._write(format_alert(alert))

@@ -28,7 +28,8 @@ def incident(notes: Sequence[IncidentNote]) -> Payload:
         "source": "rankwatch", "type": "incidents", "title": incident_title(notes),
         "text": incident_text(notes),
         "incidents": [
-            {"change": n.change, "incident": n.incident, "link": n.link} for n in notes
+            {"change": n.change, "incident": n.incident, "link": n.link, "action": n.action}
+            for n in notes
         ],
     }  # fmt: skip
 

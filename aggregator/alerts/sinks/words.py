@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rankwatch.agent.wire.jsonsafe import json_safe
+from rankwatch.aggregator.actions.words import incident_action
 from rankwatch.aggregator.incidents.model import CHANGES, IncidentChange
 from rankwatch.aggregator.incidents.oneline import one_line
 from rankwatch.aggregator.incidents.words import dashboard_link, text, title
@@ -86,6 +87,7 @@ class IncidentNote:
     lines: tuple[str, ...]  # the sentence, the spread, what changed, the id and times
     link: str | None  # the dashboard at the run and the fault step, when the address is known
     incident: dict[str, Any]  # Incident.as_dict()
+    action: dict[str, Any] | None = None  # what was done about it, or how to (``incident_action``)
 
 
 def incident_severity(change: IncidentChange) -> str:
@@ -96,8 +98,16 @@ def incident_note(change: IncidentChange, public_url: str | None = None) -> Inci
     inc = change.incident
     link = dashboard_link(public_url, inc) if public_url else None
     lines = tuple(text(change).splitlines())
+    action = change_action(change, public_url)
+    if action is not None:
+        lines += tuple(line for line in (action["line"], action["how"]) if line)
     body = {k: json_safe(v) for k, v in inc.as_dict().items()}
-    return IncidentNote(change.change, f"rankwatch {title(change)}", lines, link, body)
+    return IncidentNote(change.change, f"rankwatch {title(change)}", lines, link, body, action)
+
+
+def change_action(change: IncidentChange, public_url: str | None = None) -> dict[str, Any] | None:
+    inc = change.incident
+    return incident_action(change.actions, inc.run, change.change != "resolved", public_url)
 
 
 def incident_title(notes: Sequence[IncidentNote]) -> str:
@@ -110,7 +120,8 @@ def incident_title(notes: Sequence[IncidentNote]) -> str:
 def merge_changes(changes: Sequence[IncidentChange]) -> list[IncidentChange]:
     """Changes of the same incident that queued up together as one: its latest judgement,
     announced as it was first (opened stays opened unless it resolved meanwhile; an update
-    keeps what was announced before the first of them)."""
+    keeps what was announced before the first of them; an "acted" joins the change before it),
+    with the latest commands about it."""
     merged: dict[str, IncidentChange] = {}
     for c in changes:
         first = merged.get(c.incident.id)
@@ -119,9 +130,13 @@ def merge_changes(changes: Sequence[IncidentChange]) -> list[IncidentChange]:
             continue
         if c.change == "resolved":
             kind = "resolved"
+        elif first.change == "opened" or c.change == "acted":
+            kind = first.change  # what the commands did rides on the change told with them
         else:
-            kind = "opened" if first.change == "opened" else "updated"
-        merged[c.incident.id] = IncidentChange(kind, c.incident, first.previous or c.previous)
+            kind = "updated"
+        merged[c.incident.id] = IncidentChange(
+            kind, c.incident, first.previous or c.previous, c.actions or first.actions
+        )
     return list(merged.values())
 
 

@@ -194,3 +194,25 @@ def test_ranks_that_keep_passing_it_end_in_an_abort() -> None:
             answer(book, rank, "late", cmd.step + 1, cmd.step)
         book.decide(101.0 + move)
     assert cmd.phase == "abort" and cmd.moves == MAX_MOVES
+
+
+def test_a_rank_that_goes_past_the_step_without_acting_has_failed() -> None:
+    """Told go, it reports steps well past the step and never says done (a loop that does not
+    call should_stop): the command settles as incomplete instead of waiting for ever; one step
+    past is still in time (the answer may be on its way)."""
+    book = CommandBook()
+    cmd = book.issue("c1", RUN, "stop", (0, 1), 7, now=100.0, by="test", hold=True)
+    for rank in (0, 1):
+        book.answer(RUN, rank, ack("c1", "received"), 101.0)
+    assert book.passed(101.0, lambda run, rank: 20) == []  # not told go yet: it waits at 7
+    (decided,) = book.decide(101.0)
+    assert decided.phase == "go"
+    steps = {0: 8, 1: 7}
+    assert book.passed(102.0, lambda run, rank: steps[rank]) == []
+    book.answer(RUN, 1, ack("c1", "done", 7), 102.5)
+    steps[0] = 9
+    assert book.passed(103.0, lambda run, rank: steps[rank]) == [cmd]
+    assert cmd.answers[0].state == "failed" and "without acting at step 7" in cmd.answers[0].detail
+    assert cmd.answers[1].state == "done" and cmd.state == "incomplete"
+    assert book.n["command_not_acted"] == 1
+    assert book.passed(104.0, lambda run, rank: 50) == []  # told once

@@ -51,5 +51,7 @@ def test_an_incident_is_one_line_with_the_dashboard_link_when_the_address_is_kno
     assert line.count("\n") == 1
     assert line.endswith(
         "rankwatch [INCIDENT] job: rank 2 non-finite: rank 2 (node-0, pid 1002) went non-finite "
-        "first (loss at step 20) https://rw.example.org/#run=job&sel=2&zoom=0-40\n"
+        "first (loss at step 20) | no action taken: checkpoint or stop it with the buttons on "
+        "the dashboard's incident card (serve --token) "
+        "https://rw.example.org/#run=job&sel=2&zoom=0-40\n"
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rankwatch.agent.wire.records import EventRecord, Heartbeat, StepRecord
+from rankwatch.aggregator.actions.policy import parse_spec
 from rankwatch.aggregator.alerts.config import AlertConfig
 from rankwatch.aggregator.alerts.sinks.base import WebhookKind
 from rankwatch.aggregator.alerts.sinks.http import WebhookConfig, WebhookSink
@@ -120,14 +121,47 @@ def test_a_nan_spread_to_64_ranks_is_two_messages_per_webhook(
         assert "fault step 20; 63 ranks affected after it" in resolved
         assert "resolved 20" in resolved
         assert "NaN at step 21; rank 1" not in opened + resolved  # no per-rank list
+        # no policy acted: the message offers the card's buttons and the request itself
+        assert "no action taken: checkpoint or stop it with the buttons" in opened
+        assert f"'{PUBLIC}/api/run/commands?run=nanjob'" in opened
+        assert "no action taken" not in resolved
     ((_, first), *_) = [(p, b) for p, b in capture.bodies("/json") if b["type"] == "incidents"]
     (entry,) = first["incidents"]
     assert entry["change"] == "opened" and entry["incident"]["culprits"] == [2]
     assert entry["link"] == f"{PUBLIC}/#run=nanjob&sel=2&zoom=0-40"
+    assert entry["action"]["taken"] is False and entry["action"]["dashboard"] == PUBLIC
     ((_, slack), *_) = [(p, b) for p, b in capture.bodies("/slack") if "INCIDENT" in b["text"]]
     assert f"<{PUBLIC}/#run=nanjob&sel=2&zoom=0-40|open the dashboard" in slack["text"]
     ((_, ding), *_) = [(p, b) for p, b in capture.bodies("/dingtalk") if "INCIDENT" in str(b)]
     assert f"[open the dashboard at this step]({PUBLIC}/#run=nanjob" in ding["markdown"]["text"]
+
+
+def test_a_policy_stop_is_in_the_opened_message_and_its_outcome_is_one_more(
+    tmp_path: Path, server: tuple[str, Capture]
+) -> None:
+    """The policy decides in the tick the incident opens, so its "opened" message names the
+    checkpoint and the stop; these ranks are not connected (no receiver), so nobody answers,
+    the held commands are aborted after the ask timeout, and that is one [ACTION] message."""
+    base, capture = server
+    job = Job(tmp_path, base, "stopjob", policies=parse_spec("stop-on-nan"), public_url=PUBLIC)
+    try:
+        for s in range(1, 28):  # rank 2 NaN at step 20, every rank from 21
+            job.feed([job.step(r, s, s, math.nan if s > 20 or (s == 20 and r == 2) else 1.0)
+                      for r in range(WORLD)], s)  # fmt: skip
+    finally:
+        job.agg.stop()
+    for kind in KINDS:
+        opened, acted = texts(capture, kind)
+        assert "rankwatch [INCIDENT] stopjob: rank 2 non-finite" in opened
+        assert "action: checkpoint then stop at step " in opened
+        assert "not yet delivered to 64 ranks (policy nonfinite); 0/64 acknowledged" in opened
+        assert "rankwatch [ACTION] stopjob: rank 2 non-finite" in acted
+        assert "aborted for every rank (checkpoint: 64 no_ack; stop: 64 no_ack)" in acted
+    ((_, first), (_, last)) = capture.bodies("/json")
+    action = first["incidents"][0]["action"]
+    assert action["taken"] is True and [c["cmd"] for c in action["commands"]] == [
+        "checkpoint", "stop"]  # fmt: skip
+    assert {c["state"] for c in last["incidents"][0]["action"]["commands"]} == {"aborted"}
 
 
 def test_a_hang_whose_peers_time_out_is_opened_updated_resolved(
