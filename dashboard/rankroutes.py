@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import HTTPException, Query, Request
@@ -30,25 +31,39 @@ CACHED_TABLES = 8  # (run, metric) tables kept
 Text = Annotated[str | None, Query(max_length=1000)]  # checked in ranktable.parse_query
 
 
+@dataclass
+class _Kept:
+    """A built table: its rows, what every page of it says, and its orders once sorted."""
+
+    sig: Any  # what of the run changes the table: a stored run's summary and incidents
+    expiry: float
+    rows: list[ranktable.Row]
+    state: str | None
+    world_size: int | None
+    totals: dict[str, Any]
+    orders: dict[tuple[str, bool], list[ranktable.Row]] = field(default_factory=dict)
+    cells: dict[str, Any] | None = None  # the node map, built when first asked
+
+
 class _Tables:
-    """(run, metric) -> the entry ``_table`` describes: the last few built."""
+    """(run, metric) -> the last few tables built."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         # one build at a time: the page asks for the table and the node map at once, and two
         # builds of 100,000 rows would take twice as long as one
         self.building = threading.Lock()
-        self._kept: OrderedDict[tuple[str, str], list[Any]] = OrderedDict()
+        self._kept: OrderedDict[tuple[str, str], _Kept] = OrderedDict()
 
-    def get(self, key: tuple[str, str], sig: Any, now: float) -> list[Any] | None:
+    def get(self, key: tuple[str, str], sig: Any, now: float) -> _Kept | None:
         with self._lock:
             kept = self._kept.get(key)
-            if kept is None or kept[0] != sig or now > kept[1]:
+            if kept is None or kept.sig != sig or now > kept.expiry:
                 return None
             self._kept.move_to_end(key)
             return kept
 
-    def put(self, key: tuple[str, str], kept: list[Any]) -> None:
+    def put(self, key: tuple[str, str], kept: _Kept) -> None:
         with self._lock:
             self._kept[key] = kept
             self._kept.move_to_end(key)
@@ -64,10 +79,9 @@ def _tables(request: Request) -> _Tables:
     return tables
 
 
-def _table(request: Request, run: str, metric: str | None) -> tuple[dict[str, Any], list[Any]]:
-    """The answer's head (run, state, metric ...) and the kept entry: [sig, expiry, rows,
-    node cells (built when first asked), state, world size, totals]. 404 for an unknown run,
-    or a metric it has not logged."""
+def _table(request: Request, run: str, metric: str | None) -> tuple[dict[str, Any], _Kept]:
+    """The answer's head (run, state, metric ...) and the table. 404 for an unknown run, or a
+    metric it has not logged."""
     provider = _provider(request)
     snapshot, entry = _require_run(provider, run)  # cheap: no rank entries
     names = views.order_metrics(_metrics(provider, run, entry))
@@ -92,14 +106,13 @@ def _table(request: Request, run: str, metric: str | None) -> tuple[dict[str, An
         with tables.building:
             kept = tables.get((run, metric), sig, now)  # built meanwhile by another request
             if kept is None:
-                kept = _build(provider, run, metric, live, incidents)
-                kept[:2] = [sig, expiry]
+                kept = _build(provider, run, metric, live, incidents, sig, expiry)
                 tables.put((run, metric), kept)
     head = {
         "run": run,
         "now": snapshot.get("now", now),
-        "state": kept[4],
-        "world_size": kept[5],
+        "state": kept.state,
+        "world_size": kept.world_size,
         "metric": metric,
         "live": live,
     }
@@ -107,15 +120,21 @@ def _table(request: Request, run: str, metric: str | None) -> tuple[dict[str, An
 
 
 def _build(
-    provider: DataProvider, run: str, metric: str, live: bool, incidents: list[dict[str, Any]]
-) -> list[Any]:
+    provider: DataProvider,
+    run: str,
+    metric: str,
+    live: bool,
+    incidents: list[dict[str, Any]],
+    sig: Any,
+    expiry: float,
+) -> _Kept:
     full = provider.snapshot(run=run, ranks=True, history=not live)
     found = views.find_run(full, run) or {}
     entries = found.get("ranks") or []
     values, zs = ({}, {}) if live else _stored_values(provider, run, metric)
     rows = ranktable.rows_of(entries, metric, ranktable.roles_of(incidents), values, zs)
-    return [None, 0.0, rows, None, found.get("state"), found.get("world_size"),
-            ranktable.totals(rows)]  # fmt: skip
+    state, world = found.get("state"), found.get("world_size")
+    return _Kept(sig, expiry, rows, state, world, ranktable.totals(rows))
 
 
 def _stored_values(
@@ -184,7 +203,7 @@ def run_ranks(
     except ValueError as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
     head, kept = _table(request, run, metric)
-    return _json({**head, **ranktable.select(kept[2], query, kept[6])})
+    return _json({**head, **ranktable.select(kept.rows, query, kept.totals, kept.orders)})
 
 
 @api.get("/runs/{run:run}/nodes", summary="The ranks by node (or rank block), each as its worst")
@@ -200,6 +219,6 @@ def run_nodes(
     ] = None,
 ) -> StrictJSONResponse:
     head, kept = _table(request, run, metric)
-    if kept[3] is None:
-        kept[3] = ranktable.node_cells(kept[2])
-    return _json({**head, **kept[3]})
+    if kept.cells is None:
+        kept.cells = ranktable.node_cells(kept.rows)
+    return _json({**head, **kept.cells})

@@ -244,36 +244,50 @@ def totals(rows: Sequence[Row]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def ordered(rows: Sequence[Row], key: str, desc: bool) -> list[Row]:
+    """``rows`` (in rank order) sorted by ``key``: missing values last whichever the direction,
+    ties in rank order (a stable sort)."""
+    have = [r for r in rows if not _missing(key, r)]
+    out = sorted(have, key=_sort_key(key), reverse=desc)
+    if len(have) < len(rows):
+        out.extend(r for r in rows if _missing(key, r))
+    return out
+
+
 def select(
-    rows: Sequence[Row], query: Query, known: Mapping[str, Any] | None = None
+    rows: Sequence[Row],
+    query: Query,
+    known: Mapping[str, Any] | None = None,
+    orders: dict[tuple[str, bool], list[Row]] | None = None,
 ) -> dict[str, Any]:
     """One page of ``rows`` (in rank order) sorted and filtered as ``query`` asks, with how
-    many match, how many pages, and the ``totals`` (``known``: computed before). A page past
+    many match, how many pages, and the ``totals`` (``known``: computed before). ``orders``
+    keeps each order once sorted (a person clicks back and forth between a few). A page past
     the last is the last one (a filter that narrows the table keeps the person on a page)."""
+    how = (query.sort, query.desc)
+    order = orders.get(how) if orders is not None else None
+    if order is None:
+        order = ordered(rows, *how)
+        if orders is not None:
+            orders[how] = order
     match = _matcher(query)
-    chosen = [r for r in rows if match(r)] if match is not None else list(rows)
-    key = query.sort
-    have = [r for r in chosen if not _missing(key, r)]
-    # Missing values go last whichever the direction; ties stay in rank order (a stable sort).
-    ordered = sorted(have, key=_sort_key(key), reverse=query.desc)
-    if len(have) < len(chosen):
-        ordered.extend(r for r in chosen if _missing(key, r))
-    pages = max(1, math.ceil(len(ordered) / query.size))
+    ordered_rows = [r for r in order if match(r)] if match is not None else order
+    pages = max(1, math.ceil(len(ordered_rows) / query.size))
     page = min(query.page, pages)
     first = (page - 1) * query.size
     return {
         **(known if known is not None else totals(rows)),
-        "matched": len(ordered),
+        "matched": len(ordered_rows),
         "page": page,
         "pages": pages,
         "size": query.size,
-        "first": first + 1 if ordered else 0,  # "showing first–last of matched"
-        "last": min(first + query.size, len(ordered)),
-        "sort": key,
+        "first": first + 1 if ordered_rows else 0,  # "showing first–last of matched"
+        "last": min(first + query.size, len(ordered_rows)),
+        "sort": query.sort,
         "desc": query.desc,
         "filter": query.filter,
         "host": query.host,
-        "rows": ordered[first : first + query.size],
+        "rows": ordered_rows[first : first + query.size],
     }
 
 
