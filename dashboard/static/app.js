@@ -520,6 +520,7 @@ function renderPanels() {
   toggle.hidden = minor === 0 || state.big; // a paged table shows its whole page
   toggle.textContent = state.allRanks ? 'show the ranks that matter' : `show all ${state.ranks.length} ranks`;
   $('rank-table').classList.toggle('all', state.allRanks || state.big);
+  $('rank-table').classList.toggle('paged', state.big);
 }
 
 function renderHeatPicker() {

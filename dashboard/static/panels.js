@@ -17,7 +17,7 @@ export function renderRunPicker(select, runs, current) {
     return;
   }
   select.replaceChildren(...runs.map((r) => {
-    const opt = el('option', {}, `${r.run} (${r.state ?? '?'}, ${r.world_size ?? '?'} ranks)`);
+    const opt = el('option', {}, `${r.run} (${r.state ?? '?'}, ${r.world_size?.toLocaleString('en-US') ?? '?'} ranks)`);
     opt.value = r.run;
     return opt;
   }));
