@@ -6,7 +6,8 @@ Both answer from the same rows (``ranktable.rows_of``): a live run's rank entrie
 copy the snapshot takes under the aggregator's lock and never under it, or a stored run's, with
 their latest stored values and the detector's z of them. Building them for 100,000 ranks takes
 far longer than paging them, and a person clicks through pages: the rows are kept, a live run's
-for ``LIVE_ROWS_S``, a stored run's until its stored summary or its incidents change.
+for ``LIVE_ROWS_S`` (longer when they take long to build), a stored run's until its stored
+summary or its incidents change.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from .jsonenc import StrictJSONResponse
 from .routes import _json, _metrics, _provider, _require_run, api
 
 LIVE_ROWS_S = 1.0  # a live run's table is at most this old (the stream says when it changed)
+# ... or this many times as old as it took to build: at 100,000 live ranks a table takes about a
+# second, and every open page asks again each time the stream says a rank changed
+LIVE_BUILD_FACTOR = 5.0
 CACHED_TABLES = 8  # (run, metric) tables kept
 
 Text = Annotated[str | None, Query(max_length=1000)]  # checked in ranktable.parse_query
@@ -106,7 +110,11 @@ def _table(request: Request, run: str, metric: str | None) -> tuple[dict[str, An
         with tables.building:
             kept = tables.get((run, metric), sig, now)  # built meanwhile by another request
             if kept is None:
+                began = time.monotonic()
                 kept = _build(provider, run, metric, live, incidents, sig, expiry)
+                if live:
+                    took = time.monotonic() - began
+                    kept.expiry = now + max(LIVE_ROWS_S, LIVE_BUILD_FACTOR * took)
                 tables.put((run, metric), kept)
     head = {
         "run": run,

@@ -435,10 +435,17 @@ def status(
 async def stream(
     request: Request,
     run: Annotated[str | None, Query(max_length=records.MAX_NAME_CHARS)] = None,
+    ranks: Annotated[
+        Literal["tables", "changes"],
+        Query(
+            description="tables: rank tables (whole, then what changed); changes: only how "
+            "many ranks changed, for a page that reads its table a page at a time"
+        ),
+    ] = "tables",
 ) -> StreamingResponse:
     hub = request.app.state.live
     return StreamingResponse(
-        hub.stream(run),
+        hub.stream(run, tables=ranks == "tables"),
         media_type="text/event-stream",
         # no-transform and X-Accel-Buffering keep reverse proxies from holding events back.
         headers={"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"},

@@ -381,7 +381,9 @@ function closeStream() {
 }
 
 function openStream() {
-  const es = new EventSource(`/api/stream?run=${encodeURIComponent(state.run)}`);
+  // a paged table reads its rows itself: the stream says only that ranks changed
+  const tables = state.big ? '&ranks=changes' : '';
+  const es = new EventSource(`/api/stream?run=${encodeURIComponent(state.run)}${tables}`);
   let hellos = 0;
   stream = es;
   es.addEventListener('hello', () => {

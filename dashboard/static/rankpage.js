@@ -15,9 +15,9 @@ const COLUMNS = [
   { sort: 'rank', label: () => 'rank' },
   { sort: 'host', label: () => 'host' },
   { sort: 'state', label: () => 'state' },
-  { sort: 'last_step', label: () => 'last step' },
+  { sort: 'z', label: (m) => `z now (${m})` }, // before the value: on a phone it is what shows
   { sort: 'value', label: (m) => `last ${m}` },
-  { sort: 'z', label: (m) => `z now (${m})` },
+  { sort: 'last_step', label: () => 'last step' },
   { sort: null, label: () => 'last seen' },
 ];
 const FIRST_DESC = new Set(['z']);
@@ -74,13 +74,13 @@ export function rankPager({ state, app, onRows, showError }) {
       if (highlighted.has(r.rank) || r.flagged) tr.classList.add('divergent');
       if (state.selected.has(r.rank)) tr.classList.add('selected');
       const cells = [
-        r.rank, r.host, r.state, r.last_step ?? '–', fmt(num(r.value)), fmtZ(num(r.z)),
+        r.rank, r.host, r.state, fmtZ(num(r.z)), fmt(num(r.value)), r.last_step ?? '–',
         r.last_seen ? `${ago(serverNow - r.last_seen)} ago` : '–',
       ];
       cells.forEach((text, i) => {
         const td = el('td', {}, text);
         if (i === 2) td.className = `state-${String(r.state ?? '').replace(/[^a-z]/g, '')}`;
-        if (i === 5 && (r.divergent || []).includes(metric)) td.className = 'zbad';
+        if (i === 3 && (r.divergent || []).includes(metric)) td.className = 'zbad';
         tr.append(td);
       });
       if (r.message) tr.title = r.message;
