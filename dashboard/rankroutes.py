@@ -100,9 +100,10 @@ def _table(request: Request, run: str, metric: str | None) -> tuple[dict[str, An
         sig: Any = "live"
         expiry = now + LIVE_ROWS_S
     else:
-        summary = next((r for r in provider.list_runs() if r["run"] == run), None) or {}
+        found = next((r for r in provider.list_runs() if r["run"] == run), None)
         changed = max((i.get("updated") or 0.0 for i in incidents), default=0.0)
-        sig = (summary.get("records"), summary.get("last_time"), len(incidents), changed)
+        records, last = (found["records"], found["last_time"]) if found else (None, None)
+        sig = (records, last, len(incidents), changed)
         expiry = float("inf")
     tables = _tables(request)
     kept = tables.get((run, metric), sig, now)

@@ -122,8 +122,8 @@ def outlier_ranks(
         if isinstance(rank, int) and rank not in found:
             found.append(rank)
 
-    for rank in first:
-        add(rank)
+    for culprit in first:
+        add(culprit)
 
     if run_entry is not None:
         for div in run_entry.get("divergences") or []:
