@@ -170,6 +170,15 @@ def test_100k_ranks_paged_table_node_map_band(
     page.click("#rank-node")  # back to every rank
     _wait_rows(page, "rows.length === 100")
     assert page.evaluate("() => window.rankwatch.state.selected.size") == 0
+    # A rank typed into the selection is taken though the table holds another page.
+    page.fill("#select-input", str(big.world - 2))
+    page.press("#select-input", "Enter")
+    page.wait_for_function(
+        "(n) => window.rankwatch.charts.get('loss').chart.getOption().series"
+        ".some((s) => s.name === 'rank ' + n)",
+        arg=big.world - 2,
+    )
+    assert page.is_hidden("#select-error")
 
     # A run on named nodes: a tile per host, and a host's ranks on the click.
     open_run(w, server, named.run)
