@@ -24,7 +24,7 @@ from rankwatch.agent.wire.records import Record, StepBlock
 from rankwatch.aggregator.actions.desk import ActionError
 from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.compare import compare_medians, previous_run
-from rankwatch.aggregator.divergence.zgrid import ZGrid, z_columns, z_grid
+from rankwatch.aggregator.divergence.zgrid import ZGrid, z_columns, z_grid, z_step
 from rankwatch.aggregator.feed import FeedClosed, Subscription, ranks_delta
 from rankwatch.aggregator.metrics import display_order, metric_info
 from rankwatch.aggregator.stacks import StackView, stack_view
@@ -71,6 +71,7 @@ __all__ = [
     "telemetry_metrics",
     "z_columns",
     "z_grid",
+    "z_step",
 ]
 
 Band = dict[str, np.ndarray]  # BAND_KEYS -> column: "step" int64, the statistics float64
@@ -189,6 +190,12 @@ class DataProvider(Protocol):
         ...
 
     def read_events(self, run: str) -> list[StoredEvent]: ...
+
+    def read_latest_values(self, run: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """Each rank's stored value of ``metric`` at its newest step (ranks that stopped long
+        before the others have none): (ranks, values), in rank order. The rank table of a
+        stored run sorts by it; a live run's rank entries carry their own."""
+        ...
 
     def read_incidents(self, run: str) -> list[dict[str, Any]]:
         """Every incident of ``run`` (``Incident.as_dict()``), newest first, live or stored."""
@@ -341,6 +348,9 @@ class AggregatorProvider:
 
     def read_events(self, run: str) -> list[StoredEvent]:
         return self._agg.store.events(run)  # type: ignore[return-value]
+
+    def read_latest_values(self, run: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        return self._agg.store.latest_values(run, metric)
 
     def read_incidents(self, run: str) -> list[dict[str, Any]]:
         return self._agg.incidents_of(run)

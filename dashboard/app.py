@@ -28,7 +28,10 @@ from starlette.types import Scope
 
 import rankwatch
 
-from . import hwroutes  # noqa: F401 - registers the telemetry route on the API router
+from . import (
+    hwroutes,  # noqa: F401 - registers the telemetry route on the API router
+    rankroutes,  # noqa: F401 - registers the rank table and node map routes
+)
 from .access import Access, AccessCounts, AccessGuard
 from .actions import CommandCounts, actions_api
 from .auth import TokenGuard

@@ -89,8 +89,10 @@ class LiveHub:
     def clients(self) -> int:
         return len(self._subs)
 
-    async def stream(self, run: str | None = None) -> AsyncIterator[bytes]:
-        """The body of one SSE response, filtered to ``run`` when given."""
+    async def stream(self, run: str | None = None, tables: bool = True) -> AsyncIterator[bytes]:
+        """The body of one SSE response, filtered to ``run`` when given. ``tables=False``: a
+        rank table goes out as how many of its ranks changed (``{"type": "ranks", "changed":
+        n}``), for a page that reads its table a page at a time (100,000 ranks)."""
         if not self._running:
             yield sse("closed", '{"reason":"server stopping"}')
             return
@@ -98,13 +100,15 @@ class LiveHub:
         self._subs.add(sub)
         try:
             yield f"retry: {CLIENT_RETRY_MS}\n".encode() + sse("hello", dumps({"run": run}))
-            async for chunk in self._frames(sub, run):
+            async for chunk in self._frames(sub, run, tables):
                 yield chunk
         finally:
             self._subs.discard(sub)
             sub.close()
 
-    async def _frames(self, sub: Subscription, run: str | None) -> AsyncIterator[bytes]:
+    async def _frames(
+        self, sub: Subscription, run: str | None, whole: bool
+    ) -> AsyncIterator[bytes]:
         dropped_seen = 0
         tables: dict[Any, dict[str, Any]] = {}  # run -> the last ranks message sent in full
         while True:
@@ -128,7 +132,7 @@ class LiveHub:
                 tables.clear()  # a table may have been lost: the next one goes whole
                 yield sse("resync", dumps({"dropped": dropped_seen}))
             wanted = [
-                out
+                out if whole else _changes_only(out)
                 for m in batch
                 if _for_run(m, run) and (out := self._ranks_as_sent(m, tables)) is not None
             ]
@@ -178,6 +182,13 @@ class LiveHub:
 def _for_run(message: dict[str, Any], run: str | None) -> bool:
     # Messages without a run (global counters, say) go to every page.
     return run is None or message.get("run", run) == run
+
+
+def _changes_only(message: dict[str, Any]) -> dict[str, Any]:
+    if message.get("type") != "ranks" or not isinstance(message.get("ranks"), list):
+        return message
+    changed = len(message["ranks"]) + len(message.get("removed") or ())
+    return {"type": "ranks", "run": message.get("run"), "changed": changed}
 
 
 def _delta_message(prev: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:

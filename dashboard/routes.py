@@ -1,5 +1,6 @@
 """The dashboard's HTTP API, over the ``DataProvider`` only (``aggregator/provider.py``;
-``POST /api/ingest``, the one route that writes, is in ``ingest.py``).
+``POST /api/ingest``, the one route that writes, is in ``ingest.py``; the rank table and the
+node map are in ``rankroutes.py``).
 
 Store reads block (DuckDB), so the routes that touch the store are plain ``def``: FastAPI
 runs them in its thread pool and the event loop keeps serving the live stream meanwhile.
@@ -31,7 +32,7 @@ from rankwatch.aggregator.provider import (
 from starlette.background import BackgroundTask
 from starlette.convertors import Convertor, register_url_convertor
 
-from . import prom, seriesfmt, views
+from . import prom, ranktable, seriesfmt, views
 from .ingest import ingest_counts
 from .jsonenc import StrictJSONResponse
 
@@ -107,6 +108,11 @@ def _metrics(provider: DataProvider, run: str, entry: dict[str, Any] | None) -> 
     for rank in (entry or {}).get("ranks") or []:
         names.update(rank.get("values") or {})
     return names
+
+
+def _stored_rank_count(provider: DataProvider, run: str) -> int:
+    """The ranks a run without live state has in the store (its snapshot entry has none)."""
+    return next((int(r.get("ranks") or 0) for r in provider.list_runs() if r["run"] == run), 0)
 
 
 def _parse_ranks(text: str | None) -> list[int]:
@@ -190,9 +196,12 @@ def run_series(
     selected = _parse_ranks(ranks)
     _, entry = _require_run(provider, run)
     _require_metric(provider, run, entry, metric)
-    total = views.rank_count(entry)
+    total = views.rank_count(entry) or _stored_rank_count(provider, run)
     band_mode = view == "band" or (view == "auto" and total > views.BAND_THRESHOLD_RANKS)
-    outliers = views.outlier_ranks(entry, metric, _alerted(provider, run))
+    # the incident's culprits and the ranks it reached get lines of their own, flagged on this
+    # metric or not: a stored run of 100,000 ranks has no live verdicts to name them
+    roles = ranktable.roles_of(provider.read_incidents(run)) if band_mode else {}
+    outliers = views.outlier_ranks(entry, metric, _alerted(provider, run), first=roles)
     wanted = sorted({*outliers, *selected}) if band_mode else None
     # Numpy columns from the store to the response: a million points as Python lists would
     # cost more than the query (seriesfmt.py).
@@ -270,24 +279,6 @@ def run_divergence(request: Request, run: str) -> StrictJSONResponse:
                 }
                 for r in entry.get("ranks") or []
             ],
-        }
-    )
-
-
-@api.get("/runs/{run:run}/ranks", summary="The rank table: health, last values, z-scores")
-def run_ranks(request: Request, run: str) -> StrictJSONResponse:
-    provider = _provider(request)
-    _require_run(provider, run)
-    # history: a stored run's ranks too, with their final states
-    snapshot = provider.snapshot(run=run, ranks=True, history=True)
-    entry = views.find_run(snapshot, run) or {}
-    return _json(
-        {
-            "run": run,
-            "now": snapshot.get("now", time.time()),
-            "state": entry.get("state"),
-            "world_size": entry.get("world_size"),
-            "ranks": entry.get("ranks") or [],
         }
     )
 
@@ -444,10 +435,17 @@ def status(
 async def stream(
     request: Request,
     run: Annotated[str | None, Query(max_length=records.MAX_NAME_CHARS)] = None,
+    ranks: Annotated[
+        Literal["tables", "changes"],
+        Query(
+            description="tables: rank tables (whole, then what changed); changes: only how "
+            "many ranks changed, for a page that reads its table a page at a time"
+        ),
+    ] = "tables",
 ) -> StreamingResponse:
     hub = request.app.state.live
     return StreamingResponse(
-        hub.stream(run),
+        hub.stream(run, tables=ranks == "tables"),
         media_type="text/event-stream",
         # no-transform and X-Accel-Buffering keep reverse proxies from holding events back.
         headers={"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"},

@@ -15,6 +15,7 @@ from rankwatch.aggregator.provider import (
     telemetry_info,
     z_columns,
     z_grid,
+    z_step,
 )
 
 BAND_THRESHOLD_RANKS = 32  # above this many ranks a chart shows a band, not every line
@@ -111,13 +112,18 @@ def outlier_ranks(
     run_entry: Mapping[str, Any] | None,
     metric: str,
     alerted: Iterable[tuple[int | None, str | None]] = (),
+    first: Iterable[int] = (),
 ) -> list[int]:
-    """Ranks worth a line of their own on ``metric``: flagged now, or alerted on it before."""
+    """Ranks worth a line of their own on ``metric``: ``first`` (an incident's ranks), flagged
+    now, or alerted on it before."""
     found: list[int] = []
 
     def add(rank: Any) -> None:
         if isinstance(rank, int) and rank not in found:
             found.append(rank)
+
+    for culprit in first:
+        add(culprit)
 
     if run_entry is not None:
         for div in run_entry.get("divergences") or []:
@@ -156,6 +162,11 @@ def robust_z_columns(
 ) -> dict[int, list[float | None]]:
     """The heatmap's cells: the detector's robust z of each column (``divergence.zgrid``)."""
     return z_columns(per_rank, columns, metric)
+
+
+def latest_z(values: Mapping[int, float], metric: str = "") -> dict[int, float]:
+    """The detector's z of each rank's latest value (a stored run's rank table)."""
+    return z_step(values, metric)
 
 
 def heat_grid(

@@ -26,7 +26,7 @@ from rankwatch.aggregator.merge import StepValues
 
 Z_DECIMALS = 2  # a heatmap cell's z is shown to this many decimals
 
-__all__ = ["ZGrid", "z_columns", "z_grid"]
+__all__ = ["ZGrid", "z_columns", "z_grid", "z_step"]
 
 
 @dataclass(frozen=True)
@@ -78,3 +78,19 @@ def z_columns(
 ) -> dict[int, list[float | None]]:
     """``z_grid(...).z``: the cells' z alone."""
     return z_grid(per_rank, columns, metric, config).z
+
+
+def z_step(
+    values: Mapping[int, float], metric: str = "", config: DivergenceConfig | None = None
+) -> dict[int, float]:
+    """rank -> the detector's z of one step of ``values`` with no history (a one-column
+    ``z_columns``, without a list per rank: a stored run's latest values of 100,000 ranks),
+    rounded; NaN for a non-finite value."""
+    if not values:
+        return {}
+    detector = DivergenceDetector(config)
+    result = detector.update(StepValues("", metric, 0, dict(values), len(values), True))
+    return {
+        rank: round(value, Z_DECIMALS) if math.isfinite(value) else math.nan
+        for rank, value in z_map(result.scores).items()
+    }

@@ -30,6 +30,9 @@ from rankwatch.aggregator.store.rows import MetricStats, Mirror, read_records
 from rankwatch.aggregator.store.schema import StoreError
 
 READ_CURSORS = 4  # queries running at once; more wait for a cursor (queries take ms)
+# ``latest_values`` looks this many steps back from a metric's newest stored step: a rank that
+# stopped before has no latest value, and the query never scans a long run's whole history.
+LATEST_WINDOW_STEPS = 1000
 
 Plan = tuple[int, int, int, str, dict[str, Any]]  # level, lo, hi, WHERE, parameters
 
@@ -196,6 +199,18 @@ def band_columns(
     return columns.band_reduce(out, max_points)
 
 
+def latest_values(
+    cur: duckdb.DuckDBPyConnection, run: str, metric: str, lo: int
+) -> tuple[np.ndarray, np.ndarray]:
+    res = cur.sql(
+        "SELECT rank, arg_max(value, step) AS value FROM steps WHERE run = $run AND "
+        "metric = $metric AND step >= $lo GROUP BY rank ORDER BY rank",
+        params={"run": run, "metric": metric, "lo": lo},
+    ).fetchnumpy()
+    values = np.ma.filled(np.ma.asarray(res["value"], dtype=np.float64), math.nan)
+    return np.asarray(res["rank"], dtype=np.int64), values
+
+
 def export_steps(cur: duckdb.DuckDBPyConnection, run: str, out_path: Path, fmt: str) -> int:
     options = "FORMAT CSV, HEADER" if fmt == "csv" else "FORMAT PARQUET"
     target = str(out_path).replace("'", "''")
@@ -337,6 +352,19 @@ class Reads:
             done = self._mirror.band.get(run)
         with self._query() as cur:
             return band_columns(cur, plan, done, max_points)
+
+    def latest_values(
+        self, run: str, metric: str, window: int = LATEST_WINDOW_STEPS
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each rank's value of ``metric`` at its newest stored step, among the run's last
+        ``window`` steps of it: (ranks int64, values float64), in rank order."""
+        self._check_open()
+        with self._state_lock:
+            stats = self._mirror.stats.get((run, metric))
+        if stats is None:
+            return np.zeros(0, np.int64), np.zeros(0, np.float64)
+        with self._query() as cur:
+            return latest_values(cur, run, metric, stats.hi - window + 1)
 
     def _plan(
         self,

@@ -252,6 +252,18 @@ class MetricStats:
     keys: frozenset[int]
 
 
+def _summary(run: str, rows: list[RankRow]) -> dict[str, Any]:
+    return {
+        "run": run,
+        "world_size": max((r.world_size or 0 for r in rows), default=0) or None,
+        "ranks": len(rows),
+        "first_time": min(r.first_time for r in rows),
+        "last_time": max(r.last_time for r in rows),
+        "records": sum(r.records for r in rows),
+        "last_step": max((r.last_step for r in rows if r.last_step is not None), default=None),
+    }
+
+
 def _max(a: Any, b: Any) -> Any:
     return b if a is None else a if b is None else max(a, b)
 
@@ -267,6 +279,10 @@ class Mirror:
     late: dict[tuple[str, str], int] = field(default_factory=dict)  # earliest step to repair
     tele: dict[str, telemetry.TeleRun] = field(default_factory=dict)  # run -> its telemetry
     tele_done: dict[tuple[str, int], float] = field(default_factory=dict)  # rolled up to
+    # run -> (its rank rows' dict, the summary made of it): a published mirror's per-run dicts
+    # never change (merge_ranks replaces them), so a summary holds while its dict is the same
+    # object. Shared by copies; ``runs()`` at 100,000 ranks is otherwise a pass over every rank.
+    summaries: dict[str, tuple[dict[int, RankRow], dict[str, Any]]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, cur: duckdb.DuckDBPyConnection) -> Mirror:
@@ -294,7 +310,7 @@ class Mirror:
     def copy(self) -> Mirror:
         """Shallow: merge_ranks replaces the per-run dicts it changes instead of mutating."""
         return Mirror(dict(self.ranks), dict(self.stats), dict(self.band), dict(self.late),
-                      dict(self.tele), dict(self.tele_done))  # fmt: skip
+                      dict(self.tele), dict(self.tele_done), self.summaries)  # fmt: skip
 
     def identity(self, run: str, rank: int) -> tuple[Any, Any, Any, int] | None:
         row = self.ranks.get(run, {}).get(rank)
@@ -358,18 +374,14 @@ class Mirror:
         return [s for (r, _), s in self.stats.items() if r == run]
 
     def runs(self) -> list[dict[str, Any]]:
-        by_run = {run: list(rows.values()) for run, rows in self.ranks.items() if rows}
-        return [
-            {
-                "run": run,
-                "world_size": max((r.world_size or 0 for r in rows), default=0) or None,
-                "ranks": len(rows),
-                "first_time": min(r.first_time for r in rows),
-                "last_time": max(r.last_time for r in rows),
-                "records": sum(r.records for r in rows),
-                "last_step": max(
-                    (r.last_step for r in rows if r.last_step is not None), default=None
-                ),
-            }
-            for run, rows in sorted(by_run.items(), key=lambda kv: min(r.first_time for r in kv[1]))
-        ]
+        out = []
+        for run, by_rank in self.ranks.items():
+            if not by_rank:
+                continue
+            kept = self.summaries.get(run)
+            if kept is None or kept[0] is not by_rank:
+                kept = self.summaries[run] = (by_rank, _summary(run, list(by_rank.values())))
+            out.append(dict(kept[1]))
+        for gone in self.summaries.keys() - self.ranks.keys():
+            self.summaries.pop(gone, None)
+        return sorted(out, key=lambda r: r["first_time"])

@@ -7,6 +7,8 @@ import { MetricChart } from './charts.js';
 import { bindControls, syncControls } from './controls.js';
 import { hardwareView } from './hardware.js';
 import { Heatmap } from './heatmap.js';
+import { NodeMap } from './nodemap.js';
+import { PAGED_RANKS, rankPager } from './rankpage.js';
 import { incidentView } from './incidentview.js';
 import * as incidents from './incidents.js';
 import * as panels from './panels.js';
@@ -24,6 +26,7 @@ const INCIDENTS_POLL_MS = 5000; // the stream pushes each change; this catches a
 const HEATMAP_REFRESH_MS = 1000;
 const HEATMAP_REFRESH_MANY_MS = 12000;
 const MANY_RANKS = 64;
+const MAX_DRILL_SELECTED = 64; // a node's ranks the charts draw when it is picked on the map
 const ZOOM_REFETCH_DELAY_MS = 300;
 const COMPACT_FACTOR = 3; // refetch a series once live points made it this many times too long
 const COMPACT_MIN_INTERVAL_MS = 10000;
@@ -53,10 +56,13 @@ const state = {
   allRanks: false, // at phone width: every rank in the table, not only those that matter
   ref: null, // the reference run named in the URL; null: the previous run of this job
   refNone: false, // no reference at all
+  big: false, // more than PAGED_RANKS ranks: the table is paged on the server, a node map
 };
 const charts = new Map(); // metric -> MetricChart
 const firstDrawn = {}; // metric -> {step: Date.now() when the step was first drawn}
 let heatmap = null;
+let nodemap = null; // nodemap.js, in place of the heatmap for a run of many ranks
+let pager = null; // rankpage.js: the table of a run of many ranks, a page at a time
 let hardware = null; // hardware.js: the telemetry section and the table's hardware columns
 let stream = null;
 let loading = 0; // > 0 while series are being (re)loaded: live messages are kept and replayed
@@ -98,6 +104,9 @@ const app = {
   // chart style that goes with it: the charts ask these before their divergent colours.
   rankRole: incidents.rankRole,
   roleStyle: (rank) => incidents.roleStyle(rank, state.selected),
+  ranksTotal() {
+    return state.big && pager.answer ? pager.answer.total : state.ranks.length;
+  },
   tableMetric() {
     return state.metrics.includes('loss') ? 'loss' : state.metrics[0] || 'loss';
   },
@@ -215,10 +224,11 @@ async function loadMetrics() {
   return added;
 }
 
-function applyRanks(ranks) {
+// `flagged`: the entries whose divergent lists count (a paged table's rows are not all of them).
+function applyRanks(ranks, flagged = ranks) {
   state.ranks = ranks;
   const divergent = new Map();
-  for (const r of ranks) {
+  for (const r of flagged) {
     for (const metric of r.divergent || []) {
       if (!divergent.has(metric)) divergent.set(metric, new Set());
       divergent.get(metric).add(r.rank);
@@ -239,6 +249,10 @@ function applyRanks(ranks) {
 
 async function loadRanks() {
   if (!state.run) return;
+  if (state.big) {
+    await Promise.all([pager.load(), loadNodes()]);
+    return;
+  }
   const resp = await api(runPath(state.run, 'ranks'));
   if (resp.run === state.run) applyRanks(resp.ranks);
 }
@@ -259,8 +273,34 @@ async function loadEvents() {
   scheduleRedraw();
 }
 
+// A page's rows as rank entries (what the chips, banner and charts read), and every flagged
+// rank of the run for the charts' colours, on this page or not.
+function applyRankPage(resp) {
+  const metric = resp.metric;
+  const entry = (r) => ({ ...r, values: { [metric]: r.value }, z: { [metric]: r.z } });
+  applyRanks(resp.rows.map(entry), resp.divergent);
+}
+
+async function loadNodes() {
+  if (!state.run) return;
+  const resp = await api(runPath(state.run, 'nodes'), { metric: app.tableMetric() });
+  if (resp.run !== state.run) return;
+  nodemap.load(resp);
+  const by = resp.by === 'host' ? 'node' : `block of ${resp.block} ranks`;
+  $('nodemap-info').textContent = `${resp.cells.toLocaleString('en-US')} tiles, one per ${by}, coloured by its worst rank; click one for its ranks`;
+}
+
+// A node picked on the map: the table lists its ranks and the charts draw them.
+async function drillNode(cell) {
+  const resp = await pager.drill(cell);
+  if (!resp) return;
+  state.selected = new Set(resp.rows.slice(0, MAX_DRILL_SELECTED).map((r) => r.rank));
+  selectionChanged();
+}
+
 async function loadHeatmap() {
   const metric = heatMetric();
+  if (state.big) return;
   if (!state.run || !metric) return;
   lastHeatmap = Date.now();
   const params = { metric };
@@ -274,6 +314,7 @@ async function loadHeatmap() {
 }
 
 const refreshHeatmapSoon = throttle(() => {
+  if (state.big) return;
   const many = state.ranks.length > MANY_RANKS;
   if (many && Date.now() - lastHeatmap < HEATMAP_REFRESH_MANY_MS) return;
   loadHeatmap().catch(showError);
@@ -298,6 +339,13 @@ async function selectRun(run, resetView = true) {
   charts.clear();
   heatmap.clear();
   Object.assign(state, { run, metrics: [], ranks: [], divergent: new Map(), firing: [], events: [] });
+  const listed = state.runs.find((r) => r.run === run);
+  state.big = Math.max(listed?.ranks ?? 0, listed?.world_size ?? 0) > PAGED_RANKS;
+  pager.reset();
+  nodemap.clear();
+  $('nodemap-card').hidden = !state.big;
+  $('heatmap-card').hidden = state.big;
+  $('rank-pager').hidden = !state.big;
   incidentUi.reset();
   showActions(run);
   if (resetView) Object.assign(state, { zoom: null, selected: new Set(), heatMetric: null });
@@ -333,7 +381,9 @@ function closeStream() {
 }
 
 function openStream() {
-  const es = new EventSource(`/api/stream?run=${encodeURIComponent(state.run)}`);
+  // a paged table reads its rows itself: the stream says only that ranks changed
+  const tables = state.big ? '&ranks=changes' : '';
+  const es = new EventSource(`/api/stream?run=${encodeURIComponent(state.run)}${tables}`);
   let hellos = 0;
   stream = es;
   es.addEventListener('hello', () => {
@@ -390,7 +440,7 @@ function handle(msg) {
       break;
     }
     case 'ranks':
-      if (!Array.isArray(msg.ranks)) refreshRanksSoon();
+      if (state.big || !Array.isArray(msg.ranks)) refreshRanksSoon();
       else if (msg.delta) applyRanks(mergeRanks(state.ranks, msg.ranks, msg.removed || []));
       else applyRanks(msg.ranks); // the whole table, fresh
       break;
@@ -464,14 +514,18 @@ function restyle() {
 function renderPanels() {
   panels.renderBanner($('banner'), state.firing, serverNow(), state.ranks); // its "z now"
   panels.renderLegend($('legend'), app);
-  panels.renderTableHead($('rank-head'), app);
-  panels.renderTable($('rank-body'), app, serverNow());
+  if (state.big) pager.render($('rank-head'), $('rank-body'), serverNow());
+  else {
+    panels.renderTableHead($('rank-head'), app);
+    panels.renderTable($('rank-body'), app, serverNow());
+  }
   hardware?.decorateTable($('rank-head'), $('rank-body'));
   const minor = incidents.markRanks($('rank-body'), $('legend'), state.ranks, app.highlighted(), state.selected);
   const toggle = $('all-ranks');
-  toggle.hidden = minor === 0;
+  toggle.hidden = minor === 0 || state.big; // a paged table shows its whole page
   toggle.textContent = state.allRanks ? 'show the ranks that matter' : `show all ${state.ranks.length} ranks`;
-  $('rank-table').classList.toggle('all', state.allRanks);
+  $('rank-table').classList.toggle('all', state.allRanks || state.big);
+  $('rank-table').classList.toggle('paged', state.big);
 }
 
 function renderHeatPicker() {
@@ -538,7 +592,10 @@ const selectionChanged = debounce(() => {
 }, 50);
 
 async function main() {
-  window.rankwatch = { state, charts, firstDrawn, app, ready: false, frames: 0, ref: refUi.ref, get heatmap() { return heatmap; } };
+  window.rankwatch = {
+    state, charts, firstDrawn, app, ready: false, frames: 0, ref: refUi.ref,
+    get heatmap() { return heatmap; }, get nodemap() { return nodemap; }, get pager() { return pager; },
+  };
   readUrl(state);
   syncControls(state);
   bindControls({
@@ -546,7 +603,16 @@ async function main() {
     refetchZoom, selectionChanged, loadHeatmap, renderPanels, showError, loadRef: refUi.load,
   });
   heatmap = new Heatmap($('heatmap'), app);
+  pager = rankPager({ state, app, onRows: applyRankPage, showError });
+  pager.bind(() => {
+    nodemap.unpick();
+    state.selected = new Set();
+    selectionChanged();
+  });
+  nodemap = new NodeMap($('nodemap-canvas'), $('nodemap-legend'), $('nodemap-readout'),
+    (cell) => drillNode(cell).catch(showError));
   hardware = hardwareView({ state, toggleRank: app.toggleRank, roleStyle: app.roleStyle, redrawTable: renderPanels });
+  window.addEventListener('resize', debounce(() => nodemap.draw(), 150));
   incidentUi.bind();
   bindActions(() => state.run);
   bindLayoutControls();

@@ -504,7 +504,7 @@ export class MetricChart {
     const drawn = this.drawnRanks().length;
     const parts = [];
     if (this.mode !== 'band') parts.push(`${drawn} ranks`);
-    else if (this.ranksTotal >= MIN_BAND_RANKS) parts.push(`${this.ranksTotal} ranks: median, p5–p95, min–max`);
+    else if (this.ranksTotal >= MIN_BAND_RANKS) parts.push(`${this.ranksTotal.toLocaleString('en-US')} ranks: median, p5–p95, min–max`);
     else parts.push(`band: ${this.ranksTotal} ranks, p5–p95 not meaningful; median and min–max`);
     if (this.mode === 'band' && drawn) parts.push(`${drawn} drawn one by one`);
     const hidden = this.endedBad().length - MAX_NAN_LABELS;

@@ -37,7 +37,8 @@ export function bindControls(ctx) {
   selectError.hidden = true;
   $('select-input').after(selectError);
   $('select-input').addEventListener('change', (e) => {
-    const known = new Set(ctx.state.ranks.map((r) => r.rank));
+    // a paged table holds one page of ranks: any rank may be typed then
+    const known = ctx.state.big ? null : new Set(ctx.state.ranks.map((r) => r.rank));
     const { ranks, errors } = checkRanks(e.target.value, known);
     selectError.hidden = !errors.length;
     selectError.textContent = errors.length ? `not selected: ${errors.join('; ')}` : '';

@@ -17,7 +17,7 @@ export function renderRunPicker(select, runs, current) {
     return;
   }
   select.replaceChildren(...runs.map((r) => {
-    const opt = el('option', {}, `${r.run} (${r.state ?? '?'}, ${r.world_size ?? '?'} ranks)`);
+    const opt = el('option', {}, `${r.run} (${r.state ?? '?'}, ${r.world_size?.toLocaleString('en-US') ?? '?'} ranks)`);
     opt.value = r.run;
     return opt;
   }));
@@ -92,7 +92,8 @@ export function renderLegend(node, app) {
   const st = app.state;
   const all = st.ranks.map((r) => r.rank);
   const highlighted = app.highlighted();
-  const many = all.length > LEGEND_MAX_CHIPS;
+  const total = app.ranksTotal ? app.ranksTotal() : all.length; // a paged table holds a page
+  const many = total > LEGEND_MAX_CHIPS;
   const shown = many ? [...new Set([...highlighted, ...st.selected])].sort((a, b) => a - b) : all;
   const chips = shown.map((rank) => {
     const chip = el('button', { type: 'button', class: 'chip', title: `rank ${rank}: click to select` }, `rank ${rank}`);
@@ -102,7 +103,7 @@ export function renderLegend(node, app) {
     return chip;
   });
   const note = many
-    ? el('span', { class: 'legend-note' }, `${all.length} ranks: median and bands, plus the ranks listed here. Pick more in the table or heatmap.`)
+    ? el('span', { class: 'legend-note' }, `${total.toLocaleString('en-US')} ranks: median and bands, plus the ranks listed here. Pick more in the table or heatmap.`)
     : el('span', { class: 'legend-note' }, 'click a rank to select it');
   node.replaceChildren(...chips, note);
 }

@@ -108,20 +108,25 @@ def test_a_run_that_is_over_costs_its_page_nothing(aggregator: Any, recs: Record
         serve(create_app(AggregatorProvider(aggregator))) as base,
         httpx.Client(base_url=base, timeout=READ_TIMEOUT_S) as http,
         http.stream("GET", "/api/stream", params={"run": "a"}) as res,
+        # a page that reads its table a page at a time: told how many ranks changed, no table
+        http.stream("GET", "/api/stream", params={"run": "a", "ranks": "changes"}) as paged,
     ):
         stream = events(res.iter_lines())
-        assert next(stream)[0] == "hello"
+        counts = events(paged.iter_lines())
+        assert next(stream)[0] == "hello" and next(counts)[0] == "hello"
         now = time.time() + 60.0  # a minute without a record: every rank is lost
         aggregator.tick(now)
         aggregator.feed.publish({"type": "marker"})
         (first,) = _ranks_until_marker(stream)
         assert "delta" not in first  # the first table of a stream goes whole
         assert [(r["rank"], r["state"]) for r in first["ranks"]] == [(r, "lost") for r in range(8)]
+        assert _ranks_until_marker(counts) == [{"type": "ranks", "run": "a", "changed": 8}]
 
         for later in (3.0, 6.0, 9.0):  # past the re-send period each time; the messages change
             aggregator.tick(now + later)
         aggregator.feed.publish({"type": "marker"})
         assert _ranks_until_marker(stream) == []
+        assert _ranks_until_marker(counts) == []
 
         aggregator.add([recs.step("a", 3, 2, world, t=now + 10.0, loss=2.0)], now=now + 10.0)
         aggregator.tick(now + 10.5)
@@ -131,3 +136,4 @@ def test_a_run_that_is_over_costs_its_page_nothing(aggregator: Any, recs: Record
         assert [(r["rank"], r["state"], r["last_step"]) for r in delta["ranks"]] == [
             (3, "alive", 2)
         ]
+        assert _ranks_until_marker(counts) == [{"type": "ranks", "run": "a", "changed": 1}]

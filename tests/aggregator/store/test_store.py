@@ -501,3 +501,17 @@ def test_a_store_from_a_newer_version_is_refused(tmp_path: Path) -> None:
     con.close()
     with pytest.raises(StoreError, match="has schema 99, newer than"):
         Store(tmp_path / "s.duckdb")
+
+
+def test_run_summaries_follow_each_flush(tmp_path: Path) -> None:
+    with Store(tmp_path) as store:
+        store.append(grid("a", 2, range(1, 4), lambda r, s: 1.0))
+        store.flush()
+        first = store.runs()
+        assert [(r["run"], r["records"], r["last_step"]) for r in first] == [("a", 6, 3)]
+        first[0]["records"] = -1  # a caller's copy: the kept summary is not touched
+        assert store.runs()[0]["records"] == 6
+        store.append([step("a", 0, 4, 9, loss=1.0), step("b", 0, 1, 1, loss=2.0)])
+        store.flush()
+        got = {r["run"]: (r["records"], r["last_step"], r["ranks"]) for r in store.runs()}
+        assert got == {"a": (7, 9, 2), "b": (1, 1, 1)}
