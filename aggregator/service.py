@@ -49,6 +49,7 @@ from rankwatch.aggregator.feed import Feed, event_message, jsonable, points_mess
 from rankwatch.aggregator.health import HealthTracker, RankHealth
 from rankwatch.aggregator.history import StoredRuns
 from rankwatch.aggregator.incidents import IncidentTracker
+from rankwatch.aggregator.ingest.progress import ReceiveProgress
 from rankwatch.aggregator.ingest.receiver import Receiver
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
 from rankwatch.aggregator.outlet import IncidentOutlet, live_dicts
@@ -107,6 +108,7 @@ class Aggregator:
         if cfg.console_alerts:
             self.sinks.append(ConsoleSink(public_url=cfg.public_url))
         self.receiver: Receiver | None = None
+        self.progress = ReceiveProgress(time.time())  # how far ingest is behind (live only)
         self.lock = threading.RLock()  # add, tick and the snapshot's copy hold it
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -150,6 +152,7 @@ class Aggregator:
         self.actions.restore(self.store.commands(None, since=time.time() - COMMANDS_RESTORE_S))
         cfg = self.config
         self.receiver = Receiver(cfg.ingest_host, cfg.ingest_port, curve_dir=cfg.curve_dir)
+        self.progress = ReceiveProgress(time.time())
         self._started = True
         self._stop.clear()
         flush = functools.partial(self.flusher.run, self._stop)
@@ -194,13 +197,16 @@ class Aggregator:
         assert receiver is not None
         interval = self.config.flush_interval_s
         next_tick = time.monotonic() + interval
+        progress = self.progress
         try:
             while not self._stop.is_set():
-                wait_ms = max(0, int((next_tick - time.monotonic()) * 1000))
+                wait_ms = min(100, max(0, int((next_tick - time.monotonic()) * 1000)))
                 try:
-                    batch = receiver.recv(min(wait_ms, 100))
+                    start = time.time()
+                    batch = receiver.recv(wait_ms)
                     if batch:
                         self.add(batch, imported=False)
+                    progress.passed(start, time.time(), wait_ms / 1000, receiver.drained)
                     if time.monotonic() >= next_tick:
                         next_tick = max(next_tick + interval, time.monotonic())
                         self.tick()
@@ -319,6 +325,8 @@ class Aggregator:
         """Periodic work; returns the alert transitions (the service thread calls it)."""
         now = time.time() if now is None else now
         with self.lock:
+            if self.receiver is not None:
+                self._judge_silence(now)
             for result in self.detector.update_many(self.merger.expire(now)):
                 self._take(result)
             health = self._health_snapshot(now)
@@ -365,6 +373,14 @@ class Aggregator:
             self.feed.publish({"type": "alert", **alert_dict(alert)})
             self.n["sink_errors"] += deliver(self.sinks, alert, covered=hit)
         return transitions
+
+    def _judge_silence(self, now: float) -> None:
+        """Rank silence is judged up to what ingest has taken in (``progress.py``)."""
+        self.health.heard(self.progress.heard)
+        worst = self.progress.caught_up(now)
+        if worst is not None:
+            log.warning("rankwatch: aggregator fell behind by %.1f s; rank silence not judged",
+                        worst)  # fmt: skip
 
     def _health_snapshot(self, now: float) -> dict[str, dict[int, RankHealth]]:
         """Every rank's health for this tick: evaluated again after a record that may change a

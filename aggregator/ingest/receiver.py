@@ -137,6 +137,7 @@ class Receiver:
         self.reasons: dict[str, int] = {}
         self.refused: dict[str, int] = {}  # refused handshakes by kind (curve.HANDSHAKE_FAILED)
         self._closed = False
+        self.drained = False  # the last recv() left nothing unread (socket and backlog)
 
     # --- receiving --------------------------------------------------------------------------
 
@@ -152,8 +153,7 @@ class Receiver:
         events = dict(self._poller.poll(0 if len(backlog) else timeout_ms))
         if self._monitor in events:
             read_monitor(self._monitor, self.totals, self.refused)
-        if self._sock in events:
-            self._pull()
+        emptied = self._pull() if self._sock in events else True
         out: list[Record | StepBlock] = []
         taken = backlog.take(MAX_BATCH_BYTES, MAX_BATCH_FRAMES)
         while not taken and len(backlog):  # credit grows each round: a few rounds at most
@@ -172,21 +172,25 @@ class Receiver:
             backlog.put_front(identity, rest, rest.size)
         rests.clear()
         self.totals["records"] += count
+        # Everything that had reached the socket when this call began is in ``out`` (or was
+        # refused): the service's receive progress (``progress.py``) moves on only then.
+        self.drained = emptied and not len(backlog)
         return out
 
-    def _pull(self) -> None:
-        """Move what the socket holds into the backlog (bounded), counting what cannot go."""
+    def _pull(self) -> bool:
+        """Move what the socket holds into the backlog (bounded), counting what cannot go;
+        True when the socket was left empty."""
         recv, put, backlog = self._sock.recv_multipart, self._backlog.put, self._backlog
         totals = self.totals
         pulled = 0
         for _ in range(MAX_PULL_MESSAGES):
             if backlog.full():
                 totals["backlog_full"] += 1
-                return
+                return False
             try:
                 parts = recv(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                return True
             size = sum(map(len, parts))
             totals["bytes"] += size
             if len(parts) != 2 or not put(parts[0], parts[1], len(parts[1])):
@@ -206,7 +210,8 @@ class Receiver:
                     )
             pulled += size
             if pulled >= MAX_PULL_BYTES:
-                return
+                return False
+        return False
 
     def _take(self, identity: bytes, item: bytes | _Rest, out: list[Record | StepBlock]) -> int:
         """Decode one frame of ``identity`` (or the next part of one) into ``out``; the number

@@ -1,0 +1,74 @@
+"""How far the aggregator's own receiving is behind the clock.
+
+Rank health judges silence ("no record for 10 s", "step has not advanced for 30 s") against the
+time up to which every frame that reached the ingest socket has been taken in (``heard``), not
+against the clock: while the ingest thread is behind (a backlog, a lock held, a starved or
+stopped process), the frames it has not read may hold every rank's heartbeats, and calling the
+ranks silent would open an incident for a fault of the head node.
+
+``heard`` moves to the start of an ingest loop pass that left nothing unread (socket and
+backlog) once its records are taken in. After the loop itself did not run for a while (the
+process was stopped or starved: a pass ends more than ``gap_s`` later than its wait allows)
+ZeroMQ may still be reading what the network held meanwhile, so ``heard`` waits ``settle_s``
+more. Each time it falls ``report_after_s`` behind is one episode, told once when it has caught
+up again, with the most it fell behind.
+
+Pure: times are passed in.
+"""
+
+from __future__ import annotations
+
+import math
+
+GAP_S = 1.0  # a pass this much later than its wait allows: the loop itself did not run
+SETTLE_S = 1.0  # after such a gap: for what the network held meanwhile to come in
+REPORT_AFTER_S = 1.0  # this far behind is an episode (told once, counted)
+
+__all__ = ["ReceiveProgress"]
+
+
+class ReceiveProgress:
+    def __init__(
+        self,
+        now: float,
+        *,
+        gap_s: float = GAP_S,
+        settle_s: float = SETTLE_S,
+        report_after_s: float = REPORT_AFTER_S,
+    ) -> None:
+        for name, value in (("gap_s", gap_s), ("settle_s", settle_s),
+                            ("report_after_s", report_after_s)):  # fmt: skip
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        self.gap_s, self.settle_s, self.report_after_s = gap_s, settle_s, report_after_s
+        self.heard = now  # every frame that reached the socket before this time is taken in
+        self._last = now  # when the previous pass ended
+        self._settle_until = now
+        self._worst = 0.0  # the most behind in the episode under way (0: none)
+        self.episodes = 0  # times it fell report_after_s behind (each told once)
+        self.worst_s = 0.0  # the most it ever fell behind
+
+    def passed(self, start: float, end: float, wait_s: float, drained: bool) -> None:
+        """One pass of the ingest loop: it asked the receiver for what waits at ``start``
+        (waiting up to ``wait_s`` when nothing did), took the records in, and ended at
+        ``end``; ``drained``: nothing was left unread when the receiver answered."""
+        if end - self._last - wait_s > self.gap_s:
+            self._settle_until = max(self._settle_until, end + self.settle_s)
+        if drained and start >= self._settle_until:
+            self.heard = max(self.heard, start)
+        self._last = end
+
+    def behind(self, now: float) -> float:
+        return max(0.0, now - self.heard)
+
+    def caught_up(self, now: float) -> float | None:
+        """Once per episode, when it is over: the most seconds it fell behind; else None."""
+        behind = self.behind(now)
+        self.worst_s = max(self.worst_s, behind)
+        if behind >= self.report_after_s:
+            if not self._worst:
+                self.episodes += 1
+            self._worst = max(self._worst, behind)
+            return None
+        worst, self._worst = self._worst, 0.0
+        return worst or None
