@@ -176,6 +176,7 @@ class Aggregator:
         self._threads.clear()
         if self._started:
             self.tick()
+        self.n["sink_errors"] += self.outlet.release(self.sinks)
         deadline = time.monotonic() + SINK_CLOSE_S
         for sink in self.sinks:
             sink.close(max(0.1, deadline - time.monotonic()))
@@ -366,7 +367,7 @@ class Aggregator:
             )
         for run, inputs in tables:  # built without the lock, as the snapshot's are
             self.feed.publish({"type": "ranks", "run": run, "ranks": rank_entries(inputs)})
-        self.n["sink_errors"] += self.outlet.announce(incidents, bodies, self.sinks)
+        self.n["sink_errors"] += self.outlet.announce(incidents, bodies, self.sinks, now)
         for body in commands:
             self._command(body)
         for alert, hit in zip(transitions, covered, strict=True):
