@@ -199,6 +199,7 @@ class Aggregator:
         interval = self.config.flush_interval_s
         next_tick = time.monotonic() + interval
         progress = self.progress
+        cpu = time.thread_time()
         try:
             while not self._stop.is_set():
                 wait_ms = min(100, max(0, int((next_tick - time.monotonic()) * 1000)))
@@ -207,7 +208,9 @@ class Aggregator:
                     batch = receiver.recv(wait_ms)
                     if batch:
                         self.add(batch, imported=False)
-                    progress.passed(start, time.time(), wait_ms / 1000, receiver.drained)
+                    busy, cpu = -cpu, time.thread_time()
+                    progress.passed(start, time.time(), wait_ms / 1000, receiver.drained,
+                                    busy + cpu)  # fmt: skip
                     if time.monotonic() >= next_tick:
                         next_tick = max(next_tick + interval, time.monotonic())
                         self.tick()
@@ -326,7 +329,7 @@ class Aggregator:
         """Periodic work; returns the alert transitions (the service thread calls it)."""
         now = time.time() if now is None else now
         with self.lock:
-            if self.receiver is not None:
+            if self.receiver is not None and not self._stop.is_set():  # not stop()'s last
                 self._judge_silence(now)
             for result in self.detector.update_many(self.merger.expire(now)):
                 self._take(result)

