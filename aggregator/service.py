@@ -208,9 +208,10 @@ class Aggregator:
                     batch = receiver.recv(wait_ms)
                     if batch:
                         self.add(batch, imported=False)
-                    busy, cpu = -cpu, time.thread_time()
+                    used = time.thread_time()  # the loop's own work is no gap (progress.py)
                     progress.passed(start, time.time(), wait_ms / 1000, receiver.drained,
-                                    busy + cpu)  # fmt: skip
+                                    used - cpu)  # fmt: skip
+                    cpu = used
                     if time.monotonic() >= next_tick:
                         next_tick = max(next_tick + interval, time.monotonic())
                         self.tick()

@@ -1,6 +1,7 @@
 """Does a real ``rankwatch serve`` name the card that started a fault that spread to every rank?
 
     python bench/incident_cascades.py [--ranks 1024] [--seeds 10] [--scenarios nan,hang,crash]
+                                      [--pause-s 3.5]
 
 The load generator (``bench/loadgen.py``) drives ``--ranks`` simulated ranks over ZeroMQ into one
 ``serve`` (stall threshold ``--min-stall-s``), one run per scenario and seed:
@@ -20,6 +21,8 @@ scenario's cause, whose culprits are the injected rank alone, every other rank a
 Printed per scenario: seeds right, seeds whose first announcement was already right (one
 ``[INCIDENT]`` line, no ``[UPDATED]`` one), seeds void (the load generator fell behind its
 schedule long enough to stall its ranks for real: on a loaded machine), wall time per seed.
+``--pause-s`` stops ``serve`` (SIGSTOP) that long from half a second before each fault, so that
+the aggregator surely falls behind while the ranks go on sending, as on an overloaded head node.
 """
 
 from __future__ import annotations
