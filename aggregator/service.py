@@ -204,16 +204,15 @@ class Aggregator:
             while not self._stop.is_set():
                 wait_ms = min(100, max(0, int((next_tick - time.monotonic()) * 1000)))
                 try:
-                    start = time.time()
                     batch = receiver.recv(wait_ms)
                     if batch:
                         self.add(batch, imported=False)
                     used = time.thread_time()  # the loop's own work is no gap (progress.py)
-                    progress.passed(start, time.time(), wait_ms / 1000, receiver.drained,
-                                    used - cpu)  # fmt: skip
+                    progress.passed(time.time(), wait_ms / 1000, used - cpu)
                     cpu = used
                     if time.monotonic() >= next_tick:
                         next_tick = max(next_tick + interval, time.monotonic())
+                        progress.read(receiver.heard_until())  # what is read is taken in
                         self.tick()
                 except Exception as exc:  # a bug must cost one batch, not the aggregator
                     self._internal_error(exc)

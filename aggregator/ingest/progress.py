@@ -6,13 +6,17 @@ against the clock: while the ingest thread is behind (a backlog, a lock held, a 
 stopped process), the frames it has not read may hold every rank's heartbeats, and calling the
 ranks silent would open an incident for a fault of the head node.
 
-``heard`` moves to the start of an ingest loop pass that left nothing unread (socket and
-backlog) once its records are taken in. After the loop itself did not run for a while (the
-process was stopped or starved, or waited for the lock: a pass ends more than ``gap_s`` later
-than its wait and its own work, the thread's CPU time, explain) ZeroMQ may still be reading
-what the network held meanwhile, so ``heard`` waits ``settle_s`` more. A long tick is work,
-not a gap: ZeroMQ's own thread reads on meanwhile. Each time it falls ``report_after_s``
-behind is one episode, told once when it has caught up again, with the most it fell behind.
+The receiver says up to when it has handed out every frame that reached its socket
+(``Receiver.heard_until``: the oldest waiting frame's stamp, the time the socket was last seen
+empty before that frame was read; with nothing waiting, when it was last seen empty); once
+those records are taken in, ``heard`` moves there. Under a steady backlog it trails by the
+backlog's delay. After the loop itself did not run for a while (the process was stopped or
+starved, or waited for the lock: a pass ends more than ``gap_s`` later than its wait and its own
+work, the thread's CPU time, explain) ZeroMQ may still be reading what the network held
+meanwhile, so an empty socket seen before ``settle_s`` after that pass proves nothing. A long
+tick is work, not a gap: ZeroMQ's own thread reads on meanwhile. Each time it falls
+``report_after_s`` behind is one episode, told once when it has caught up again, with the most
+it fell behind.
 
 Pure: times are passed in.
 """
@@ -49,18 +53,18 @@ class ReceiveProgress:
         self.episodes = 0  # times it fell report_after_s behind (each told once)
         self.worst_s = 0.0  # the most it ever fell behind
 
-    def passed(
-        self, start: float, end: float, wait_s: float, drained: bool, busy_s: float = 0.0
-    ) -> None:
-        """One pass of the ingest loop: it asked the receiver for what waits at ``start``
-        (waiting up to ``wait_s`` when nothing did), took the records in, and ended at
-        ``end``; ``drained``: nothing was left unread when the receiver answered; ``busy_s``:
-        the loop's CPU time since the previous pass ended (its tick, this pass's work)."""
+    def passed(self, end: float, wait_s: float, busy_s: float = 0.0) -> None:
+        """One pass of the ingest loop ended at ``end``, having waited up to ``wait_s`` for
+        traffic; ``busy_s``: the loop's CPU time since the previous pass ended (its tick, this
+        pass's work)."""
         if end - self._last - wait_s - busy_s > self.gap_s:
             self._settle_until = max(self._settle_until, end + self.settle_s)
-        if drained and start >= self._settle_until:
-            self.heard = max(self.heard, start)
         self._last = end
+
+    def read(self, until: float) -> None:
+        """Every frame that reached the socket before ``until`` has been taken in."""
+        if until >= self._settle_until:
+            self.heard = max(self.heard, until)
 
     def behind(self, now: float) -> float:
         return max(0.0, now - self.heard)
