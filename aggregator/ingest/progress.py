@@ -13,7 +13,8 @@ those records are taken in, ``heard`` moves there. Under a steady backlog it tra
 backlog's delay. After the loop itself did not run for a while (the process was stopped or
 starved, or waited for the lock: a pass ends more than ``gap_s`` later than its wait and its own
 work, the thread's CPU time, explain) ZeroMQ may still be reading what the network held
-meanwhile, so an empty socket seen before ``settle_s`` after that pass proves nothing. A long
+meanwhile, and the senders sending what they queued, so an empty socket seen within the gap's
+length (``settle_s`` at least, ``SETTLE_MAX_S`` at most) after that pass proves nothing. A long
 tick is work, not a gap: ZeroMQ's own thread reads on meanwhile. Each time it falls
 ``report_after_s`` behind is one episode, told once when it has caught up again, with the most
 it fell behind.
@@ -26,7 +27,11 @@ from __future__ import annotations
 import math
 
 GAP_S = 1.0  # a pass this much later than its wait allows: the loop itself did not run
-SETTLE_S = 1.0  # after such a gap: for what the network held meanwhile to come in
+# After such a gap, for what the network and the senders held meanwhile to come in: as long as
+# the gap (they queued that long; the senders drain at their own pace), at least SETTLE_S, at
+# most SETTLE_MAX_S (past that, agents have reconnected and sent afresh).
+SETTLE_S = 1.0
+SETTLE_MAX_S = 30.0
 REPORT_AFTER_S = 1.0  # this far behind is an episode (told once, counted)
 
 __all__ = ["ReceiveProgress"]
@@ -57,8 +62,10 @@ class ReceiveProgress:
         """One pass of the ingest loop ended at ``end``, having waited up to ``wait_s`` for
         traffic; ``busy_s``: the loop's CPU time since the previous pass ended (its tick, this
         pass's work)."""
-        if end - self._last - wait_s - busy_s > self.gap_s:
-            self._settle_until = max(self._settle_until, end + self.settle_s)
+        gap = end - self._last - wait_s - busy_s
+        if gap > self.gap_s:
+            settle = min(max(self.settle_s, gap), SETTLE_MAX_S)
+            self._settle_until = max(self._settle_until, end + settle)
         self._last = end
 
     def read(self, until: float) -> None:

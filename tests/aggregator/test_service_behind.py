@@ -1,4 +1,4 @@
-"""The aggregator itself falls behind (its lock held for 3 s, as a slow store flush or tick
+"""The aggregator itself falls behind (its lock held for 2 s, as a slow store flush or tick
 would) while four real agents go on stepping over real ZeroMQ: what they sent meanwhile waits
 in the socket, so no rank is stalled or lost for it and no incident opens; the episode is one
 log line and one count."""
@@ -20,7 +20,7 @@ from tests.polling import wait_until
 RUN = "behind"
 WORLD = 4
 STEP_S = 0.05
-HOLD_S = 3.0  # past the stall threshold (1 s) and the ranks' lost threshold (2.5 s)
+HOLD_S = 2.0  # past the stall threshold (1 s)
 
 
 class Recorder:
@@ -73,7 +73,7 @@ def test_ranks_are_not_judged_silent_while_the_aggregator_is_behind(
         with caplog.at_level(logging.WARNING, "rankwatch.service"):
             with agg.lock:  # ingest and the tick wait; the ranks go on sending
                 time.sleep(HOLD_S)
-            time.sleep(2.0)  # the backlog taken in, the ticks after it
+            time.sleep(HOLD_S + 1.0)  # what waited taken in, then as long again (progress.py)
             states = {h.state.value for h in agg.health.snapshot(time.time())[RUN].values()}
     finally:
         done.set()
