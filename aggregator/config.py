@@ -16,7 +16,8 @@
 
     [alerts]                # AlertConfig: disabled, severity, thresholds, plateau, ...
     [divergence]            # DivergenceConfig: z_threshold, confirm_steps, rules.<metric> ...
-    [incidents]             # IncidentConfig: window_s, spread_steps, timeline_max
+    [incidents]             # IncidentConfig: window_s, spread_steps, timeline_max,
+                            # announce_quiet_s, announce_hold_s
     [telemetry]             # HardwareConfig: interval_s, z_threshold, confirm_buckets, ...
 
     [[webhooks]]
@@ -87,6 +88,8 @@ INCIDENT_KEYS: dict[str, tuple[type, ...]] = {
     "window_s": (int, float),
     "spread_steps": (int,),
     "timeline_max": (int,),
+    "announce_quiet_s": (int, float),
+    "announce_hold_s": (int, float),
 }
 WEBHOOK_KEYS: dict[str, tuple[type, ...]] = {
     "kind": (str,),

@@ -3,6 +3,7 @@ label): records, ingest, incidents, stacks, merge, feed, store, webhooks."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from rankwatch.aggregator.settings import INGEST_COUNTERS, RECORD_COUNTERS
@@ -22,6 +23,9 @@ def service_counters(agg: Aggregator) -> dict[str, Any]:
         ingest_refused_by=rx.get("refused_by", {}),
         control_sent=rx.get("control_sent", 0),
         control_failed=rx.get("control_failed", 0),
+        behind_episodes=agg.progress.episodes,  # ingest fell behind: rank silence not judged
+        behind_seconds=agg.progress.behind(time.time()) if agg.receiver is not None else 0.0,
+        behind_max_seconds=agg.progress.worst_s,
         rank_restarts=agg.restarts.restarts,  # new incarnations of known ranks
         incidents_evicted=agg.incidents.evicted,
         incidents_dropped_evidence=agg.incidents.dropped_evidence,

@@ -12,6 +12,11 @@ records (and the ``last_step`` of heartbeats) count as progress. A rank is
   announced end (then the rules above apply again);
 * ``finished`` after an ``end`` event, ``crashed`` after a ``crash`` event, until the same process
   sends a newer record or a new process of that rank starts.
+
+Silence and stalls are measured up to ``heard`` (``HealthTracker.heard``), the time up to which
+the aggregator has taken in every frame that reached it, when that is earlier than ``now``: a
+rank is silent only if what was received since holds nothing from it, so while the aggregator
+itself is behind or was stopped nobody turns lost or stalled for it.
 """
 
 from __future__ import annotations
@@ -110,6 +115,12 @@ class HealthTracker:
         # paused heartbeat, any record of a rank not alive); between bumps only the passing
         # of time changes states.
         self.version = 0
+        self._heard: float | None = None  # None: everything up to ``now`` is taken in
+
+    def heard(self, until: float) -> None:
+        """Every record that reached the aggregator before ``until`` has been observed."""
+        if self._heard is None or until > self._heard:
+            self._heard = until
 
     def observe(self, rec: Record, now: float) -> None:
         ranks = self._ranks.setdefault(rec.run, {})
@@ -252,7 +263,8 @@ class HealthTracker:
         if r.paused_until is not None and now < r.paused_until:
             left = r.paused_until - now
             return RankState.PAUSED, f"paused ({r.pause_reason}), {left:.0f} s left", r.since
-        silent = now - r.last_seen
+        judged = now if self._heard is None else min(now, self._heard)
+        silent = judged - r.last_seen
         lost_after = self.lost_after_s
         if r.next_in is not None:
             lost_after = max(lost_after, 2 * r.next_in + LOST_MARGIN_S)
@@ -260,7 +272,7 @@ class HealthTracker:
             lost_after = max(lost_after, r.paused_until - r.last_seen + lost_after)
         if silent > lost_after:
             return RankState.LOST, f"no record for {silent:.0f} s", r.last_seen + lost_after
-        stuck = now - max(r.last_progress, r.paused_until or 0.0)
+        stuck = judged - max(r.last_progress, r.paused_until or 0.0)
         stall_after = self.min_stall_s
         if r.step_time is not None:
             stall_after = max(stall_after, self.stall_factor * r.step_time)

@@ -2,7 +2,9 @@
 again when it grows quietly), on the live stream, told to the sinks that take incidents; which
 alert transitions they stand for (webhooks leave those to them); and read back for the API.
 
-``judge`` runs under the service's lock (it reads the tracker), ``announce`` after it.
+``judge`` runs under the service's lock (it reads the tracker), ``announce`` after it. A new
+incident's first message waits for its evidence to settle (``hold.py``); storing and streaming
+do not wait.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from rankwatch.aggregator.alerts.sinks.base import Sink
 from rankwatch.aggregator.alerts.sinks.fanout import deliver
 from rankwatch.aggregator.feed import Feed, jsonable
 from rankwatch.aggregator.health import RankHealth
+from rankwatch.aggregator.hold import AnnounceHold
 from rankwatch.aggregator.incidents import IncidentChange, IncidentTracker
 from rankwatch.aggregator.incidents.cover import AlertCover
 from rankwatch.aggregator.incidents.keep import StoreDue
@@ -43,6 +46,8 @@ class IncidentOutlet:
         self.feed = feed
         self.cover = AlertCover()  # the alerts webhooks leave to the incidents' messages
         self.due = StoreDue()  # open incidents that grew since the store last got them
+        cfg = tracker.config
+        self.hold = AnnounceHold(cfg.announce_quiet_s, cfg.announce_hold_s)
 
     def judge(
         self,
@@ -64,17 +69,32 @@ class IncidentOutlet:
         return bodies, covered
 
     def announce(
-        self, changes: Sequence[IncidentChange], bodies: Sequence[dict[str, Any]], sinks: list[Sink]
+        self,
+        changes: Sequence[IncidentChange],
+        bodies: Sequence[dict[str, Any]],
+        sinks: list[Sink],
+        now: float,
     ) -> int:
-        """Each change stored, streamed and delivered; returns how many sinks failed."""
+        """Each change stored and streamed; delivered to the sinks once due (``hold.py``; call
+        it every pass, with or without changes). Returns how many sinks failed."""
         failed = 0
         for change, body in zip(changes, bodies, strict=True):
             self._store(body)
             self.feed.publish(
                 {"type": "incident", "run": body["run"], "change": change.change, "incident": body}
             )
+        for change in self.hold.due(now, changes):
             failed += deliver(sinks, change)
         return failed
+
+    def tell(self, changes: Sequence[IncidentChange], sinks: list[Sink], now: float) -> int:
+        """Changes that are only told (how an incident's commands ended): after its held first
+        message, never before it. Returns how many sinks failed."""
+        return sum(deliver(sinks, change) for change in self.hold.due(now, changes))
+
+    def release(self, sinks: list[Sink]) -> int:
+        """Deliver what is held now (the service is stopping); how many sinks failed."""
+        return sum(deliver(sinks, change) for change in self.hold.flush())
 
     def _store(self, body: dict[str, Any]) -> None:
         try:

@@ -51,6 +51,7 @@ from rankwatch.aggregator.health import HealthTracker, RankHealth
 from rankwatch.aggregator.history import StoredRuns
 from rankwatch.aggregator.incidents import IncidentTracker
 from rankwatch.aggregator.incidents.model import Incident
+from rankwatch.aggregator.ingest.progress import ReceiveProgress
 from rankwatch.aggregator.ingest.receiver import Receiver
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
 from rankwatch.aggregator.outlet import IncidentOutlet, live_dicts
@@ -110,6 +111,7 @@ class Aggregator:
         if cfg.console_alerts:
             self.sinks.append(ConsoleSink(public_url=cfg.public_url))
         self.receiver: Receiver | None = None
+        self.progress = ReceiveProgress(time.time())  # how far ingest is behind (live only)
         self.lock = threading.RLock()  # add, tick and the snapshot's copy hold it
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -153,6 +155,7 @@ class Aggregator:
         self.actions.restore(self.store.commands(None, since=time.time() - COMMANDS_RESTORE_S))
         cfg = self.config
         self.receiver = Receiver(cfg.ingest_host, cfg.ingest_port, curve_dir=cfg.curve_dir)
+        self.progress = ReceiveProgress(time.time())
         self._started = True
         self._stop.clear()
         flush = functools.partial(self.flusher.run, self._stop)
@@ -176,6 +179,7 @@ class Aggregator:
         self._threads.clear()
         if self._started:
             self.tick()
+        self.n["sink_errors"] += self.outlet.release(self.sinks)
         deadline = time.monotonic() + SINK_CLOSE_S
         for sink in self.sinks:
             sink.close(max(0.1, deadline - time.monotonic()))
@@ -197,15 +201,21 @@ class Aggregator:
         assert receiver is not None
         interval = self.config.flush_interval_s
         next_tick = time.monotonic() + interval
+        progress = self.progress
+        cpu = time.thread_time()
         try:
             while not self._stop.is_set():
-                wait_ms = max(0, int((next_tick - time.monotonic()) * 1000))
+                wait_ms = min(100, max(0, int((next_tick - time.monotonic()) * 1000)))
                 try:
-                    batch = receiver.recv(min(wait_ms, 100))
+                    batch = receiver.recv(wait_ms)
                     if batch:
                         self.add(batch, imported=False)
+                    used = time.thread_time()  # the loop's own work is no gap (progress.py)
+                    progress.passed(time.time(), wait_ms / 1000, used - cpu)
+                    cpu = used
                     if time.monotonic() >= next_tick:
                         next_tick = max(next_tick + interval, time.monotonic())
+                        progress.read(receiver.heard_until())  # what is read is taken in
                         self.tick()
                 except Exception as exc:  # a bug must cost one batch, not the aggregator
                     self._internal_error(exc)
@@ -322,6 +332,8 @@ class Aggregator:
         """Periodic work; returns the alert transitions (the service thread calls it)."""
         now = time.time() if now is None else now
         with self.lock:
+            if self.receiver is not None and not self._stop.is_set():  # not stop()'s last
+                self._judge_silence(now)
             for result in self.detector.update_many(self.merger.expire(now)):
                 self._take(result)
             health = self._health_snapshot(now)
@@ -364,9 +376,9 @@ class Aggregator:
             )
         for run, inputs in tables:  # built without the lock, as the snapshot's are
             self.feed.publish({"type": "ranks", "run": run, "ranks": rank_entries(inputs)})
-        self.n["sink_errors"] += self.outlet.announce(incidents, bodies, self.sinks)
-        for change in news:  # the commands about an incident settled: one message, to the sinks
-            self.n["sink_errors"] += deliver(self.sinks, change)
+        self.n["sink_errors"] += self.outlet.announce(incidents, bodies, self.sinks, now)
+        # the commands about an incident settled: one message, after its held first one
+        self.n["sink_errors"] += self.outlet.tell(news, self.sinks, now)
         for body in commands:
             self._command(body)
         for alert, hit in zip(transitions, covered, strict=True):
@@ -376,6 +388,14 @@ class Aggregator:
 
     def _live_incident(self, run: str, ident: str) -> Incident | None:
         return next((i for i in self.incidents.incidents(run) if i.id == ident), None)
+
+    def _judge_silence(self, now: float) -> None:
+        """Rank silence is judged up to what ingest has taken in (``progress.py``)."""
+        self.health.heard(self.progress.heard)
+        worst = self.progress.caught_up(now)
+        if worst is not None:
+            log.warning("rankwatch: aggregator fell behind by %.1f s; rank silence not judged",
+                        worst)  # fmt: skip
 
     def _health_snapshot(self, now: float) -> dict[str, dict[int, RankHealth]]:
         """Every rank's health for this tick: evaluated again after a record that may change a

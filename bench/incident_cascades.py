@@ -1,6 +1,7 @@
 """Does a real ``rankwatch serve`` name the card that started a fault that spread to every rank?
 
     python bench/incident_cascades.py [--ranks 1024] [--seeds 10] [--scenarios nan,hang,crash]
+                                      [--pause-s 3.5]
 
 The load generator (``bench/loadgen.py``) drives ``--ranks`` simulated ranks over ZeroMQ into one
 ``serve`` (stall threshold ``--min-stall-s``), one run per scenario and seed:
@@ -20,14 +21,19 @@ scenario's cause, whose culprits are the injected rank alone, every other rank a
 Printed per scenario: seeds right, seeds whose first announcement was already right (one
 ``[INCIDENT]`` line, no ``[UPDATED]`` one), seeds void (the load generator fell behind its
 schedule long enough to stall its ranks for real: on a loaded machine), wall time per seed.
+``--pause-s`` stops ``serve`` (SIGSTOP) that long from half a second before each fault, so that
+the aggregator surely falls behind while the ranks go on sending, as on an overloaded head node.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,11 +119,35 @@ def judge(incidents: list[dict[str, Any]], culprit: int, cause: str, ranks: int)
     return ""
 
 
+def pause(pid: int, at_s: float, for_s: float) -> threading.Thread:
+    """SIGSTOP ``pid`` ``at_s`` from now, SIGCONT it ``for_s`` later: the aggregator falls
+    behind for sure (as it may on an overloaded machine), while the ranks go on sending."""
+
+    def run() -> None:
+        time.sleep(at_s)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(for_s)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
 def run_one(
-    head: ServeProc, scenario: str, seed: int, ranks: int, procs: int, sockets: str
+    head: ServeProc,
+    scenario: str,
+    seed: int,
+    ranks: int,
+    procs: int,
+    sockets: str,
+    pause_s: float = 0.0,
 ) -> tuple[str, bool, float]:
     """(what was wrong, "" when right or "void: ..." when the load generator fell behind;
-    whether the first announcement was right; seconds)."""
+    whether the first announcement was right; seconds). ``pause_s``: stop the ``serve``
+    process that long, from half a second before the fault step."""
     d = draw(scenario, seed, ranks)
     run = f"cascade-{scenario}-{seed}"
     config = LoadConfig(
@@ -129,6 +159,8 @@ def run_one(
     gen = LoadGen(config)
     try:
         gen.start()
+        if pause_s > 0:
+            pause(head.pid, max(0.0, d.fault.step / RATE - 0.5), pause_s)
         summary = gen.wait(timeout_s=d.duration + DRAIN_TIMEOUT_S)
     finally:
         gen.kill()
@@ -172,6 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default="nan,hang,crash")
     ap.add_argument("--procs", type=int, default=2, help="load generator processes")
     ap.add_argument("--sockets", choices=("rank", "process"), default="process")
+    ap.add_argument(
+        "--pause-s",
+        type=float,
+        default=0.0,
+        help="SIGSTOP serve this long just before each fault (0: never)",
+    )
     args = ap.parse_args(argv)
     names = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     if args.ranks < 4 or args.seeds < 1 or any(n not in SCENARIOS for n in names):
@@ -189,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             took: list[float] = []
             for seed in seeds:
                 wrong, first_right, seconds = run_one(
-                    head, name, seed, args.ranks, args.procs, args.sockets
+                    head, name, seed, args.ranks, args.procs, args.sockets, args.pause_s
                 )
                 void += wrong.startswith("void")
                 right += not wrong

@@ -55,6 +55,10 @@ OPEN_MAX = 64  # open incidents per run; past it the oldest is closed as it stan
 EVIDENCE_MAX = 65_536  # evidence items held per incident (4,096 ranks x 16 metrics)
 BULK_MIN = 32  # facts left in a burst worth checking whether all go where the last went (in C)
 HealthInput = RankHealth | tuple[RankHealth, str]
+# A new incident is announced (console, webhooks) once its culprits and cause held this long,
+# at the latest this long after it opened (aggregator/hold.py); the API has it at once.
+DEFAULT_ANNOUNCE_QUIET_S = 1.0
+DEFAULT_ANNOUNCE_HOLD_S = 1.5
 
 __all__ = ["IncidentConfig", "IncidentTracker"]
 
@@ -64,8 +68,14 @@ class IncidentConfig:
     window_s: float = DEFAULT_WINDOW_S
     spread_steps: int = DEFAULT_SPREAD_STEPS
     timeline_max: int = TIMELINE_MAX
+    announce_quiet_s: float = DEFAULT_ANNOUNCE_QUIET_S
+    announce_hold_s: float = DEFAULT_ANNOUNCE_HOLD_S
 
     def __post_init__(self) -> None:
+        for key in ("announce_quiet_s", "announce_hold_s"):
+            value = getattr(self, key)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"incidents.{key} must be a number of seconds >= 0, got {value!r}")
         if not (self.window_s > 0 and math.isfinite(self.window_s)):
             raise ValueError(f"incidents.window_s must be a positive number, got {self.window_s!r}")
         if self.spread_steps < 0:

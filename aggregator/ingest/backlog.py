@@ -40,6 +40,10 @@ class Backlog(Generic[T]):
     def held(self, peer: bytes) -> int:
         return self._held.get(peer, 0)
 
+    def heads(self) -> list[T]:
+        """The first (oldest) item of each peer's queue."""
+        return [queue[0][0] for queue in self._queues.values()]
+
     def full(self) -> bool:
         return self.bytes >= self.total_bytes
 

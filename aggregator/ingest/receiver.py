@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,7 +109,9 @@ class Receiver:
         self._poller = zmq.Poller()
         self._poller.register(sock, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
-        self._backlog: Backlog[bytes | _Rest] = Backlog(
+        # Each item with the time the socket was last seen empty before it was read: everything
+        # that reached the socket before then was read before it (``heard_until``).
+        self._backlog: Backlog[tuple[float, bytes | _Rest]] = Backlog(
             BACKLOG_PEER_BYTES, BACKLOG_TOTAL_BYTES, BACKLOG_QUANTUM_BYTES
         )
         self._rests: dict[bytes, _Rest] = {}  # frames decoded in parts: the next part
@@ -137,6 +140,8 @@ class Receiver:
         self.reasons: dict[str, int] = {}
         self.refused: dict[str, int] = {}  # refused handshakes by kind (curve.HANDSHAKE_FAILED)
         self._closed = False
+        self._empty_at = time.time()  # when the socket was last seen empty
+        self._stamp = 0.0  # the stamp of the item being decoded
 
     # --- receiving --------------------------------------------------------------------------
 
@@ -154,31 +159,42 @@ class Receiver:
             read_monitor(self._monitor, self.totals, self.refused)
         if self._sock in events:
             self._pull()
+        else:
+            self._empty_at = time.time()
         out: list[Record | StepBlock] = []
         taken = backlog.take(MAX_BATCH_BYTES, MAX_BATCH_FRAMES)
         while not taken and len(backlog):  # credit grows each round: a few rounds at most
             taken = backlog.take(MAX_BATCH_BYTES, MAX_BATCH_FRAMES)
         count = 0
-        later: dict[bytes, list[bytes | _Rest]] = {}  # items behind a frame decoded in parts
+        # items behind a frame decoded in parts
+        later: dict[bytes, list[tuple[float, bytes | _Rest]]] = {}
         rests = self._rests
-        for identity, item in taken:
+        for identity, entry in taken:
             if identity in rests:
-                later.setdefault(identity, []).append(item)
+                later.setdefault(identity, []).append(entry)
             else:
-                count += self._take(identity, item, out)
+                self._stamp = entry[0]
+                count += self._take(identity, entry[1], out)
         for identity, rest in rests.items():  # the rest first, then what came after it
-            for item in reversed(later.get(identity, ())):
-                backlog.put_front(identity, item, _size(item))
-            backlog.put_front(identity, rest, rest.size)
+            for entry in reversed(later.get(identity, ())):
+                backlog.put_front(identity, entry, _size(entry[1]))
+            backlog.put_front(identity, (rest.stamp, rest), rest.size)
         rests.clear()
         self.totals["records"] += count
         return out
+
+    def heard_until(self) -> float:
+        """Every frame that reached the socket before this time has been handed out by
+        ``recv()`` (or refused): the oldest waiting frame's stamp, else when the socket was
+        last seen empty. Costs one look per peer with frames waiting."""
+        return min((stamp for stamp, _ in self._backlog.heads()), default=self._empty_at)
 
     def _pull(self) -> None:
         """Move what the socket holds into the backlog (bounded), counting what cannot go."""
         recv, put, backlog = self._sock.recv_multipart, self._backlog.put, self._backlog
         totals = self.totals
         pulled = 0
+        stamp = self._empty_at  # what is read now arrived after it
         for _ in range(MAX_PULL_MESSAGES):
             if backlog.full():
                 totals["backlog_full"] += 1
@@ -186,10 +202,11 @@ class Receiver:
             try:
                 parts = recv(zmq.NOBLOCK)
             except zmq.Again:
+                self._empty_at = time.time()
                 return
             size = sum(map(len, parts))
             totals["bytes"] += size
-            if len(parts) != 2 or not put(parts[0], parts[1], len(parts[1])):
+            if len(parts) != 2 or not put(parts[0], (stamp, parts[1]), len(parts[1])):
                 stats = self.peers.get(parts[0])
                 stats.messages += 1
                 totals["messages"] += 1
@@ -244,7 +261,7 @@ class Receiver:
         try:
             return records.decode_maps_blocks(raws)
         except DecodeError:  # a bad record ("field"): keep the others
-            return self._salvage(stats, identity, _Rest(raws, 0, len(frame)))
+            return self._salvage(stats, identity, _Rest(raws, 0, len(frame), self._stamp))
 
     def _salvage(self, stats: SenderStats, identity: bytes, rest: _Rest) -> list[Record]:
         """The valid records of the next SALVAGE_RECORDS of a frame with bad records; what is
@@ -254,7 +271,7 @@ class Receiver:
         end = start + SALVAGE_RECORDS
         if end < len(raws):
             size = max(1, rest.size * (len(raws) - end) // len(raws))
-            self._rests[identity] = _Rest(raws, end, size)
+            self._rests[identity] = _Rest(raws, end, size, rest.stamp)
         good: list[Record] = []
         bad: dict[str, tuple[int, str]] = {}  # reason -> (count, first message)
         for item in raws[start:end]:
@@ -410,6 +427,7 @@ class _Rest:
     raws: list[Any]
     start: int
     size: int  # its share of the frame's bytes, for the backlog's budgets
+    stamp: float  # the frame's (Receiver._backlog)
 
 
 def _size(item: bytes | _Rest) -> int:

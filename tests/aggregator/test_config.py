@@ -118,7 +118,10 @@ BAD_FILES = [
     ("[serve]\npublic_url = 'https://rw.example.org/?x=1'\n", "must not have a ?query"),
     ("[serve]\npublic_url = 'https://rw.example.org:99999/'\n", "it does not parse"),
     ("[incidents]\nwindow = 30\n",
-     "unknown key 'incidents.window'; known: window_s, spread_steps, timeline_max"),
+     "unknown key 'incidents.window'; known: window_s, spread_steps, timeline_max, "
+     "announce_quiet_s, announce_hold_s"),
+    ("[incidents]\nannounce_hold_s = -1\n", "incidents.announce_hold_s must be a number of "
+     "seconds >= 0, got -1"),
     ("[incidents]\nwindow_s = 0\n", "incidents.window_s must be a positive number, got 0"),
     ("[incidents]\nwindow_s = 'long'\n", "'incidents.window_s' must be a number"),
     ("[incidents]\nspread_steps = -1\n", "incidents.spread_steps must be >= 0"),
@@ -205,6 +208,8 @@ public_url = "https://rw.example.org/watch/"
 [incidents]
 window_s = 30
 spread_steps = 2
+announce_quiet_s = 0.4
+announce_hold_s = 0
 """)  # fmt: skip
     cfg = load_config(path)
     assert cfg.public_url == "https://rw.example.org/watch/"
@@ -213,5 +218,6 @@ spread_steps = 2
     agg = Aggregator(cfg)
     try:
         assert agg.incidents.config == cfg.incidents
+        assert (agg.outlet.hold.quiet_s, agg.outlet.hold.max_s) == (0.4, 0)
     finally:
         agg.stop()

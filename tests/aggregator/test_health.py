@@ -237,3 +237,24 @@ def h(state: RankState, rank: int = 0, world: int = 2) -> RankHealth:
 )
 def test_run_state_table(states: list[RankState], expected: str) -> None:
     assert run_state(h(s, rank=i) for i, s in enumerate(states)) == expected
+
+
+def test_silence_is_judged_up_to_what_was_received_not_the_clock() -> None:
+    """Ranks heard until t=10, then the aggregator takes nothing in until t=50 (stopped,
+    behind): nobody is lost or stalled for it; once it has taken in up to t=50, the rank
+    that really went quiet at t=10 is, and the one whose records were waiting is not."""
+    quiet, talker = Clock(0), Clock(1)
+    timeline = [(float(t), quiet.step(float(t), t)) for t in range(11)]
+    timeline += [(float(t), talker.step(float(t), t)) for t in range(11)]
+    tracker = replay(timeline, HealthTracker(lost_after_s=10.0, min_stall_s=5.0, stall_factor=2))
+    tracker.heard(10.0)
+    assert [h.state for h in tracker.snapshot(50.0)["r"].values()] == [A, A]
+    tracker.heard(5.0)  # heard never goes back
+    tracker.observe(talker.step(11.0, 11), 50.0)  # what waited, taken in at last
+    tracker.heard(50.0)
+    now = tracker.snapshot(50.0)["r"]
+    assert (now[0].state, now[0].message) == (L, "no record for 40 s")
+    assert now[1].state is A
+    tracker.heard(56.0)
+    assert state(tracker, 60.0, rank=1).state is S  # stalls are judged up to heard as well
+    assert state(tracker, 60.0, rank=1).message == "step 11 has not advanced for 6 s"

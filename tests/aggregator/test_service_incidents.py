@@ -171,3 +171,22 @@ def test_a_restarted_serve_still_says_where_the_incidents_ranks_ran(tmp_path: Pa
         assert api["hosts"]["1"] == ["node0", 101]
     finally:
         again.stop()
+
+
+def test_the_first_message_waits_for_the_evidence_the_api_and_stream_do_not(
+    tmp_path: Path,
+) -> None:
+    agg = Aggregator(config(tmp_path))
+    out = io.StringIO()
+    agg.sinks.append(ConsoleSink(out))
+    sub = agg.feed.subscribe()
+    feed_nan_spread(agg, steps=20)  # the tick after step 20 opens it
+    (inc,) = agg.incidents.incidents(RUN)
+    streamed = [m for m in sub.drain(100_000) if m.get("type") == "incident"]
+    assert [m["change"] for m in streamed] == ["opened"]
+    assert [i["id"] for i in agg.incidents_of(RUN)] == [inc.id]
+    assert "[INCIDENT]" not in out.getvalue()  # held: its evidence may still change
+    opened_by = time.time() + 0.5  # feed_nan_spread ticked step 20 before this
+    agg.tick(now=opened_by + agg.config.incidents.announce_quiet_s)
+    assert out.getvalue().count("[INCIDENT] nanjob: rank 2") == 1
+    agg.stop()

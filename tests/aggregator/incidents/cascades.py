@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rankwatch.aggregator.health import RankState
+from rankwatch.aggregator.hold import AnnounceHold
 from rankwatch.aggregator.incidents.model import IncidentChange
-from rankwatch.aggregator.incidents.tracker import IncidentTracker
+from rankwatch.aggregator.incidents.tracker import IncidentConfig, IncidentTracker
 
 from tests.aggregator.incidents.builders import (
     IN_ALLREDUCE,
@@ -124,16 +125,20 @@ def _peer_crash(rank: int, text: str, world: int, at: float, step: int) -> Any:
     return crashed(rank, text.removeprefix("crashed: builtins."), world=world, since=at, step=step)
 
 
-def play(c: Cascade, tracker: IncidentTracker | None = None) -> tuple[IncidentTracker, list]:
+def play(
+    c: Cascade, tracker: IncidentTracker | None = None, hold: AnnounceHold | None = None
+) -> tuple[IncidentTracker, list]:
     """Every rank seen alive, then the cascade's items tick by tick, shuffled within a tick
-    (seeded); returns the tracker and every incident change."""
+    (seeded); returns the tracker and every incident change, or with ``hold`` the
+    announcements as (now, change) pairs (ticks go on until nothing is held)."""
     tracker = tracker or IncidentTracker()
     tracker.observe(T0, health=[health(r, world=c.world, step=c.onset - 1) for r in range(c.world)])
     rng = random.Random(f"{c.scenario}:{c.seed}:order")
     items = sorted(c.items, key=lambda item: item[0])
     changes: list[IncidentChange] = []
+    told: list[tuple[float, IncidentChange]] = []
     now, i = T0, 0
-    while i < len(items):
+    while i < len(items) or (hold is not None and len(hold)):
         now += TICK_S
         batch: dict[str, list[Any]] = {}
         due = []
@@ -143,8 +148,11 @@ def play(c: Cascade, tracker: IncidentTracker | None = None) -> tuple[IncidentTr
         rng.shuffle(due)
         for _, key, value in due:
             batch.setdefault(key, []).append(value)
-        changes += tracker.observe(now, **batch)
-    return tracker, changes
+        passed = tracker.observe(now, **batch)
+        changes += passed
+        if hold is not None:
+            told += [(now, change) for change in hold.due(now, passed)]
+    return tracker, told if hold is not None else changes
 
 
 def wrong(c: Cascade, tracker: IncidentTracker) -> str:
@@ -162,21 +170,41 @@ def wrong(c: Cascade, tracker: IncidentTracker) -> str:
 
 
 def main() -> None:
-    """``python -m tests.aggregator.incidents.cascades [seeds] [world]``: counts per scenario."""
+    """``python -m tests.aggregator.incidents.cascades [seeds] [world] [quiet_s] [hold_s]``:
+    counts per scenario; the first announcement right without the hold and with it
+    (``IncidentConfig``'s defaults unless given), and the time the hold added to it."""
+    import statistics
     import sys
 
-    seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 100
-    world = int(sys.argv[2]) if len(sys.argv) > 2 else 1024
+    args = sys.argv[1:]
+    seeds = int(args[0]) if args else 100
+    world = int(args[1]) if len(args) > 1 else 1024
+    defaults = IncidentConfig()
+    quiet = float(args[2]) if len(args) > 2 else defaults.announce_quiet_s
+    most = float(args[3]) if len(args) > 3 else defaults.announce_hold_s
     for scenario in CAUSES:
-        right = first = 0
+        right = 0
+        firsts, updates = [0, 0], [0, 0]  # without the hold, with it
+        added: list[float] = []
         for seed in range(seeds):
             c = cascade(scenario, seed, world)
-            tracker, changes = play(c)
-            ok = not wrong(c, tracker)
-            right += ok
-            kinds = [ch.change for ch in changes]
-            first += ok and kinds.count("opened") == 1 and "updated" not in kinds
-        print(f"{scenario:6} {right}/{seeds} seeds right, first announcement right in {first}")
+            tracker, now = play(c, hold=AnnounceHold(0.0, 0.0))
+            right += not wrong(c, tracker)
+            _, held = play(c, hold=AnnounceHold(quiet, most))
+            for i, told in enumerate((now, held)):
+                inc = next(ch for _, ch in told if ch.change == "opened").incident
+                firsts[i] += inc.culprits == (c.culprit,) and inc.cause == c.cause
+                updates[i] += sum(ch.change == "updated" for _, ch in told)
+            opened = [next(t for t, ch in told if ch.change == "opened") for told in (now, held)]
+            added.append(opened[1] - opened[0])
+        added.sort()
+        p95 = added[min(len(added) - 1, round(0.95 * (len(added) - 1)))]
+        print(
+            f"{scenario:6} {right}/{seeds} seeds right; first announcement right in "
+            f"{firsts[0]}, {updates[0]} updates; held (quiet {quiet:g} s, at most {most:g} s): "
+            f"{firsts[1]}, {updates[1]} updates, {statistics.median(added):.1f} s later median, "
+            f"{p95:.1f} s p95"
+        )
 
 
 if __name__ == "__main__":
