@@ -6,8 +6,9 @@ the job is over and the ranks' states have settled, checks the run's incidents: 
 the fault, rank 2 its only culprit with the injected fault's cause, the other ranks affected,
 terminated or untouched as the fault implies, and the fault step in its timeline.
 
-The crash and labels jobs also carry the checks of the ranks' states, their JSONL files and the
-store (one msrun job per fault, not one per question asked of it):
+One msrun job per fault, not one per question asked of it: the NaN incident is checked on
+test_actions_msrun's job (its policy then stops the job), and the crash and labels jobs also
+carry the checks of the ranks' states, their JSONL files and the store:
 
 - crash: rank 2 shows crashed (with its message), the ranks msrun then SIGKILLs show lost, and
   nothing the ranks wrote is missing from the store;
@@ -315,18 +316,6 @@ def test_hang_names_the_sleeping_rank(serve_factory: Any, tmp_path: Path) -> Non
     assert FAULT_STEP - 1 in culprit_steps(inc), job.describe()
     hung = [line for line in job.console if line.startswith("[INCIDENT]")]
     assert f"hung after step {FAULT_STEP - 1} " in hung[0], job.describe()  # as first said
-    open_delay(job, inc, fault_time)
-
-
-def test_nan_names_the_first_nonfinite_rank(serve_factory: Any, tmp_path: Path) -> None:
-    job = run_fault(
-        serve_factory, tmp_path, "nan", steps=20, node_timeout_s=30, settled=every_rank_finished
-    )
-    assert job.code == 0, job.describe()
-    fault_time = job.step_time(FAULT_RANK, FAULT_STEP)
-    inc = assert_one_incident(job, "nonfinite", fault_time)
-    assert set(inc["affected"]) == set(OTHERS), job.describe()
-    assert FAULT_STEP in culprit_steps(inc), job.describe()
     open_delay(job, inc, fault_time)
 
 
