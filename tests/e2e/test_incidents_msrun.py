@@ -48,6 +48,9 @@ pytestmark = [pytest.mark.msrun, pytest.mark.mindspore, pytest.mark.timeout(300)
 FAULT_RANK = 2
 FAULT_STEP = 12
 LOST_AFTER_S = 5.0  # serve's silence limit before a rank counts as lost
+# The ranks' heartbeat interval: a killed rank counts as lost after max(LOST_AFTER_S, two
+# heartbeats + 2 s), 6 s rather than the 12 s of the default 5 s heartbeat.
+HEARTBEAT_S = 2.0
 WITHIN_STEPS = 5  # a divergent rank must be flagged by step FAULT_STEP + WITHIN_STEPS
 OTHERS = tuple(r for r in range(RANKS) if r != FAULT_RANK)
 CAUSE_WORDS = {"nonfinite": "non-finite", "divergence": "diverged", "hang": "hung",
@@ -193,6 +196,7 @@ def run_fault(
         RANKWATCH_ADDR=serve.ingest_addr,
         RANKWATCH_LOG_DIR=str(tmp_path / "jsonl"),
         MS_NODE_TIMEOUT=str(node_timeout_s),
+        RANKWATCH_HEARTBEAT_S=str(HEARTBEAT_S),
     )
     cmd = msrun_command(
         msrun, tmp_path, "--steps", str(steps), "--fault", fault,

@@ -14,6 +14,7 @@ from .conftest import Serve, free_port, launch_env, lost_after_config, require_t
 from .test_incidents_msrun import (
     FAULT_RANK,
     FAULT_STEP,
+    HEARTBEAT_S,
     LOST_AFTER_S,
     Job,
     assert_one_incident,
@@ -43,6 +44,7 @@ def run_fault(serve_factory: Any, tmp_path: Path, fault: str, steps: int, settle
         FAULT_RANK=str(FAULT_RANK),
         FAULT_STEP=str(FAULT_STEP),
         GLOO_TIMEOUT_S=str(GLOO_TIMEOUT_S),
+        RANKWATCH_HEARTBEAT_S=str(HEARTBEAT_S),
     )
     cmd = [
         torchrun, f"--nproc-per-node={RANKS}", "--master-addr=127.0.0.1",
