@@ -40,7 +40,7 @@ def test_nan_policy_checkpoints_and_stops_every_rank_at_one_step(
     serve_factory: Any, tmp_path: Path
 ) -> None:
     msrun = require_msrun()
-    serve = serve_factory(extra=["--policy", "stop-on-nan"])
+    serve = serve_factory(extra=["--policy", "stop-on-nan"], wait=False)  # watch_job waits
     run = f"e2e-actions-nan-{os.getpid()}"
     log_dir = tmp_path / "jsonl"
     env = launch_env(

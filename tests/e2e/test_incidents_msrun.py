@@ -144,7 +144,8 @@ def watch_job(
     log = tmp_path / "launcher.log"
     flags = FlagWatcher(serve, run) if watch_flags else None
     with IncidentWatcher(serve, run) as watcher, flags or contextlib.nullcontext():
-        code = run_launcher(cmd, env, log, 240.0)
+        # serve may still be starting (see run_fault): the ranks' sockets reconnect by themselves
+        code = run_launcher(cmd, env, log, 240.0, meanwhile=serve.wait_ready)
         incidents: list[dict[str, Any]] = []
         states: dict[int, dict[str, Any]] = {}
 
@@ -189,7 +190,8 @@ def run_fault(
     msrun = require_msrun()
     config = tmp_path / "serve.toml"
     lost: list[str] = [] if lost_after_s is None else lost_after_config(config, lost_after_s)
-    serve: Serve = serve_factory(extra=lost)
+    # The launcher starts while serve does: both import for seconds before they do anything.
+    serve: Serve = serve_factory(extra=lost, wait=False)
     run = f"e2e-incident-{fault}-{os.getpid()}"
     env = launch_env(
         RANKWATCH_RUN=run,

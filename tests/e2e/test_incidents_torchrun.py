@@ -33,7 +33,9 @@ GLOO_TIMEOUT_S = 10
 
 def run_fault(serve_factory: Any, tmp_path: Path, fault: str, steps: int, settled: Any) -> Job:
     torchrun = require_torchrun()
-    serve: Serve = serve_factory(extra=lost_after_config(tmp_path / "serve.toml", LOST_AFTER_S))
+    serve: Serve = serve_factory(
+        extra=lost_after_config(tmp_path / "serve.toml", LOST_AFTER_S), wait=False
+    )  # ready before the ranks' first records: watch_job waits for it while torchrun starts
     run = f"e2e-torch-incident-{fault}-{os.getpid()}"
     env = launch_env(
         RANKWATCH_RUN=run,
