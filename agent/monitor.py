@@ -60,6 +60,9 @@ from .wire.curve import CURVE_DIR_ENV, curve_keys
 from .wire.jsonsafe import NONFINITE_TO_JSON
 from .wire.records import BASE_VERSION, EVENT_KINDS, MAX_INC, MAX_METRICS
 
+HEARTBEAT_ENV = "RANKWATCH_HEARTBEAT_S"
+HEARTBEAT_S = 5.0  # default heartbeat interval, seconds
+
 log = logging.getLogger("rankwatch.agent")
 
 CLOSE_TIMEOUT_S = 1.5  # close() waits at most this long for the sender to flush
@@ -114,6 +117,8 @@ class Monitor:
     ``stack_dump_s`` (or ``RANKWATCH_STACK_DUMP_S``, default 600, 0: off) without a step,
     ``faulthandler`` writes every thread's stack to ``rank<k>.stacks.txt`` beside the JSONL
     (with an aggregator address: the sender thread pushes the timer back while steps come).
+    ``heartbeat_s`` (or ``RANKWATCH_HEARTBEAT_S``, default 5): the heartbeat interval; the
+    aggregator counts a silent rank lost after two of them (or its ``lost_after_s``, if longer).
     ``accept`` (or ``RANKWATCH_ACCEPT``): the commands from the aggregator this rank acts on,
     ``("checkpoint", "stop", "note")`` or some of them, default none (``commands.py``); with
     them, call ``should_stop(step)`` at each step end and register ``on("checkpoint", fn)``.
@@ -128,7 +133,7 @@ class Monitor:
         log_dir: str | os.PathLike[str] | None = None,
         *,
         batch_size: float | None = None,
-        heartbeat_s: float = 5.0,
+        heartbeat_s: float | None = None,
         queue_max: int = 10_000,
         enabled: bool = True,
         curve_dir: str | os.PathLike[str] | None = None,
@@ -142,10 +147,7 @@ class Monitor:
     ) -> None:
         self._active = False  # log() and event() do nothing until the end of construction
         self._closed = True
-        if isinstance(heartbeat_s, bool) or not isinstance(heartbeat_s, (int, float)):
-            raise ValueError(f"heartbeat_s must be a number of seconds, got {heartbeat_s!r}")
-        if not 0 < heartbeat_s < math.inf:
-            raise ValueError(f"heartbeat_s must be > 0 seconds, got {heartbeat_s!r}")
+        heartbeat_s = heartbeat_s_of(heartbeat_s)
         if isinstance(queue_max, bool) or not isinstance(queue_max, int) or queue_max < 1:
             raise ValueError(f"queue_max must be an int >= 1, got {queue_max!r}")
         accepted = parse_accept(os.environ.get(ACCEPT_ENV) if accept is None else accept)
@@ -670,3 +672,24 @@ def _telemetry(setting: str | float | bool | None) -> Telemetry:
 def _ckpt_dir(given: str | os.PathLike[str] | None) -> Path | None:
     folder = given if given is not None else os.environ.get(CKPT_DIR_ENV) or None
     return None if folder is None else Path(folder).absolute()
+
+
+def heartbeat_s_of(value: float | None) -> float:
+    """The heartbeat interval from the argument or ``RANKWATCH_HEARTBEAT_S`` (default
+    ``HEARTBEAT_S``); ValueError for anything but a finite number of seconds > 0."""
+    if value is None:
+        text = os.environ.get(HEARTBEAT_ENV)
+        if not text:
+            return HEARTBEAT_S
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = math.nan
+        if not 0 < seconds < math.inf:
+            raise ValueError(f"{HEARTBEAT_ENV} must be a number of seconds > 0, got {text!r}")
+        return seconds
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"heartbeat_s must be a number of seconds, got {value!r}")
+    if not 0 < value < math.inf:
+        raise ValueError(f"heartbeat_s must be > 0 seconds, got {value!r}")
+    return float(value)

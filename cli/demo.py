@@ -82,6 +82,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="passed to `rankwatch serve`: seconds of silence before a rank counts as lost",
     )
     parser.add_argument(
+        "--min-stall",
+        type=float,
+        default=None,
+        help="passed to `rankwatch serve --min-stall-s`: seconds without a new step before a "
+        "rank counts as stalled (default 30); the hang fault shows (and, with --exit-when-done, "
+        "ends the demo) that soon",
+    )
+    parser.add_argument(
         "--policy",
         help="act on the incident: a `serve --policy` rule such as stop-on-nan (checkpoint, "
         "then stop every rank); the ranks accept checkpoint and stop. Says how many steps "
@@ -108,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         duration=args.duration,
         node_timeout_s=args.node_timeout,
         lost_after_s=args.lost_after,
+        min_stall_s=args.min_stall,
         policy=args.policy,
     )
     return run_demo(cfg)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import shlex
 import shutil
@@ -74,6 +75,7 @@ class DemoConfig:
     duration: float | None = None
     node_timeout_s: int = DEFAULT_NODE_TIMEOUT_S
     lost_after_s: float | None = None
+    min_stall_s: float | None = None  # `serve --min-stall-s`: how soon the hang shows stalled
     policy: str | None = None  # `serve --policy`; the ranks then accept checkpoint and stop
 
     def check(self) -> None:
@@ -90,6 +92,8 @@ class DemoConfig:
             raise ValueError("--step-sleep must be >= 0")
         if self.lost_after_s is not None and not self.lost_after_s > 0:
             raise ValueError("--lost-after must be > 0 seconds")
+        if self.min_stall_s is not None and not 0 < self.min_stall_s < math.inf:
+            raise ValueError("--min-stall must be > 0 seconds")
         for name, port in (("--port", self.port), ("--ingest-port", self.ingest_port)):
             if not 1 <= port <= 65535:
                 raise ValueError(f"{name} {port} is not a TCP port")
@@ -145,6 +149,8 @@ def serve_command(cfg: DemoConfig, data: Path) -> list[str]:
         config = data / "serve.toml"  # lost_after_s has no flag of its own
         config.write_text(f"[serve]\nlost_after_s = {float(cfg.lost_after_s)}\n", encoding="utf-8")
         cmd += ["--config", str(config)]
+    if cfg.min_stall_s is not None:
+        cmd += ["--min-stall-s", str(float(cfg.min_stall_s))]
     if cfg.policy is not None:
         cmd += ["--policy", cfg.policy]
     return cmd

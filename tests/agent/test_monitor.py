@@ -369,6 +369,24 @@ def test_constructor_raises_value_error(
         Monitor(log_dir=tmp_path, **kwargs)
 
 
+def test_heartbeat_interval_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def interval() -> float:
+        with Monitor(run="hb", log_dir=tmp_path) as mon:
+            return mon.heartbeat_s
+
+    assert interval() == 5.0
+    monkeypatch.setenv("RANKWATCH_HEARTBEAT_S", "1.5")
+    assert interval() == 1.5
+    with Monitor(run="hb", log_dir=tmp_path, heartbeat_s=3) as mon:  # the argument wins
+        assert mon.heartbeat_s == 3.0
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        monkeypatch.setenv("RANKWATCH_HEARTBEAT_S", bad)
+        with pytest.raises(ValueError, match=f"RANKWATCH_HEARTBEAT_S must be .*{bad!r}"):
+            Monitor(run="hb", log_dir=tmp_path)
+
+
 def test_jsonl_only_is_said_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -88,9 +88,14 @@ def ref_text(page: Page, metric: str) -> str:
 
 
 def wait_ref(page: Page, run: str | None) -> None:
+    """Until the page uses reference ``run`` and every chart has drawn it (None: until no chart
+    draws one). A choice takes effect on the charts at their next redraw (at most 4 a second),
+    not when it is made: a check right after picking "none" would see the old line."""
     page.wait_for_function(
         "(r) => { const ref = window.rankwatch.ref; if (ref.run !== r) return false;"
-        " if (r === null) return ref.autoChecked || window.rankwatch.state.refNone;"
+        " if (r === null) return (ref.autoChecked || window.rankwatch.state.refNone)"
+        " && [...window.rankwatch.charts.values()].every((c) => c.refEl.hidden"
+        " && !c.chart.getOption().series.some((s) => s.id === 'ref'));"
         " return [...window.rankwatch.charts.values()].every((c) => c.ref && c.ref.run === r"
         " && (c.ref.missing || (c.ref.line && !c.refEl.textContent.endsWith(r)"
         " && c.chart.getOption().series.some((s) => s.id === 'ref')))); }",

@@ -26,6 +26,8 @@ from rankwatch.demo.processes import Processes, tokened_pids
         ({"step_sleep": -1.0}, "--step-sleep must be >= 0"),
         ({"port": 70000}, "--port 70000 is not a TCP port"),
         ({"ingest_port": 8670}, "--port and --ingest-port must differ"),
+        ({"min_stall_s": 0.0}, "--min-stall must be > 0 seconds"),
+        ({"min_stall_s": float("nan")}, "--min-stall must be > 0 seconds"),
     ],
 )
 def test_bad_settings_are_refused_with_a_reason(changes: dict[str, object], message: str) -> None:
@@ -47,6 +49,14 @@ def test_without_mindspore_it_says_how_to_get_it(
     assert "pip install 'rankwatch[mindspore]'" in err
     assert "rankwatch demo --simulate" in err
     assert not any(tmp_path.iterdir()), "nothing may start before the check"
+
+
+def test_serve_command_carries_the_health_limits(tmp_path: Path) -> None:
+    cmd = launcher.serve_command(DemoConfig(lost_after_s=5, min_stall_s=2.5), tmp_path)
+    assert cmd[cmd.index("--min-stall-s") + 1] == "2.5"
+    config = Path(cmd[cmd.index("--config") + 1])
+    assert config.read_text(encoding="utf-8") == "[serve]\nlost_after_s = 5.0\n"
+    assert "--min-stall-s" not in launcher.serve_command(DemoConfig(), tmp_path)
 
 
 def test_msrun_command_carries_the_fault(tmp_path: Path) -> None:

@@ -143,6 +143,9 @@ class Serve:
             time.sleep(0.25)
         pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}\n{self.tail()}")
 
+    def wait_ready(self) -> None:
+        self.wait_for("rankwatch serve to answer", lambda: self.get("/api/status"), READY_TIMEOUT_S)
+
     def tail(self, lines: int = 30) -> str:
         if not self.log.exists():
             return ""
@@ -208,9 +211,7 @@ def serve_factory(tmp_path: Path) -> Iterator[Callable[..., Serve]]:
         serve = start_serve(data or tmp_path / f"data{len(started)}", **kwargs)
         started.append(serve)
         if wait:
-            serve.wait_for(
-                "rankwatch serve to answer", lambda: serve.get("/api/status"), READY_TIMEOUT_S
-            )
+            serve.wait_ready()
         return serve
 
     yield factory
@@ -256,15 +257,23 @@ def launch_env(**extra: str) -> dict[str, str]:
 
 
 def run_launcher(
-    cmd: Sequence[str], env: dict[str, str], log: Path, timeout_s: float, cwd: Path | None = None
+    cmd: Sequence[str],
+    env: dict[str, str],
+    log: Path,
+    timeout_s: float,
+    cwd: Path | None = None,
+    meanwhile: Callable[[], object] | None = None,
 ) -> int:
-    """Run a launcher to the end in its own session; kill its group on timeout."""
+    """Run a launcher to the end in its own session; kill its group on timeout (or when
+    ``meanwhile``, called once the launcher has started, fails)."""
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             list(cmd), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         try:
+            if meanwhile is not None:
+                meanwhile()
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             stop_process(proc, signal.SIGINT)

@@ -23,7 +23,7 @@ STEPS = 60
 
 def test_nan_policy_stops_every_torch_rank_at_one_step(serve_factory: Any, tmp_path: Path) -> None:
     torchrun = require_torchrun()
-    serve = serve_factory(extra=["--policy", "stop-on-nan"])
+    serve = serve_factory(extra=["--policy", "stop-on-nan"], wait=False)  # run_launcher waits
     run = f"e2e-actions-torch-{os.getpid()}"
     log_dir = tmp_path / "jsonl"
     env = launch_env(
@@ -35,7 +35,7 @@ def test_nan_policy_stops_every_torch_rank_at_one_step(serve_factory: Any, tmp_p
         torchrun, f"--nproc-per-node={RANKS}", "--master-addr=127.0.0.1",
         f"--master-port={free_port()}", str(JOB), "--steps", str(STEPS), "--step-sleep", "0.2",
     ]  # fmt: skip
-    code = run_launcher(cmd, env, tmp_path / "launcher.log", 180.0)
+    code = run_launcher(cmd, env, tmp_path / "launcher.log", 180.0, meanwhile=serve.wait_ready)
     assert code == 0, (tmp_path / "launcher.log").read_text(errors="replace")[-3000:]
     by_rank = read_jsonl(log_dir / run)
     last = {r: max(s.step for s in recs if isinstance(s, records.StepRecord))

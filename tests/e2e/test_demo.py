@@ -24,6 +24,7 @@ FAULT_RANK = 2
 FAULT_STEP = 20
 WITHIN_STEPS = 5
 FIT_METRICS = ("loss", "grad_norm", "grad_norm_local")  # timing metrics are noisy on a busy box
+HANG_STALL_S = 5.0  # serve's stall limit for the hang (default 30 s); the healthy ranks finish
 
 
 def demo_command(data: Path, *args: str) -> tuple[list[str], int]:
@@ -122,7 +123,7 @@ def test_simulated_hang_exits_once_the_rank_is_stalled(tmp_path: Path) -> None:
     data = tmp_path / "demo"
     code, out = run_demo(
         data, "--simulate", "--fault", "hang", "--exit-when-done", "--steps", "40",
-        "--step-sleep", "0.05", timeout_s=150,
+        "--step-sleep", "0.05", "--min-stall", str(HANG_STALL_S), timeout_s=150,
     )  # fmt: skip
     assert code == 0, out[-4000:]
     summary = summary_of(out)

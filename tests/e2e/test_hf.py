@@ -36,7 +36,7 @@ EVAL_EVERY = 3
 def test_hf_trainer_each_rank_records_its_own(serve_factory: Any, tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     torchrun = require_torchrun()
-    serve: Serve = serve_factory()
+    serve: Serve = serve_factory(wait=False)  # ready while torchrun starts (run_launcher waits)
     run = f"e2e-hf-{os.getpid()}"
     log_dir, expect_dir = tmp_path / "jsonl", tmp_path / "expect"
     expect_dir.mkdir()
@@ -55,7 +55,7 @@ def test_hf_trainer_each_rank_records_its_own(serve_factory: Any, tmp_path: Path
         "--accumulation", str(ACCUMULATION), "--eval-every", str(EVAL_EVERY),
         "--output-dir", str(tmp_path / "out"),
     ]  # fmt: skip
-    code = run_launcher(cmd, env, tmp_path / "torchrun.log", 240.0)
+    code = run_launcher(cmd, env, tmp_path / "torchrun.log", 240.0, meanwhile=serve.wait_ready)
     assert code == 0, (tmp_path / "torchrun.log").read_text(errors="replace")[-3000:]
     serve.wait_for(
         "both ranks to be finished",

@@ -14,6 +14,7 @@ from .conftest import Serve, free_port, launch_env, lost_after_config, require_t
 from .test_incidents_msrun import (
     FAULT_RANK,
     FAULT_STEP,
+    HEARTBEAT_S,
     LOST_AFTER_S,
     Job,
     assert_one_incident,
@@ -27,12 +28,14 @@ pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
 JOB = Path(__file__).resolve().parent / "torch_fault_job.py"
 RANKS = 3
 OTHERS = tuple(r for r in range(RANKS) if r != FAULT_RANK)
-GLOO_TIMEOUT_S = 10
+GLOO_TIMEOUT_S = 6  # a hung rank's peers fail in their collective this long after it
 
 
 def run_fault(serve_factory: Any, tmp_path: Path, fault: str, steps: int, settled: Any) -> Job:
     torchrun = require_torchrun()
-    serve: Serve = serve_factory(extra=lost_after_config(tmp_path / "serve.toml", LOST_AFTER_S))
+    serve: Serve = serve_factory(
+        extra=lost_after_config(tmp_path / "serve.toml", LOST_AFTER_S), wait=False
+    )  # ready before the ranks' first records: watch_job waits for it while torchrun starts
     run = f"e2e-torch-incident-{fault}-{os.getpid()}"
     env = launch_env(
         RANKWATCH_RUN=run,
@@ -43,6 +46,7 @@ def run_fault(serve_factory: Any, tmp_path: Path, fault: str, steps: int, settle
         FAULT_RANK=str(FAULT_RANK),
         FAULT_STEP=str(FAULT_STEP),
         GLOO_TIMEOUT_S=str(GLOO_TIMEOUT_S),
+        RANKWATCH_HEARTBEAT_S=str(HEARTBEAT_S),
     )
     cmd = [
         torchrun, f"--nproc-per-node={RANKS}", "--master-addr=127.0.0.1",

@@ -16,6 +16,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -116,8 +117,9 @@ def test_replay_covers_every_case() -> None:
     not (MINDFORMERS_PATH / "mindformers").is_dir(),
     reason=f"MindFormers is not installed in {MINDFORMERS_PATH} (bash deploy/dev-setup.sh --tests)",
 )
-def test_mindformers_yaml_callback_two_ranks(serve: Serve, tmp_path: Path) -> None:
+def test_mindformers_yaml_callback_two_ranks(serve_factory: Any, tmp_path: Path) -> None:
     msrun = require_msrun()
+    serve: Serve = serve_factory(wait=False)  # ready while msrun starts (run_launcher waits)
     run = f"e2e-mindformers-{os.getpid()}"
     log_dir = tmp_path / "jsonl"
     env = launch_env(
@@ -135,7 +137,9 @@ def test_mindformers_yaml_callback_two_ranks(serve: Serve, tmp_path: Path) -> No
         f"--log_dir={tmp_path / 'msrun'}", "--join=True", str(JOB),
     ]  # fmt: skip
     # cwd: MindFormers writes its logs (and the job its YAML) under the working directory
-    code = run_launcher(cmd, env, tmp_path / "msrun.log", MSRUN_TIMEOUT_S, cwd=tmp_path)
+    code = run_launcher(
+        cmd, env, tmp_path / "msrun.log", MSRUN_TIMEOUT_S, cwd=tmp_path, meanwhile=serve.wait_ready
+    )
     assert code == 0, f"msrun failed; see {tmp_path / 'msrun'}"
     serve.wait_for(
         "every rank to be finished",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rankwatch.agent.wire import records
@@ -36,8 +37,9 @@ LOSS_RATIO = 1.3  # rank 2's loss stays within this of the others' median, as on
 MSRUN_TIMEOUT_S = 240.0
 
 
-def test_sdc_rank_flagged_on_local_grad_norm_only(serve: Serve, tmp_path: Path) -> None:
+def test_sdc_rank_flagged_on_local_grad_norm_only(serve_factory: Any, tmp_path: Path) -> None:
     msrun = require_msrun()
+    serve: Serve = serve_factory(wait=False)  # ready while msrun starts (run_launcher waits)
     run = f"e2e-msrun-sdc-{os.getpid()}"
     log_dir = tmp_path / "jsonl"
     env = launch_env(
@@ -51,7 +53,9 @@ def test_sdc_rank_flagged_on_local_grad_norm_only(serve: Serve, tmp_path: Path) 
         "--fault-rank", str(FAULT_RANK), "--fault-step", str(FAULT_STEP), "--step-sleep", "0.05",
     )  # fmt: skip
     with FlagWatcher(serve, run) as watcher:
-        code = run_launcher(cmd, env, tmp_path / "msrun.log", MSRUN_TIMEOUT_S)
+        code = run_launcher(
+            cmd, env, tmp_path / "msrun.log", MSRUN_TIMEOUT_S, meanwhile=serve.wait_ready
+        )
         assert code == 0, f"msrun failed; see {tmp_path / 'msrun'}"
         serve.wait_for(
             "every rank to be finished",

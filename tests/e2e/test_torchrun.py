@@ -36,7 +36,9 @@ STEPS = 30
 def test_torch_ddp_example(serve_factory: Any, tmp_path: Path) -> None:
     torchrun = require_torchrun()
     derived = port_free(DEFAULT_INGEST_PORT) and port_free(DEFAULT_INGEST_PORT, "0.0.0.0")
-    serve: Serve = serve_factory(ingest_port=DEFAULT_INGEST_PORT if derived else None)
+    serve: Serve = serve_factory(  # ready while torchrun starts (run_launcher waits)
+        ingest_port=DEFAULT_INGEST_PORT if derived else None, wait=False
+    )
     run = f"e2e-torchrun-{os.getpid()}"
     log_dir = tmp_path / "jsonl"
     env = launch_env(RANKWATCH_RUN=run, RANKWATCH_LOG_DIR=str(log_dir), OMP_NUM_THREADS="1")
@@ -46,7 +48,7 @@ def test_torch_ddp_example(serve_factory: Any, tmp_path: Path) -> None:
         torchrun, f"--nproc-per-node={RANKS}", "--master-addr=127.0.0.1",
         f"--master-port={free_port()}", str(EXAMPLE), "--steps", str(STEPS),
     ]  # fmt: skip
-    code = run_launcher(cmd, env, tmp_path / "torchrun.log", 240.0)
+    code = run_launcher(cmd, env, tmp_path / "torchrun.log", 240.0, meanwhile=serve.wait_ready)
     log = (tmp_path / "torchrun.log").read_text(errors="replace")[-3000:]
     assert code == 0, log
 

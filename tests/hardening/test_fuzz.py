@@ -71,7 +71,7 @@ envelopes = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=3000, deadline=None, database=None)
+@settings(max_examples=1000, deadline=None, database=None)
 @given(
     frame=st.binary(max_size=200)
     | envelopes.map(pack)
