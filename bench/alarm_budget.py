@@ -49,7 +49,7 @@ WARMUP = 30  # clean steps before the shift, as the detector has seen before a f
 
 def limit_for_alpha(a: float, allowance: float, confirm: int) -> float:
     lo, hi = 1.0, 30.0
-    for _ in range(50):
+    for _ in range(30):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if flag_rate(mid, allowance, confirm) > a else (lo, mid)
     return hi
