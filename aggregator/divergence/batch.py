@@ -25,7 +25,7 @@ from rankwatch.aggregator.divergence.lists import (
     quantile_plan,
     rel_list,
 )
-from rankwatch.aggregator.divergence.robust import mad_slack, small_sample_factor
+from rankwatch.aggregator.divergence.robust import SLACK_RANKS, mad_slack, small_sample_factor
 from rankwatch.aggregator.divergence.state import MAD_TO_SIGMA, MetricState
 from rankwatch.aggregator.divergence.types import (
     RankScores,
@@ -196,7 +196,7 @@ class _QuietScan:
         self.rel_floor, self.abs_floor = rule.rel_floor or 0.0, rule.abs_floor or cfg.abs_floor
         # robust_scale's pooled factor, multiplied in the same order
         self.pool = cfg.spread_pool * small_sample_factor(n)
-        self.slack = mad_slack(n) if n >= cfg.small_n else 1.0
+        self.slack = mad_slack(n) if n >= SLACK_RANKS else 1.0
         self.alpha, self.allowance = cfg.spread_alpha, cfg.quiet_below
         self.steps = np.asarray(steps, dtype=np.int64)
         self.finite = finite

@@ -12,11 +12,13 @@ and a small world raises ~90x the false alarms the budget allows (docs/benchmark
 typical spread averages that estimate over ~20 steps. ``c(n)`` removes its small-sample bias:
 the standard deviation of ``x - median`` over the mean of ``1.4826 * MAD``, for normal ranks
 (``small_sample_factor``). The step's own MAD stays as a floor, so a step where every rank is
-noisier than usual is scored against that; from ``small_n`` ranks up, once a typical spread is
-known, shrunk by ``mad_slack(n)`` (two standard deviations of its own noise): the larger of two
-estimates of the same spread is biased up (2 % at 1,024 ranks), and a 2 % larger scale costs
-0.035 of the 3 sigma recall within 5 steps. Smaller worlds keep it whole (on the real 4-rank
-traces a shrunk floor let a healthy rank 2.0x its real distance be flagged, against 2.65x).
+noisier than usual is scored against that; from ``SLACK_RANKS`` ranks up, once a typical spread
+is known, shrunk by ``mad_slack(n)`` (two standard deviations of its own noise): the larger of
+two estimates of the same spread is biased up (2 % at 1,024 ranks), and a 2 % larger scale
+costs 0.035 of the 3 sigma recall within 5 steps. Smaller worlds keep it whole: there the bias
+is what holds the heavy tails of ``x - median`` of a few values in check (8 ranks, 10 run-hours:
+1 false alarm with it whole, 6 shrunk; on the real 4-rank traces a shrunk floor let a healthy
+rank at 2.0x its real distance be flagged, against 2.65x).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import math
 from rankwatch.aggregator.divergence.config import DivergenceConfig, MetricRule
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
+SLACK_RANKS = 64  # from this many ranks the step's own MAD floor is shrunk by mad_slack
 
 # n -> sd(x - median) / E[1.4826 MAD] of n normal values (400,000 samples each); from 8 on
 # 1 + 0.6 / n is within 0.01 of it.
@@ -57,6 +60,6 @@ def robust_scale(
         return max(absmed * max(rule.rel_floor or 0.0, typical), abs_floor)
     rel_scale = max(rule.rel_floor or 0.0, cfg.spread_pool * small_sample_factor(n) * typical)
     own = MAD_TO_SIGMA * mad
-    if typical > 0 and n >= cfg.small_n:  # fewer ranks: their MAD floor keeps its full weight
+    if typical > 0 and n >= SLACK_RANKS:  # fewer ranks: their MAD floor keeps its full weight
         own = own / mad_slack(n)
     return max(own, absmed * rel_scale, abs_floor)
