@@ -2,7 +2,7 @@
 detector stands: the figures behind issue-level targets, restated where a person feels them.
 
     python bench/alarm_budget.py [--hours 8:40,64:8,1024:1,4096:0.5] [--trials 200000]
-                                 [--worlds 8,64,1024,4096]
+                                 [--worlds 8,64,1024,4096] [--window-allowance A]
 
 Budget: at most ``BUDGET_PER_HOUR`` (0.1) false alarms per run-hour at 1 step/s with the five
 default metrics scored (loss, lr, throughput, step_time, grad_norm), at every world size. Per
@@ -129,9 +129,15 @@ def main() -> None:
     ap.add_argument("--hours", default="8:40,64:8,1024:1,4096:0.5", help="WORLD:RUN_HOURS,...")
     ap.add_argument("--trials", type=int, default=200_000, help="Monte Carlo trials per row")
     ap.add_argument("--worlds", default=",".join(map(str, WORLDS)), help="model rows")
+    ap.add_argument(
+        "--window-allowance",
+        type=float,
+        default=DivergenceConfig.window_allowance,
+        help="the window test's allowance (the detector's setting of that name)",
+    )
     args = ap.parse_args()
     worlds = [int(w) for w in args.worlds.split(",")]
-    cfg = DivergenceConfig()
+    cfg = DivergenceConfig(window_allowance=args.window_allowance)
     k, confirm = cfg.z_allowance, cfg.confirm_steps
     print(
         f"budget {BUDGET_PER_HOUR} false alarms per run-hour, 1 step/s, {len(METRICS)} metrics; "

@@ -5,12 +5,12 @@ window (``-z`` to its low one); the test flags a rank when the sum of its ``u`` 
 ``window_steps`` steps reaches the limit ``h``, on a step that added to it, past the ratio
 gate. ``cap`` is ``CAP_SHARE`` (0.4) of ``h``, so neither one step nor two, however far out,
 flag alone: it takes three that stand out in one window (one-step spikes, even two in a window,
-are noise; at 0.4 rather than 0.5 the 3 sigma recall loses under 0.001 on the model).
+are noise; a 3 sigma shift rarely reaches the cap, so it costs its recall next to nothing).
 
 Why beside the CUSUM: the CUSUM's allowance (1.5) and its clipped evidence make it slow on a
-3 sigma shift (about 0.72 of what a test that knew the onset could flag within 5 steps at
+3 sigma shift (it flags within 5 steps 0.89 of what a test that knew the onset could, at
 1,024 ranks); a sum over a fixed window of nearly the whole z is that very test at every step,
-so it reaches 0.96-0.97 of it (docs/divergence.md). The CUSUM stays for shifts too small to
+so together they reach 0.96 of it (docs/divergence.md). The CUSUM stays for shifts too small to
 show within a window, which it adds up for as long as they last.
 
 The limit is derived from the false-alarm budget, not tuned: for z ~ N(0, 1) the

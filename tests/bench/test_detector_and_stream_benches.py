@@ -68,7 +68,7 @@ def test_stream_fanout_prints_a_row_per_page_count() -> None:
 
 def test_alarm_budget_prints_the_ceiling_beside_both_tests() -> None:
     out = run(
-        "alarm_budget.py", "--worlds", "1024", "--trials", "20000", "--hours", "64:0.02"
+        "alarm_budget.py", "--worlds", "1024", "--trials", "10000", "--hours", "64:0.02"
     )  # fmt: skip
     row = re.search(r"^ 1,024 +(\S+) +([\d.]+) +([\d.]+) \|(.*)$", out, re.M)
     assert row, out
