@@ -1,7 +1,7 @@
 """Detection quality of the divergence detector on 1,024 simulated ranks (no sockets).
 
     python bench/detection_quality.py [--ranks 1024] [--trials 20] [--clean-steps 1000] [--seeds 5]
-                                      [--evidence-per-doubling X]
+                                      [--evidence-per-doubling X] [--window-steps W]
 
 Values come from the load generator's model (``bench/loadgen.py``: loss decaying with 5 % relative
 per-rank noise, the ``sigma`` of the faults) and are fed straight to
@@ -15,7 +15,13 @@ step, as the merger hands them over.
 * False flags: ``--seeds`` clean runs of ``--clean-steps`` steps, all five metrics (loss, lr,
   throughput, step_time, grad_norm); every new divergence is false. Per 1,000,000 rank-steps.
 * ``--evidence-per-doubling``: the detector's setting of that name (0: the same CUSUM limit at
-  every world size, as before it grew with the ranks).
+  every world size, as before it grew with the ranks); ``--window-steps``: the window-sum
+  test's window (0: off, the CUSUM alone, as before it).
+* Beside each drift row: the ceiling at this world size, a test that knows the onset and sums
+  the 5 z-scores, two-sided, at the budget's false-flag rate per rank, step and metric
+  (``alpha``: 0.1 false alarms per run-hour at 1 step/s, 5 metrics), the share of it reached,
+  a 95 % (Wilson) interval of the recall, and the delay distribution (share of faulty ranks
+  flagged at delay 1, 2, ..., 8, later).
 * Baseline, on the same values: flag a rank after 3 consecutive steps with robust
   ``|z| = |x - median| / (1.4826 MAD) >= 3`` (the usual "k steps over a threshold" rule).
 """
@@ -23,8 +29,10 @@ step, as the merger hands them over.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
+from statistics import NormalDist
 
 import numpy as np
 from loadgen import METRICS, Fault, Model
@@ -40,6 +48,37 @@ RATE = 5.0  # steps/s of the model (only step_time and throughput depend on it)
 BASE_Z = 3.0  # baseline threshold ...
 BASE_STEPS = 3  # ... held this many consecutive steps
 RUN = "quality"
+BUDGET_PER_HOUR = 0.1  # false alarms per run-hour on clean data ...
+STEPS_PER_HOUR = 3600  # ... at 1 step/s, every default metric scored
+HISTOGRAM = 8  # delays shown one by one, then "later"
+
+
+def alpha(n: int) -> float:
+    """The budget per rank, step and metric in a world of ``n`` ranks."""
+    return BUDGET_PER_HOUR / (STEPS_PER_HOUR * n * len(METRICS))
+
+
+def ceiling(a: float, shift: float, window: int = WITHIN) -> float:
+    """P(flag) of the test that knows the onset and sums the ``window`` z-scores from it,
+    two-sided at ``a``, for a shift of ``shift`` sigma (z ~ N(shift, 1))."""
+    n01 = NormalDist()
+    t = n01.inv_cdf(1 - a / 2) * math.sqrt(window)
+    return 1 - n01.cdf((t - shift * window) / math.sqrt(window))
+
+
+def wilson(hits: int, n: int) -> tuple[float, float]:
+    """95 % interval of a share."""
+    p, z = hits / n, 1.96
+    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return mid - half, mid + half
+
+
+def histogram(delays: list[int | None]) -> str:
+    n = len(delays)
+    counts = [sum(d == k for d in delays) for k in range(1, HISTOGRAM + 1)]
+    later = n - sum(counts)
+    return " ".join(f"{c / n:.3f}" for c in counts) + f" | later {later / n:.3f}"
 
 
 class Baseline:
@@ -162,8 +201,16 @@ def main() -> None:
         default=DivergenceConfig.evidence_per_doubling,
         help="CUSUM limit added per doubling of the ranks (0: one limit at every world size)",
     )
+    ap.add_argument(
+        "--window-steps",
+        type=int,
+        default=DivergenceConfig.window_steps,
+        help="window of the window-sum test (0: off, the CUSUM alone)",
+    )
     args = ap.parse_args()
-    config = DivergenceConfig(evidence_per_doubling=args.evidence_per_doubling)
+    config = DivergenceConfig(
+        evidence_per_doubling=args.evidence_per_doubling, window_steps=args.window_steps
+    )
     world = args.ranks
     if world < 2 * FAULTY:
         ap.error(f"--ranks must be >= {2 * FAULTY}")
@@ -172,12 +219,14 @@ def main() -> None:
         f"detection quality: {world:,} ranks, loss noise {5}% per rank (= 1 sigma), onset at "
         f"step {ONSET}, {FAULTY} faulty ranks x {args.trials} trials = {n_faulty} per row; "
         f"CUSUM limit {config.limit_for(world):.2f} (evidence_per_doubling "
-        f"{config.evidence_per_doubling:g})"
+        f"{config.evidence_per_doubling:g}), window test "
+        + (f"over {config.window_steps} steps" if config.window_steps else "off")
     )
     head = f"{'within 5':>7} {'median':>6} {'p95':>6} {'in ' + str(WINDOW):>6}"
     print(f"{'fault':<22}| rankwatch: {head} | baseline 3x|z|>=3: {head}")
     collateral = base_collateral = 0
     ratios: list[str] = []
+    against: list[str] = []
     rows = [("drift", float(s), f"drift {s} sigma") for s in (1, 2, 3, 4, 5)]
     rows += [("nan", None, "NaN"), ("spike", 20.0, "spike 20 sigma, 1 step")]
     for kind, sigma, label in rows:
@@ -193,8 +242,21 @@ def main() -> None:
         if kind == "drift":
             a, b = within(ours), within(base)
             ratios.append(f"{sigma:g} sigma " + (f"{a / b:.1f}x" if b else f"{a:.0%} vs 0%"))
+            top = ceiling(alpha(world), float(sigma or 0))
+            lo, hi = wilson(round(a * len(ours)), len(ours))
+            against.append(
+                f"{sigma:g} sigma: {a:.3f} [{lo:.3f}, {hi:.3f}] of ceiling {top:.3f} = "
+                f"{a / top:.3f} [{lo / top:.3f}, {min(hi / top, 1.0):.3f}]; delays 1..{HISTOGRAM}: "
+                + histogram(ours)
+            )
     print("(spike row: a one-step spike should not be flagged: 'in 30' is the false-flag share)")
     print(f"recall within {WITHIN} steps, rankwatch / baseline: {', '.join(ratios)}")
+    print(
+        f"recall within {WITHIN} steps [95 % interval] against the ceiling at the budget "
+        f"(alpha {alpha(world):.2e} per rank, step and metric), and the delay distribution:"
+    )
+    for line in against:
+        print("  " + line)
     print(
         f"flags on non-faulty ranks during those trials: rankwatch {collateral}, baseline "
         f"{base_collateral} (over {len(rows) * args.trials * world * (ONSET + WINDOW - 1):,} "

@@ -6,7 +6,8 @@ Cost: ``DivergenceDetector.update`` on one step of seeded gaussian noise at 8, 6
 4,096 ranks (the StepValues are built beforehand, as the merger hands them over), after a
 warm-up; median and p95 in microseconds. Baselines, measured in the same run on the same values:
 a plain ``np.median`` of the array, and for worlds scored on lists (ranks below
-``PY_MAX_RANKS``) the numpy path on the same steps. Rate: at 5 steps/s and 6 metrics a run needs
+``PY_MAX_RANKS``) the numpy path on the same steps, and the same steps with the window-sum test
+off (``window_steps = 0``: the CUSUM alone). Rate: at 5 steps/s and 6 metrics a run needs
 30 updates per second; the aggregator's ingest needs one update per metric per step of a run.
 
 False flags: 1,024 ranks of clean gaussian noise (5 % relative), ``--false-flag-steps`` steps for
@@ -22,6 +23,7 @@ import time
 
 import numpy as np
 from rankwatch.aggregator.divergence import detector as divergence
+from rankwatch.aggregator.divergence.config import DivergenceConfig
 from rankwatch.aggregator.divergence.detector import DivergenceDetector
 from rankwatch.aggregator.merge import StepValues
 
@@ -44,9 +46,9 @@ def p95(xs: list[float]) -> float:
     return sorted(xs)[int(0.95 * (len(xs) - 1))]
 
 
-def timed_updates(svs: list[StepValues]) -> list[float]:
+def timed_updates(svs: list[StepValues], config: DivergenceConfig | None = None) -> list[float]:
     """Microseconds per update after the warm-up, on a fresh detector."""
-    det = DivergenceDetector()
+    det = DivergenceDetector(config)
     out = []
     for i, sv in enumerate(svs):
         t0 = time.perf_counter()
@@ -71,6 +73,9 @@ def cost(n: int, count: int) -> None:
         f"np.median median {med_b:6.1f} us | ratio {med_u / med_b:4.1f}x | "
         f"CPU at {UPDATES_PER_S} updates/s: {med_u * UPDATES_PER_S / 1e4:.3f} %"
     )
+    # the window-sum test's share: the same steps with it off (the CUSUM alone)
+    off_us = statistics.median(timed_updates(svs, DivergenceConfig(window_steps=0)))
+    line += f" | window test off {off_us:6.1f} us ({med_u / off_us:.2f}x with it)"
     if n <= divergence.PY_MAX_RANKS:  # scored on lists: also time the numpy path
         saved, divergence.PY_MAX_RANKS = divergence.PY_MAX_RANKS, 0
         try:

@@ -41,11 +41,12 @@ def flag_rate(limit: float, allowance: float, confirm_steps: int) -> float:
     w = limit / CELLS
     cap = limit / confirm_steps
     top = cap + allowance  # a z above this adds exactly ``cap``
-    i = np.arange(CELLS)[:, None]
-    lo = (np.arange(CELLS)[None, :] - i - 0.5) * w + allowance  # z landing in cell j from cell i
-    hi = lo + w
-    moves = _cdf(np.minimum(hi, top)) - _cdf(np.minimum(lo, top))
-    moves[:, 0] = _cdf(np.minimum(hi[:, 0], top))  # evidence below 0 is clipped to 0
+    # z landing in cell j from cell i depends on j - i alone: the CDF at 2 * CELLS points
+    d = np.arange(-CELLS, CELLS + 1)
+    cdf_at = _cdf(np.minimum((d - 0.5) * w + allowance, top))  # the lower edge of offset d
+    shift = np.arange(CELLS)[None, :] - np.arange(CELLS)[:, None] + CELLS  # index of j - i
+    moves = cdf_at[shift + 1] - cdf_at[shift]
+    moves[:, 0] = cdf_at[shift[:, 0] + 1]  # evidence below 0 is clipped to 0
     land = np.floor(((np.arange(CELLS) + 0.5) * w + cap) / w).astype(np.int64)
     inside = land < CELLS  # otherwise a capped step reaches the limit: a flag, out of the chain
     moves[np.arange(CELLS)[inside], land[inside]] += 1.0 - _cdf(top)

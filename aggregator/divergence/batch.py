@@ -25,6 +25,7 @@ from rankwatch.aggregator.divergence.lists import (
     quantile_plan,
     rel_list,
 )
+from rankwatch.aggregator.divergence.robust import SLACK_RANKS, mad_slack, small_sample_factor
 from rankwatch.aggregator.divergence.state import MAD_TO_SIGMA, MetricState
 from rankwatch.aggregator.divergence.types import (
     RankScores,
@@ -154,8 +155,8 @@ def score_run(
     the list-scoring range, ``st.grow`` done) at ``steps[i]``; ``one_by_one(i)`` scores step
     ``i`` with ``update``; ``stats``: ``finite_columns(v)`` if already computed."""
     finite, cols = finite_columns(v) if stats is None else stats
-    scan = _QuietScan(cfg, st, steps, finite, cols)
-    may_be_quiet = cfg.z_allowance <= cfg.z_threshold
+    scan = _QuietScan(cfg, st, steps, finite, cols, len(ranks))
+    may_be_quiet = cfg.quiet_below <= cfg.z_threshold
     out: list[StepResult | QuietSteps] = []
     i, n = 0, len(steps)
     while i < n:
@@ -188,11 +189,15 @@ class _QuietScan:
         steps: Sequence[int],
         finite: np.ndarray,
         cols: list[np.ndarray],
+        n: int,
     ) -> None:
         med, mad, lo, hi = cols[0], cols[1], cols[3], cols[4]
         rule = st.rule
         self.rel_floor, self.abs_floor = rule.rel_floor or 0.0, rule.abs_floor or cfg.abs_floor
-        self.pool, self.alpha, self.allowance = cfg.spread_pool, cfg.spread_alpha, cfg.z_allowance
+        # robust_scale's pooled factor, multiplied in the same order
+        self.pool = cfg.spread_pool * small_sample_factor(n)
+        self.slack = mad_slack(n) if n >= SLACK_RANKS else 1.0
+        self.alpha, self.allowance = cfg.spread_alpha, cfg.quiet_below
         self.steps = np.asarray(steps, dtype=np.int64)
         self.finite = finite
         self.mad_sigma = MAD_TO_SIGMA * mad
@@ -221,10 +226,11 @@ class _QuietScan:
         n = len(self.finite)
         # Python's max() and np.fmax agree here: no operand is NaN except pool * typical,
         # which both skip (max keeps the first operand; fmax the other).
+        own = self.mad_sigma[i:]
+        if self.slack != 1.0:  # robust_scale's shrunk own MAD
+            own = np.where(typical > 0, own / self.slack, own)
         sc = np.fmax(
-            np.fmax(
-                self.mad_sigma[i:], self.absmed[i:] * np.fmax(self.rel_floor, self.pool * typical)
-            ),
+            np.fmax(own, self.absmed[i:] * np.fmax(self.rel_floor, self.pool * typical)),
             self.abs_floor,
         )
         steps = self.steps[i:]

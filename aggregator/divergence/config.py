@@ -63,12 +63,17 @@ class DivergenceConfig:
     low_ratio: float = 0.95  # ... or >= 5 % below it (effect-size gate)
     rel_floor: float = 0.01  # scale >= 1 % of |median|: identical ranks give finite z
     abs_floor: float = 1e-12  # scale floor for metrics whose median is 0
-    spread_pool: float = 0.5  # scale >= this fraction of the recent typical relative spread
+    spread_pool: float = 1.0  # scale >= this x c(n) x the recent typical relative spread
     spread_alpha: float = 0.1  # EWMA weight of one step in the typical spread
     history_alpha: float = 0.5  # EWMA weight of one step in a rank's own level (pairs)
     pair_ratio: float = 1.5  # two ranks: one must be >= 1.5x the other (or <= 1/1.5)
     pair_warmup_steps: int = 5  # clean steps a pair needs before it is scored
     blame_factor: float = 2.0  # a pair names a rank when it moved this much more than the other
+    window_steps: int = 5  # the window-sum test beside the CUSUM: its window (0: off) ...
+    window_allowance: float = 0.5  # ... each step adds min(max(z - this, 0), limit / 2) ...
+    window_alarms_per_hour: float = 0.06  # ... its limit spends this share of the budget:
+    budget_steps_per_hour: float = 3600.0  # false alarms per run-hour at this step rate ...
+    budget_metrics: int = 5  # ... with this many metrics scored (window_limit)
     lag_steps: int = 20  # step_lag: a rank this many steps behind the median is a straggler
     lag_mad_factor: float = 5.0  # ... or more, when ranks log asynchronously (x 1.4826 MAD)
     rules: Mapping[str, MetricRule] = field(default_factory=lambda: dict(DEFAULT_RULES))
@@ -94,6 +99,11 @@ class DivergenceConfig:
             "pair_ratio": self.pair_ratio >= 1,
             "pair_warmup_steps": self.pair_warmup_steps >= 1,
             "blame_factor": self.blame_factor >= 1,
+            "window_steps": self.window_steps == 0 or self.window_steps >= 2,
+            "window_allowance": self.window_allowance >= 0,
+            "window_alarms_per_hour": self.window_alarms_per_hour > 0,
+            "budget_steps_per_hour": self.budget_steps_per_hour > 0,
+            "budget_metrics": self.budget_metrics >= 1,
             "lag_steps": self.lag_steps >= 1,
             "lag_mad_factor": self.lag_mad_factor >= 0,
         }
@@ -130,6 +140,21 @@ class DivergenceConfig:
         if n <= self.evidence_ranks or not self.evidence_per_doubling:
             return self.evidence_limit
         return self.evidence_limit + self.evidence_per_doubling * math.log2(n / self.evidence_ranks)
+
+    @property
+    def quiet_below(self) -> float:
+        """A step whose every |z| is below this adds nothing to any test (CUSUM or window)."""
+        if not self.window_steps:
+            return self.z_allowance
+        return min(self.z_allowance, self.window_allowance)
+
+    def window_alpha(self, n: int) -> float:
+        """The window test's false-flag probability per rank, step and direction in a world of
+        ``n`` ranks: ``window_alarms_per_hour`` spread over every rank, metric and step of an
+        hour, and the two directions."""
+        return self.window_alarms_per_hour / (
+            self.budget_steps_per_hour * max(n, 1) * self.budget_metrics * 2
+        )
 
     def rule(self, metric: str) -> MetricRule:
         """The rule for ``metric``, matching ``train/loss`` or ``train.loss`` by ``loss`` too."""

@@ -9,9 +9,9 @@ The method, its defaults and their calibration are in docs/divergence.md; in sho
 
 * Per step: median, MAD and percentiles across the ranks with a finite value; per rank a robust
   z-score ``(x - median) / scale`` and a ratio ``rel`` (``x / median`` for a positive median).
-  ``scale`` is ``1.4826 * MAD`` floored by ``rel_floor * |median|``, by ``abs_floor`` and by half
-  the run's recent typical spread, so a step where the healthy ranks happen to agree closely does
-  not blow up the z of the fourth.
+  ``scale`` is ``1.4826 * MAD`` floored by ``rel_floor * |median|``, by ``abs_floor`` and by the
+  pooled scale (the run's recent typical spread times a small-sample factor, ``robust``), so the
+  MAD of a few ranks is not the only yardstick.
 * Confirmation: a one-sided CUSUM per rank and direction on the z-score (allowance
   ``z_allowance``, limit ``evidence_limit``, raised in worlds of more than ``evidence_ranks``
   ranks by ``DivergenceConfig.limit_for`` so a bigger world raises no more false alarms), each
@@ -19,6 +19,10 @@ The method, its defaults and their calibration are in docs/divergence.md; in sho
   confirmed in ``confirm_steps`` steps and a 3-sigma shift in about four (five at 1,024 ranks).
   The rank must also be past the ratio gate (``high_ratio`` / ``low_ratio``) on the confirming
   step. It resolves after ``clear_steps`` consecutive steps without evidence.
+* Beside the CUSUM, from ``small_n`` ranks up, a window sum (``window``): a rank is also flagged
+  when its last ``window_steps`` z-scores, less ``window_allowance`` and capped, add up to a
+  limit derived from the false-alarm budget; it brings a 3-sigma shift within 5 steps to about
+  0.96 of what a test that knew the onset could do.
 * Non-finite values (NaN, ±Inf) are flagged at once.
 * Persistent offsets (``offset``, for metrics whose rule sets ``offset_steps``): a rank's mean
   log ratio to the other ranks over a window, for a shift too small for the CUSUM that lasts.

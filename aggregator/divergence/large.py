@@ -7,6 +7,7 @@ Same floats in the same order as ``small.score_lists``; flagging, blaming and re
 from __future__ import annotations
 
 import numpy as np
+from rankwatch.aggregator.divergence import window
 from rankwatch.aggregator.divergence.config import DivergenceConfig
 from rankwatch.aggregator.divergence.lists import rel_list as _rel_lists
 from rankwatch.aggregator.divergence.small import PY_MAX_RANKS, no_stats
@@ -140,6 +141,13 @@ def _evidence(
         if began.any():
             start[ranks[began]] = step
         sides.append((direction, ev, gate))
+    windowed = np.zeros((2, ranks.size), bool)  # high, low
+    if cfg.window_steps and stats.n >= cfg.small_n:
+        for i, direction, since in window.step_arrays(cfg, st, step, ranks, z, stats.n):
+            hi = direction == "high"
+            if (rel[i] >= hi_ratio) if hi else (rel[i] <= lo_ratio):
+                windowed[0 if hi else 1, i] = True
+                window.mark_start(st, direction, int(ranks[i]), since)
     if st.active:
         pos = np.full(st.size, -1, np.int64)
         pos[ranks] = np.arange(ranks.size)
@@ -149,7 +157,9 @@ def _evidence(
     fresh = [
         (i, direction)
         for direction, ev, gate in sides
-        for i in np.flatnonzero((ev[ranks] >= limit) & gate).tolist()
+        for i in np.flatnonzero(
+            ((ev[ranks] >= limit) | windowed[0 if direction == "high" else 1]) & gate
+        ).tolist()
         if (int(ranks[i]), "outlier") not in st.active
     ]
     if fresh:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from rankwatch.aggregator.divergence import window
 from rankwatch.aggregator.divergence.config import DivergenceConfig
 from rankwatch.aggregator.divergence.lists import PAIRWISE_BLOCK, step_stats
 from rankwatch.aggregator.divergence.lists import no_outliers as _no_outliers
@@ -78,9 +79,9 @@ def score_lists(cfg: DivergenceConfig, st: MetricState, sv: StepValues, top: int
             and not st.active
             and not resolved
             and sc > 0
-            and (stats.max - med) / sc < cfg.z_allowance  # max(z), exactly: z rises with x
-            and (med - stats.min) / sc < cfg.z_allowance
-            and cfg.z_allowance <= cfg.z_threshold
+            and (stats.max - med) / sc < cfg.quiet_below  # max(z), exactly: z rises with x
+            and (med - stats.min) / sc < cfg.quiet_below
+            and cfg.quiet_below <= cfg.z_threshold
         ):
             # The usual step: nobody is out, no evidence to keep. The scores are only read
             # by the dashboard, so they are computed if and when it asks.
@@ -108,7 +109,7 @@ def score_lists(cfg: DivergenceConfig, st: MetricState, sv: StepValues, top: int
                 for zi, ri in zip(z, rel, strict=True)
             ]
         if in_order and n >= 2:
-            quiet = z_hi < cfg.z_allowance and -z_lo < cfg.z_allowance
+            quiet = z_hi < cfg.quiet_below and -z_lo < cfg.quiet_below
             _evidence(cfg, st, sv, stats, fin_ranks, fin_values, z, rel, quiet, new, resolved)
     if n >= 2 and in_order:
         learn_spread(cfg, st, stats, fin_ranks, fin_values)
@@ -138,7 +139,8 @@ def _evidence(
 ) -> None:
     """``large._evidence`` one rank at a time (same operations, same order).
 
-    ``quiet``: every |z| is below the allowance, so every rank's step evidence is negative.
+    ``quiet``: every |z| is below ``quiet_below``, so every rank's step evidence is negative
+    and no window gets an addition.
     """
     rule, step, n = st.rule, sv.step, stats.n
     if n == 2 and st.spread_steps < cfg.pair_warmup_steps:
@@ -180,9 +182,16 @@ def _evidence(
             if ok and after >= limit:
                 hit = True
         sides.append((direction, ev, gate))
+    windowed: set[tuple[int, str]] = set()
+    if cfg.window_steps and n >= cfg.small_n:
+        for i, direction, since in window.step_lists(cfg, st, step, ranks, z, n):
+            if (rel[i] >= hi_ratio) if direction == "high" else (rel[i] <= lo_ratio):
+                windowed.add((i, direction))
+                window.mark_start(st, direction, ranks[i], since)
+                hit = True
     if st.active:
         check_active(cfg, st, step, {r: i for i, r in enumerate(ranks)}, z, rel, n, resolved)
-    st.calm = not (any(st.ev_hi) or any(st.ev_lo))
+    st.calm = not (any(st.ev_hi) or any(st.ev_lo) or st.win_live)
     if not hit:
         return
     active = st.active
@@ -190,7 +199,9 @@ def _evidence(
         (i, direction)
         for direction, ev, gate in sides
         for i, r in enumerate(ranks)
-        if gate[i] and ev[r] >= limit and (r, "outlier") not in active
+        if gate[i]
+        and (ev[r] >= limit or (i, direction) in windowed)
+        and (r, "outlier") not in active
     ]
     if fresh:
         new_outliers(cfg, st, sv, stats, fresh, ranks, v, z, rel, new)

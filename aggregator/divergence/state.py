@@ -38,7 +38,13 @@ class MetricState:
         self.start_hi: Any = []  # step where the current evidence run began
         self.start_lo: Any = []
         self.own: Any = []  # EWMA of log|x| per rank (pairs only), NaN until seen
-        self.calm = True  # lists only: every evidence entry is zero
+        # window test (window.py): the last window_steps - 1 steps' additions per rank, most
+        # recent first (lists of per-rank lists, or a 2-D array), and their step numbers
+        self.win_hi: Any = []
+        self.win_lo: Any = []
+        self.win_steps: list[int] = []
+        self.win_live = False  # lists only: some window holds an addition
+        self.calm = True  # lists only: every evidence entry and window is zero
         self.spread: float | None = None  # EWMA of 1.4826 * MAD / |median|
         self.spread_steps = 0
         self.last_step: int | None = None
@@ -56,6 +62,8 @@ class MetricState:
             self.start_hi += [0] * pad
             self.start_lo += [0] * pad
             self.own += [math.nan] * pad
+            for row in (*self.win_hi, *self.win_lo):
+                row += [0.0] * pad
             self.size += pad
             return
         self.to_arrays()
@@ -66,6 +74,8 @@ class MetricState:
         self.start_hi = np.concatenate([self.start_hi, np.zeros(pad, np.int64)])
         self.start_lo = np.concatenate([self.start_lo, np.zeros(pad, np.int64)])
         self.own = np.concatenate([self.own, np.full(pad, np.nan)])
+        self.win_hi = np.concatenate([self.win_hi, np.zeros((len(self.win_hi), pad))], axis=1)
+        self.win_lo = np.concatenate([self.win_lo, np.zeros((len(self.win_lo), pad))], axis=1)
         self.size = size
 
     def to_arrays(self) -> None:
@@ -76,6 +86,8 @@ class MetricState:
             self.start_hi = np.array(self.start_hi, np.int64)
             self.start_lo = np.array(self.start_lo, np.int64)
             self.own = np.array(self.own, np.float64)
+            self.win_hi = np.array(self.win_hi, np.float64).reshape(len(self.win_hi), self.size)
+            self.win_lo = np.array(self.win_lo, np.float64).reshape(len(self.win_lo), self.size)
 
 
 def gates(rule: MetricRule, n: int) -> tuple[float, float]:
@@ -174,6 +186,8 @@ def tick_clean(
     resolved.append(replace(d, step=step, message=f"{d.message}; {why} at step {step}"))
     if k[1] == "outlier" and k[0] < st.size:
         st.ev_hi[k[0]] = st.ev_lo[k[0]] = 0.0
+        for row in (*st.win_hi, *st.win_lo):  # old window additions must not re-flag it
+            row[k[0]] = 0.0
 
 
 def check_active(

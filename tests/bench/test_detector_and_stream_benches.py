@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -62,3 +64,19 @@ def test_stream_fanout_prints_a_row_per_page_count() -> None:
     assert all(
         float(own) > 0 and float(shared) > 0 and int(kb) > 0 for _, own, shared, _, kb in rows
     )
+
+
+def test_alarm_budget_prints_the_ceiling_beside_both_tests() -> None:
+    out = run(
+        "alarm_budget.py", "--worlds", "1024", "--trials", "10000", "--hours", "64:0.02"
+    )  # fmt: skip
+    row = re.search(r"^ 1,024 +(\S+) +([\d.]+) +([\d.]+) \|(.*)$", out, re.M)
+    assert row, out
+    ceil3 = float(row.group(2))
+    cells = [float(x) for x in row.group(4).replace("|", " ").split()]
+    limit, _, cusum, _, _, _, _, h, window, either, of_ceil, four = cells
+    assert limit == 6.25 and 10 < h < 12, out
+    assert either >= max(cusum, window) and of_ceil == pytest.approx(either / ceil3, abs=2e-3)
+    assert of_ceil >= 0.94 and cusum / ceil3 < 0.93 and four > 0.99, out
+    assert re.search(r"^ 1,024 CUSUM alone: (0\.\d{3} ){6}\| CUSUM or window:", out, re.M), out
+    assert re.search(r"^ +64 +0\.02 +\d+ ", out, re.M), out

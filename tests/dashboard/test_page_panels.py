@@ -144,9 +144,9 @@ def test_heatmap_is_red_only_where_the_detector_flagged(
         heat_ready(page, 60)
         far = page.evaluate(
             "() => window.rankwatch.heatmap.chart.getOption().series[0].data"
-            ".filter((d) => Math.abs(d[3]) >= 6).length"
+            ".filter((d) => Math.abs(d[3]) >= 4).length"
         )
-        assert far >= 1  # the healthy trace's one-step jumps: grey, not red
+        assert far >= 1  # the healthy trace's one-step jump (z 4.6): grey, not red
         assert fault_cells(page) == []
         shoot(page, artifacts, f"panels-heatmap-clean-{tag}")
         page = open_run(w, server, "msrun4-shifted")

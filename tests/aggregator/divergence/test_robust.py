@@ -18,7 +18,14 @@ LOSS, LR = CFG.rule("loss"), CFG.rule("lr")
     [
         (LOSS, 8, 2.0, 0.1, 0.0, MAD_TO_SIGMA * 0.1),  # the spread itself
         (LOSS, 8, 2.0, 0.0, 0.0, 0.01 * 2.0),  # ranks agree: 1 % of the median
-        (LOSS, 8, 2.0, 0.001, 0.1, 0.5 * 0.1 * 2.0),  # half the run's typical spread
+        (LOSS, 8, 2.0, 0.001, 0.1, 1.075 * 0.1 * 2.0),  # the run's typical spread x c(8)
+        (LOSS, 4, 2.0, 0.001, 0.1, 1.216 * 0.1 * 2.0),  # c(4): a MAD of 4 is biased low
+        (LOSS, 8, 2.0, 0.2, 0.1, MAD_TO_SIGMA * 0.2),  # a noisier step than usual: its own
+        # from 64 ranks a MAD within two of its own standard deviations of the pooled: pooled
+        (LOSS, 64, 2.0, 0.15, 0.1, (1 + 0.6 / 64) * 0.1 * 2.0),
+        # ... a step far noisier than usual: its own MAD, less two of its standard deviations
+        (LOSS, 64, 2.0, 0.2, 0.1, MAD_TO_SIGMA * 0.2 / (1 + 2.4 / math.sqrt(64))),
+        (LOSS, 1024, 2.0, 0.07, 0.1, (1 + 0.6 / 1024) * 0.1 * 2.0),  # large worlds: pooled
         (LOSS, 8, 0.0, 0.0, 0.0, CFG.abs_floor),  # a zero median
         (LOSS, 2, 2.0, 5.0, 0.03, 0.03 * 2.0),  # a pair: history only, never its own MAD
         (LR, 8, 1e-3, 0.0, 0.0, 1e-6 * 1e-3),  # the metric's own floor
