@@ -95,17 +95,17 @@ SEQ_MERGE = """
 CREATE OR REPLACE TEMP TABLE rw_seq AS
 WITH sg AS MATERIALIZED (SELECT run, rank, inc, min(seq) AS lo, max(hi) AS hi, sum(n) AS n,
     count(*) = count(DISTINCT seq) AS distinct_starts FROM buf_recs GROUP BY run, rank, inc),
-si AS (SELECT run, rank, inc, lo, hi FROM sg WHERE hi - lo + 1 = n AND distinct_starts
+si AS (SELECT run, rank, inc, lo, hi FROM sg WHERE hi - lo = n - 1 AND distinct_starts
     UNION ALL
     SELECT r.run, r.rank, r.inc, r.seq, r.hi FROM buf_recs r SEMI JOIN
-        (SELECT run, rank, inc FROM sg WHERE hi - lo + 1 <> n OR NOT distinct_starts) g
+        (SELECT run, rank, inc FROM sg WHERE hi - lo <> n - 1 OR NOT distinct_starts) g
         ON r.run = g.run AND r.rank = g.rank AND r.inc = g.inc),
 u AS (SELECT * FROM si
       UNION ALL SELECT s.run, s.rank, s.inc, s.lo, s.hi FROM seqs s SEMI JOIN sg k
       ON s.run = k.run AND s.rank = k.rank),
 w AS (SELECT *, max(hi) OVER (PARTITION BY run, rank, inc ORDER BY lo, hi
       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_hi FROM u),
-g AS (SELECT *, sum(CASE WHEN prev_hi IS NULL OR lo > prev_hi + 1 THEN 1 ELSE 0 END)
+g AS (SELECT *, sum(CASE WHEN prev_hi IS NULL OR lo - 1 > prev_hi THEN 1 ELSE 0 END)
       OVER (PARTITION BY run, rank, inc ORDER BY lo, hi ROWS UNBOUNDED PRECEDING) AS island
       FROM w)
 SELECT run, rank, min(lo) AS lo, max(hi) AS hi, inc FROM g GROUP BY run, rank, inc, island
