@@ -47,17 +47,18 @@ from rankwatch.aggregator.divergence.detector import (
 )
 from rankwatch.aggregator.feed import Feed, event_message, jsonable, points_messages
 from rankwatch.aggregator.health import HealthTracker, RankHealth
+from rankwatch.aggregator.healthview import HealthView
 from rankwatch.aggregator.history import StoredRuns
 from rankwatch.aggregator.incidents import IncidentTracker
 from rankwatch.aggregator.ingest.receiver import Receiver
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
 from rankwatch.aggregator.outlet import IncidentOutlet, live_dicts
+from rankwatch.aggregator.ranksummary import SUMMARY_RANKS, DigestCache
 from rankwatch.aggregator.resend import Resender
 from rankwatch.aggregator.restarts import Restarts
 from rankwatch.aggregator.seqs import SeqTracker
 from rankwatch.aggregator.settings import (
     FLUSH_INTERVAL_S,
-    HEALTH_EVERY_S,
     IMPORT_LIVE_WINDOW_S,
     LIVE_RETENTION_S,
     MAX_FEED_POINTS,
@@ -116,7 +117,8 @@ class Aggregator:
         self._tick_steps: list[StepRecord | StepBlock] = []
         self._tick_events: list[EventRecord] = []
         self.stacks = StackIntake()  # heartbeats' stack samples, drained by the tick
-        self._health: tuple[int, float, dict[str, dict[int, RankHealth]]] | None = None
+        self.healthview = HealthView(self.health)  # the snapshot the tick and readers share
+        self.digests = DigestCache()  # big runs' summaries, per health snapshot
         # Latest values for the snapshot.
         self.values: dict[tuple[str, int], dict[str, float]] = {}  # latest per (run, rank)
         self._z: dict[tuple[str, str], Mapping[int, RankScore]] = {}
@@ -321,13 +323,18 @@ class Aggregator:
         with self.lock:
             for result in self.detector.update_many(self.merger.expire(now)):
                 self._take(result)
-            health = self._health_snapshot(now)
-            changed = self.health.changes(now, health)  # once a tick: it moves on every call
+            health = self.healthview.snapshot(now)
+            changed = self.healthview.changes(now, health)
             results, self._results = self._results, []
             hardware = self.telemetry.tick()
+            # the health rules again when every rank was evaluated again or a rank entered or
+            # left a state they alert on (a new rank that is alive changes none)
+            swept = self.healthview.take_swept()
+            moved = any(h.state.value != "alive" or old not in ("", "alive") for h, old in changed)
             transitions = self.alerts.evaluate(
-                now, results=results, health=health, hardware=hardware
-            )
+                now, results=results, health=health if moved or swept else None,
+                hardware=hardware,
+            )  # fmt: skip
             new = [d for r in results if isinstance(r, StepResult) for d in r.new]
             incidents = self.incidents.observe(
                 now,
@@ -366,23 +373,19 @@ class Aggregator:
             self.n["sink_errors"] += deliver(self.sinks, alert, covered=hit)
         return transitions
 
-    def _health_snapshot(self, now: float) -> dict[str, dict[int, RankHealth]]:
-        """Every rank's health for this tick: evaluated again after a record that may change a
-        state, else at most every ``HEALTH_EVERY_S`` (only time moves states then: lost,
-        stalled). Evaluating thousands of ranks is not free; five ticks a second add up."""
-        cached = self._health
-        version = self.health.version
-        if cached is None or cached[0] != version or not 0 <= now - cached[1] < HEALTH_EVERY_S:
-            self._health = cached = (version, now, self.health.snapshot(now))
-        return cached[2]
+    def health_now(self, now: float) -> dict[str, dict[int, RankHealth]]:
+        """The tick's health snapshot (healthview.py); under the lock."""
+        return self.healthview.snapshot(now)
 
     def _retire_runs(self, health: dict[str, dict[int, RankHealth]], now: float) -> None:
         """Forget the live state of runs over for a long while (the store keeps them, and the
         seq tracker too, so a late duplicate is still recognised)."""
         for run, ranks in health.items():
             over = all(h.state.value in ("finished", "crashed", "lost") for h in ranks.values())
+            if not over:
+                continue
             last = max((h.last_seen for h in ranks.values()), default=now)
-            if over and now - last > LIVE_RETENTION_S:
+            if now - last > LIVE_RETENTION_S:
                 for part in (self.health, self.merger, self.detector, self.incidents,
                              self.telemetry):  # fmt: skip
                     part.forget(run)
@@ -414,7 +417,7 @@ class Aggregator:
         ``reason``); sent at the next tick. ActionError says why it cannot be."""
         with self.lock:
             now = time.time()
-            health = self._health_snapshot(now)
+            health = self.healthview.snapshot(now)
             self.actions.steps(self._tick_steps)  # the steps since the last tick count too
             issued = self.actions.issue(run, kind, health, now, self.restarts.current, by=by,
                                         wait_s=self.config.flush_interval_s, **how)  # fmt: skip
@@ -445,6 +448,11 @@ class Aggregator:
         for run, ranks in health.items():
             if run in changed or now - self._ranks_sent.get(run, 0.0) >= RANKS_REFRESH_S:
                 self._ranks_sent[run] = now
+                if len(ranks) > SUMMARY_RANKS:  # no table: its counts (the page reads pages)
+                    counts = self.digests.get(run, ranks).rank_states
+                    message = {"type": "ranks", "run": run, "summary": True}
+                    self.feed.publish({**message, "ranks_seen": len(ranks), "rank_states": counts})
+                    continue
                 due.append((run, self.rank_inputs_of(run, ranks)))
         return due
 
@@ -469,6 +477,8 @@ class Aggregator:
         run: str | None = None,
         ranks: bool = True,
         history: bool = False,
+        summary: bool = False,
+        page: tuple[int, int] | None = None,
     ) -> dict[str, Any]:
         """Live state of every run the aggregator has heard from (or of ``run``), JSON-ready.
 
@@ -477,8 +487,13 @@ class Aggregator:
         ``history``: every stored run too, live or not (``history: true`` and its final state
         for those without live state; history.py), newest first, and each live run's
         ``record_time``, the time its latest stored record carries (the training's clock: an
-        import's records arrive now but were written long ago)."""
-        return build_snapshot(self, time.time() if now is None else now, run, ranks, history)
+        import's records arrive now but were written long ago).
+
+        ``summary``: a run of more than ``SUMMARY_RANKS`` ranks lists only its odd ranks, with
+        its counts by state (ranksummary.py); ``page`` (offset, limit): every run lists that
+        page of its ranks in rank order, with the same counts."""
+        now = time.time() if now is None else now
+        return build_snapshot(self, now, run, ranks, history, summary, page)
 
     def counters(self) -> dict[str, Any]:
         """Flat-ish counters (Prometheus takes one level of nesting as a label)."""
