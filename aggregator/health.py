@@ -29,7 +29,7 @@ DEFAULT_MIN_STALL_S = 30.0
 LOST_MARGIN_S = 2.0  # slack on an announced heartbeat interval (transport, batching)
 STEP_EWMA_ALPHA = 0.2  # weight of the newest step interval in the typical step time
 
-__all__ = ["HealthTracker", "RankHealth", "RankState", "run_state"]
+__all__ = ["HealthTracker", "RankHealth", "RankState", "run_state", "run_state_of"]
 
 
 class RankState(str, Enum):
@@ -176,13 +176,14 @@ class HealthTracker:
             if known is None:
                 continue
             table = dict(out.get(run, {}))
-            added = False
-            for rank in ranks:
+            top = next(reversed(table), -1)  # the highest rank so far (snapshots are in order)
+            unordered = False
+            for rank in sorted(ranks):
                 r = known.get(rank)
                 if r is not None:
-                    added = added or rank not in table
+                    unordered = unordered or (rank < top and rank not in table)
                     table[rank] = self._health(run, rank, r, now)
-            out[run] = dict(sorted(table.items())) if added else table
+            out[run] = dict(sorted(table.items())) if unordered else table
         return out, dirty
 
     def keys(self) -> list[tuple[str, int]]:
@@ -392,7 +393,14 @@ def run_state(ranks: Iterable[RankHealth]) -> str:
     ranks = list(ranks)
     if not ranks:
         return "empty"
-    states = {h.state for h in ranks}
+    world = max(h.world_size for h in ranks)
+    return run_state_of({h.state for h in ranks}, len(ranks), world)
+
+
+def run_state_of(states: set[RankState], ranks: int, world: int) -> str:
+    """``run_state`` from the set of its ranks' states, how many ranks and the world size."""
+    if not ranks:
+        return "empty"
     for state, word in (
         (RankState.CRASHED, "crashed"),
         (RankState.LOST, "lost"),
@@ -404,7 +412,6 @@ def run_state(ranks: Iterable[RankHealth]) -> str:
         return "finished"
     if states <= {RankState.PAUSED, RankState.FINISHED}:
         return "paused"
-    world = max(h.world_size for h in ranks)
-    if len(ranks) < world:
+    if ranks < world:
         return "partial"
     return "running"

@@ -18,11 +18,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rankwatch.aggregator.health import RankHealth, RankState, run_state
+from rankwatch.aggregator.health import RankHealth, RankState, run_state_of
 
 SUMMARY_RANKS = 1024  # a run with more ranks than this is summarised
 ODD_RANKS_SHOWN = 100  # odd ranks listed in a summary (the rest are counted)
 MAX_PAGE_RANKS = 10_000  # ranks in one page of the full list
+DIGEST_EVERY_S = 1.0  # a big run's counts are at most this old (the health sweep's own period)
 
 # Which odd ranks come first when there are more than ODD_RANKS_SHOWN: the states that stop a
 # job, then divergence, then missing records.
@@ -65,26 +66,30 @@ def digest(states: Mapping[int, RankHealth]) -> RunDigest:
             last_time = h.last_seen
         if h.last_step is not None and (last_step is None or h.last_step > last_step):
             last_step = h.last_step
-    return RunDigest(
-        len(states), dict(counts), odd, run_state(states.values()), world, last_time, last_step
-    )
+    state = run_state_of({RankState(s) for s in counts}, len(states), world)
+    return RunDigest(len(states), dict(counts), odd, state, world, last_time, last_step)
 
 
 class DigestCache:
-    """``digest`` of each run (and its live metric names), computed again only for a new
-    health snapshot of that run."""
+    """``digest`` of each run (and its live metric names), computed again for a new health
+    snapshot of that run once ``DIGEST_EVERY_S`` passed (by the caller's clock) or that run's
+    ranks came or went: beyond ``ROLLING_RANKS`` every tick brings a new snapshot (healthview.py),
+    and every read of a big run asks for its digest."""
 
     def __init__(self) -> None:
-        self._by_run: dict[str, tuple[Mapping[int, RankHealth], dict[str, Any]]] = {}
+        self._by_run: dict[str, tuple[Mapping[int, RankHealth], float, dict[str, Any]]] = {}
 
-    def _memo(self, run: str, states: Mapping[int, RankHealth]) -> dict[str, Any]:
+    def _memo(self, run: str, states: Mapping[int, RankHealth], now: float) -> dict[str, Any]:
         held = self._by_run.get(run)
-        if held is None or held[0] is not states:
-            held = self._by_run[run] = (states, {})
-        return held[1]
+        if held is None or (
+            held[0] is not states
+            and (len(held[0]) != len(states) or not 0 <= now - held[1] < DIGEST_EVERY_S)
+        ):
+            held = self._by_run[run] = (states, now, {})
+        return held[2]
 
-    def get(self, run: str, states: Mapping[int, RankHealth]) -> RunDigest:
-        memo = self._memo(run, states)
+    def get(self, run: str, states: Mapping[int, RankHealth], now: float) -> RunDigest:
+        memo = self._memo(run, states, now)
         if "digest" not in memo:
             memo["digest"] = digest(states)
         return memo["digest"]
@@ -94,9 +99,10 @@ class DigestCache:
         run: str,
         states: Mapping[int, RankHealth],
         values: Mapping[tuple[str, int], Mapping[str, float]],
+        now: float,
     ) -> list[str]:
         """The metric names of the ranks' latest values."""
-        memo = self._memo(run, states)
+        memo = self._memo(run, states, now)
         if "metrics" not in memo:
             memo["metrics"] = sorted({m for rank in states for m in values.get((run, rank), ())})
         return memo["metrics"]

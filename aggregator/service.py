@@ -446,10 +446,13 @@ class Aggregator:
         """The inputs of the rank tables to stream this tick (copied: built after the lock)."""
         due = []
         for run, ranks in health.items():
-            if run in changed or now - self._ranks_sent.get(run, 0.0) >= RANKS_REFRESH_S:
+            big = len(ranks) > SUMMARY_RANKS  # every few seconds: a new rank is a change
+            if (run in changed and not big) or (
+                now - self._ranks_sent.get(run, 0.0) >= RANKS_REFRESH_S
+            ):
                 self._ranks_sent[run] = now
-                if len(ranks) > SUMMARY_RANKS:  # no table: its counts (the page reads pages)
-                    counts = self.digests.get(run, ranks).rank_states
+                if big:  # no table: its counts (the page reads the ranks a page at a time)
+                    counts = self.digests.get(run, ranks, now).rank_states
                     message = {"type": "ranks", "run": run, "summary": True}
                     self.feed.publish({**message, "ranks_seen": len(ranks), "rank_states": counts})
                     continue

@@ -213,7 +213,7 @@ def build_snapshot(
             big = page is not None or len(cached[name]) > SUMMARY_RANKS
             if big:
                 states = cached[name]
-                d = agg.digests.get(name, states)
+                d = agg.digests.get(name, states, now)
                 entry = big_run_entry(name, d, agg.detector.active(name))
             else:
                 states = agg.health.snapshot(now, name).get(name, {})
@@ -230,7 +230,7 @@ def build_snapshot(
             else:
                 entry["ranks_seen"] = len(states)
                 entry["metrics"] = (
-                    agg.digests.metrics(name, states, agg.values) if big
+                    agg.digests.metrics(name, states, agg.values, now) if big
                     else metric_names(name, states, agg.values)
                 )  # fmt: skip
             runs.append(entry)

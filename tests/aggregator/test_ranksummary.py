@@ -70,14 +70,18 @@ def test_pages_are_in_rank_order_and_bounded() -> None:
 def test_digest_cache_computes_again_only_for_a_new_snapshot() -> None:
     cache = DigestCache()
     states = {0: health(0), 1: health(1)}
-    first = cache.get("r", states)
-    assert cache.get("r", states) is first  # the same snapshot: the same digest
+    first = cache.get("r", states, T0)
+    assert cache.get("r", states, T0 + 5) is first  # the same snapshot: the same digest
     values = {("r", 0): {"loss": 1.0}, ("r", 1): {"lr": 0.1}}
-    assert cache.metrics("r", states, values) == ["loss", "lr"]
-    newer = {**states, 2: health(2, RankState.LOST)}
-    assert cache.get("r", newer).rank_states == {"alive": 2, "lost": 1}
+    assert cache.metrics("r", states, values, T0) == ["loss", "lr"]
+    # a new snapshot of the same ranks within DIGEST_EVERY_S: the digest still holds
+    again = {0: health(0), 1: health(1, RankState.STALLED)}
+    assert cache.get("r", again, T0 + 0.5) is first
+    assert cache.get("r", again, T0 + 1.5).rank_states == {"alive": 1, "stalled": 1}
+    newer = {**again, 2: health(2, RankState.LOST)}  # ranks came: at once
+    assert cache.get("r", newer, T0 + 1.6).rank_states == {"alive": 1, "stalled": 1, "lost": 1}
     cache.forget_others([])
-    assert cache.get("r", newer) is not first
+    assert cache.get("r", newer, T0 + 1.6) is not first
 
 
 def test_refresh_evaluates_only_the_ranks_whose_records_can_change_a_state() -> None:
