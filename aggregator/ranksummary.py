@@ -66,8 +66,8 @@ def digest(states: Mapping[int, RankHealth]) -> RunDigest:
             last_time = h.last_seen
         if h.last_step is not None and (last_step is None or h.last_step > last_step):
             last_step = h.last_step
-    state = run_state_of({RankState(s) for s in counts}, len(states), world)
-    return RunDigest(len(states), dict(counts), odd, state, world, last_time, last_step)
+    word = run_state_of({RankState(s) for s in counts}, len(states), world)
+    return RunDigest(len(states), dict(counts), odd, word, world, last_time, last_step)
 
 
 class DigestCache:
