@@ -109,8 +109,8 @@ class DigestCache:
 
     def forget_others(self, runs: Iterable[str]) -> None:
         keep = set(runs)
-        for run in [r for r in self._by_run if r not in keep]:
-            del self._by_run[run]
+        for run in [r for r in list(self._by_run) if r not in keep]:  # readers add meanwhile
+            self._by_run.pop(run, None)
 
 
 def odd_ranks(

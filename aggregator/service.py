@@ -119,6 +119,7 @@ class Aggregator:
         self.stacks = StackIntake()  # heartbeats' stack samples, drained by the tick
         self.healthview = HealthView(self.health)  # the snapshot the tick and readers share
         self.digests = DigestCache()  # big runs' summaries, per health snapshot
+        self._summaries_due: list[tuple[str, Mapping[int, RankHealth]]] = []  # by the tick
         # Latest values for the snapshot.
         self.values: dict[tuple[str, int], dict[str, float]] = {}  # latest per (run, rank)
         self._z: dict[tuple[str, str], Mapping[int, RankScore]] = {}
@@ -365,6 +366,11 @@ class Aggregator:
             )
         for run, inputs in tables:  # built without the lock, as the snapshot's are
             self.feed.publish({"type": "ranks", "run": run, "ranks": rank_entries(inputs)})
+        summaries, self._summaries_due = self._summaries_due, []
+        for run, ranks in summaries:  # a snapshot is never changed: read without the lock
+            counts = self.digests.get(run, ranks, now).rank_states
+            message = {"type": "ranks", "run": run, "summary": True, "ranks_seen": len(ranks)}
+            self.feed.publish({**message, "rank_states": counts})
         self.n["sink_errors"] += self.outlet.announce(incidents, bodies, self.sinks)
         for body in commands:
             self._command(body)
@@ -452,9 +458,7 @@ class Aggregator:
             ):
                 self._ranks_sent[run] = now
                 if big:  # no table: its counts (the page reads the ranks a page at a time)
-                    counts = self.digests.get(run, ranks, now).rank_states
-                    message = {"type": "ranks", "run": run, "summary": True}
-                    self.feed.publish({**message, "ranks_seen": len(ranks), "rank_states": counts})
+                    self._summaries_due.append((run, ranks))
                     continue
                 due.append((run, self.rank_inputs_of(run, ranks)))
         return due

@@ -207,6 +207,13 @@ def build_snapshot(
     inputs: dict[str, RankInputs] = {}
     with agg.lock:
         cached = agg.health_now(now)
+    # A health snapshot is never changed once made: the digests of its big runs (a pass over
+    # every rank, once a second) are computed here, without the lock ingest needs.
+    for name, states in list(cached.items()):
+        if (run is None or name == run) and (page is not None or len(states) > SUMMARY_RANKS):
+            agg.digests.get(name, states, now)
+    with agg.lock:
+        cached = agg.health_now(now)  # the same, or newer by a share of the rolling sweep
         names = list(cached) if run is None else [run] if run in cached else []
         runs = []
         for name in names:

@@ -33,6 +33,7 @@ from rankwatch.dashboard.app import create_app
 METRIC_NAMES = ("loss", "lr", "throughput", "step_time", "grad_norm", "grad_norm_local",
                 "update_ratio", "tokens_per_s")  # fmt: skip
 RANKS_PER_NODE = 8
+STEADY_S = 3600.0
 
 
 class TimedLock:
@@ -113,7 +114,9 @@ def measure(ranks: int, steps: int, metrics: int, repeat: int) -> dict[str, floa
     gc.collect()
     rss0 = rss_bytes()
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = ServeConfig(data_dir=Path(tmp), console_alerts=False, resend_gaps=False)
+        # steady state: no rank turns lost or stalled while a slow machine fills 100,000 of them
+        cfg = ServeConfig(data_dir=Path(tmp), console_alerts=False, resend_gaps=False,
+                          lost_after_s=STEADY_S, min_stall_s=STEADY_S)  # fmt: skip
         agg = Aggregator(cfg)
         lock = agg.lock = TimedLock()  # type: ignore[assignment]
         fill(agg, ranks, steps, metrics)
