@@ -26,6 +26,7 @@ from rankwatch.aggregator.settings import HEALTH_EVERY_S
 # often, so sweeps take at most that share of the ingest thread.
 SWEEP_DUTY = 10.0
 ROLLING_RANKS = 4096  # beyond this many ranks in all, a sweep is spread over the ticks
+ROLL_MAX_SHARE = 0.2  # of the ranks in one call, however long since the last (a stall)
 
 Health = dict[str, dict[int, RankHealth]]
 
@@ -74,7 +75,8 @@ class HealthView:
             if self._order:
                 self._sweep_done(self._cost)
             self._order, self._cursor, self._cost = self.tracker.keys(), 0, 0.0
-        due = math.ceil(len(self._order) * max(0.0, now - self._rolled) / self.sweep_every_s)
+        share = min(ROLL_MAX_SHARE, max(0.0, now - self._rolled) / self.sweep_every_s)
+        due = math.ceil(len(self._order) * share)
         if due == 0 and cached[0] == self.tracker.version:
             return cached[2]
         t0 = time.perf_counter()
