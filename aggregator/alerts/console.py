@@ -108,6 +108,10 @@ def render_run(run: Mapping[str, Any], now: float, all_ranks: bool = False) -> l
     if not ranks:
         if stored:
             return [*lines, f"  {run.get('ranks_seen') or 0:,} ranks stored"]
+        if run.get("ranks_summarised"):  # a big run with nothing to say about any rank
+            return [*lines, "  " + _counts([], run.get("rank_states")),
+                    f"  (every rank alive, not divergent, nothing missing; --run {run.get('run')} "
+                    "--all lists every rank)"]  # fmt: skip
         return [*lines, "  (no ranks heard from)"]
     # a stored run's, or a big live run's, counts cover ranks the server did not list
     lines.append("  " + _counts(ranks, run.get("rank_states")))

@@ -86,3 +86,14 @@ def test_a_big_run_is_summarised_and_paged(client: TestClient, aggregator: Any) 
     assert f"({RANKS - 3:,} more ranks not listed: alive, not divergent, nothing missing; " \
         "--run big --all lists every rank)" in table  # fmt: skip
     assert len(table.splitlines()) < 20
+
+
+def test_a_big_run_with_nothing_to_say_is_one_line_of_counts() -> None:
+    run = {"run": "big", "state": "running", "world_size": 5000, "ranks": [],
+           "ranks_summarised": True, "ranks_seen": 5000,
+           "rank_states": {"alive": 5000}}  # fmt: skip
+    lines = render_status({"runs": [run]}, now=0.0).splitlines()
+    assert lines[1:] == [
+        "  ranks: 5,000 alive",
+        "  (every rank alive, not divergent, nothing missing; --run big --all lists every rank)",
+    ]
