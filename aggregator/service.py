@@ -47,7 +47,7 @@ from rankwatch.aggregator.divergence.detector import (
 )
 from rankwatch.aggregator.feed import Feed, event_message, jsonable, points_messages
 from rankwatch.aggregator.health import HealthTracker, RankHealth
-from rankwatch.aggregator.healthview import HealthView
+from rankwatch.aggregator.healthview import ROLLING_RANKS, HealthView
 from rankwatch.aggregator.history import StoredRuns
 from rankwatch.aggregator.incidents import IncidentTracker
 from rankwatch.aggregator.ingest.receiver import Receiver
@@ -59,6 +59,7 @@ from rankwatch.aggregator.restarts import Restarts
 from rankwatch.aggregator.seqs import SeqTracker
 from rankwatch.aggregator.settings import (
     FLUSH_INTERVAL_S,
+    HEALTH_EVERY_S,
     IMPORT_LIVE_WINDOW_S,
     LIVE_RETENTION_S,
     MAX_FEED_POINTS,
@@ -120,6 +121,7 @@ class Aggregator:
         self.healthview = HealthView(self.health)  # the snapshot the tick and readers share
         self.digests = DigestCache()  # big runs' summaries, per health snapshot
         self._summaries_due: list[tuple[str, Mapping[int, RankHealth]]] = []  # by the tick
+        self._alerts_health_at = -HEALTH_EVERY_S  # when the alerts last saw the health
         # Latest values for the snapshot.
         self.values: dict[tuple[str, int], dict[str, float]] = {}  # latest per (run, rank)
         self._z: dict[tuple[str, str], Mapping[int, RankScore]] = {}
@@ -328,12 +330,8 @@ class Aggregator:
             changed = self.healthview.changes(now, health)
             results, self._results = self._results, []
             hardware = self.telemetry.tick()
-            # the health rules again when every rank was evaluated again or a rank entered or
-            # left a state they alert on (a new rank that is alive changes none)
-            swept = self.healthview.take_swept()
-            moved = any(h.state.value != "alive" or old not in ("", "alive") for h, old in changed)
             transitions = self.alerts.evaluate(
-                now, results=results, health=health if moved or swept else None,
+                now, results=results, health=self._health_for_alerts(now, health, changed),
                 hardware=hardware,
             )  # fmt: skip
             new = [d for r in results if isinstance(r, StepResult) for d in r.new]
@@ -378,6 +376,26 @@ class Aggregator:
             self.feed.publish({"type": "alert", **alert_dict(alert)})
             self.n["sink_errors"] += deliver(self.sinks, alert, covered=hit)
         return transitions
+
+    def _health_for_alerts(
+        self,
+        now: float,
+        health: dict[str, dict[int, RankHealth]],
+        changed: list[tuple[RankHealth, str]],
+    ) -> dict[str, dict[int, RankHealth]] | None:
+        """The snapshot for the alert engine's health rules (a pass over every rank), or None
+        (their conditions stand): after a sweep, or when a rank entered or left a state they
+        alert on (a new rank that is alive changes none); beyond ``ROLLING_RANKS`` ranks at
+        most every ``HEALTH_EVERY_S`` but for a crash. Ranks flipping between lost and alive
+        behind a backlog would otherwise make every tick a pass over every rank."""
+        swept = self.healthview.take_swept()
+        moved = any(h.state.value != "alive" or old not in ("", "alive") for h, old in changed)
+        urgent = any(h.state.value == "crashed" for h, _ in changed)
+        waited = not 0 <= now - self._alerts_health_at < HEALTH_EVERY_S
+        if swept or (moved and (urgent or waited or self.health.count() <= ROLLING_RANKS)):
+            self._alerts_health_at = now
+            return health
+        return None
 
     def health_now(self, now: float) -> dict[str, dict[int, RankHealth]]:
         """The tick's health snapshot (healthview.py); under the lock."""
