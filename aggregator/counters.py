@@ -32,6 +32,8 @@ def service_counters(agg: Aggregator) -> dict[str, Any]:
         incidents_refused_stacks=agg.incidents.refused_stacks,
         **agg.actions.counters(),  # commands issued, sent, answered, refused, unanswered
         **agg.stacks.counters(),  # stack samples from heartbeats: received, refused, ...
+        health_sweeps=agg.healthview.sweeps,  # every rank evaluated again (healthview.py)
+        health_sweep_seconds=round(agg.healthview.last_sweep_s, 4),
         merge_late=agg.merger.late,
         merge_evicted=agg.merger.evicted,
         feed_published=agg.feed.published,

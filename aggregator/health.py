@@ -34,7 +34,7 @@ DEFAULT_MIN_STALL_S = 30.0
 LOST_MARGIN_S = 2.0  # slack on an announced heartbeat interval (transport, batching)
 STEP_EWMA_ALPHA = 0.2  # weight of the newest step interval in the typical step time
 
-__all__ = ["HealthTracker", "RankHealth", "RankState", "run_state"]
+__all__ = ["HealthTracker", "RankHealth", "RankState", "run_state", "run_state_of"]
 
 
 class RankState(str, Enum):
@@ -115,6 +115,7 @@ class HealthTracker:
         # paused heartbeat, any record of a rank not alive); between bumps only the passing
         # of time changes states.
         self.version = 0
+        self._dirty: set[tuple[str, int]] = set()  # the ranks of those records (``refresh``)
         self._heard: float | None = None  # None: everything up to ``now`` is taken in
 
     def heard(self, until: float) -> None:
@@ -128,6 +129,7 @@ class HealthTracker:
         if r is None:
             r = ranks[rec.rank] = _Rank(now)
             self.version += 1
+            self._dirty.add((rec.run, rec.rank))
         if r.terminal is not None and not _reopens(r, rec):
             return  # a straggling record from before the end/crash: it changes nothing
         was_alive = self._state(r, now)[0] is RankState.ALIVE
@@ -137,6 +139,7 @@ class HealthTracker:
             or (isinstance(rec, Heartbeat) and rec.paused is not None)
         ):
             self.version += 1  # maybe a state change (not just the passing of time)
+            self._dirty.add((rec.run, rec.rank))
         r.last_seen = now
         if isinstance(rec, StepRecord):
             r.host, r.pid, r.world_size = rec.host, rec.pid, rec.world_size
@@ -153,6 +156,8 @@ class HealthTracker:
 
     def snapshot(self, now: float, run: str | None = None) -> dict[str, dict[int, RankHealth]]:
         """Every rank's health, per run (only ``run``'s when given)."""
+        if run is None:
+            self._dirty.clear()  # every rank is evaluated: ``refresh`` starts from this
         runs = self._ranks.items() if run is None else [(run, self._ranks.get(run))]
         return {
             name: {rank: self._health(name, rank, r, now) for rank, r in sorted(ranks.items())}
@@ -160,15 +165,78 @@ class HealthTracker:
             if ranks is not None
         }
 
+    def refresh(
+        self,
+        prev: dict[str, dict[int, RankHealth]],
+        now: float,
+        also: Iterable[tuple[str, int]] = (),
+    ) -> tuple[dict[str, dict[int, RankHealth]], set[tuple[str, int]]]:
+        """``prev`` (an earlier whole ``snapshot``) with the ranks whose records may have
+        changed their state since, and the (run, rank) of ``also``, evaluated again at
+        ``now``, and those (run, rank); the other ranks as they were then. A new mapping:
+        ``prev`` is left as it is. At 100,000 ranks a new rank or a crash costs a few ranks'
+        evaluation, not every rank's."""
+        dirty, self._dirty = self._dirty, set()
+        dirty.update(also)
+        out = {run: ranks for run, ranks in prev.items() if run in self._ranks}
+        by_run: dict[str, list[int]] = {}
+        for run, rank in dirty:
+            by_run.setdefault(run, []).append(rank)
+        for run, ranks in by_run.items():
+            known = self._ranks.get(run)
+            if known is None:
+                continue
+            table = dict(out.get(run, {}))
+            top = next(reversed(table), -1)  # the highest rank so far (snapshots are in order)
+            unordered = False
+            for rank in sorted(ranks):
+                r = known.get(rank)
+                if r is not None:
+                    unordered = unordered or (rank < top and rank not in table)
+                    table[rank] = self._health(run, rank, r, now)
+            out[run] = dict(sorted(table.items())) if unordered else table
+        return out, dirty
+
+    def keys(self) -> list[tuple[str, int]]:
+        """(run, rank) of every rank, in snapshot order."""
+        return [(run, rank) for run, ranks in self._ranks.items() for rank in sorted(ranks)]
+
+    def count(self) -> int:
+        return sum(len(ranks) for ranks in self._ranks.values())
+
+    def health_of(self, run: str, ranks: Iterable[int], now: float) -> dict[int, RankHealth]:
+        """The health of some ranks of ``run`` now (those it knows), in rank order: what a
+        summary of a big run lists, without evaluating every rank."""
+        known = self._ranks.get(run, {})
+        return {
+            rank: self._health(run, rank, known[rank], now)
+            for rank in sorted(ranks)
+            if rank in known
+        }
+
     def changes(
-        self, now: float, snapshot: dict[str, dict[int, RankHealth]] | None = None
+        self,
+        now: float,
+        snapshot: dict[str, dict[int, RankHealth]] | None = None,
+        only: set[tuple[str, int]] | None = None,
     ) -> list[tuple[RankHealth, str]]:
         """(health, old state) for every rank whose state changed since the last call.
 
         A rank seen for the first time is reported with old state ``""``. ``snapshot``: this
         ``now``'s ``snapshot()``, if the caller has it (evaluating thousands of ranks is not free).
+        ``only``: the (run, rank) that can have changed (``refresh``'s), when the caller knows.
         """
         out = []
+        if only is not None:
+            for run, rank in sorted(only):
+                r = self._ranks.get(run, {}).get(rank)
+                if r is None:
+                    continue
+                health = (snapshot or {}).get(run, {}).get(rank) or self._health(run, rank, r, now)
+                if health.state != r.state:
+                    out.append((health, r.state.value if r.state is not None else ""))
+                    r.state = health.state
+            return out
         for run, ranks in self._ranks.items():
             known = snapshot.get(run, {}) if snapshot is not None else {}
             for rank, r in ranks.items():
@@ -180,7 +248,8 @@ class HealthTracker:
         return out
 
     def forget(self, run: str) -> None:
-        self._ranks.pop(run, None)
+        if self._ranks.pop(run, None) is not None:
+            self.version += 1  # a snapshot taken before still lists the run
 
     # --- internals -------------------------------------------------------------------------
 
@@ -336,7 +405,14 @@ def run_state(ranks: Iterable[RankHealth]) -> str:
     ranks = list(ranks)
     if not ranks:
         return "empty"
-    states = {h.state for h in ranks}
+    world = max(h.world_size for h in ranks)
+    return run_state_of({h.state for h in ranks}, len(ranks), world)
+
+
+def run_state_of(states: set[RankState], ranks: int, world: int) -> str:
+    """``run_state`` from the set of its ranks' states, how many ranks and the world size."""
+    if not ranks:
+        return "empty"
     for state, word in (
         (RankState.CRASHED, "crashed"),
         (RankState.LOST, "lost"),
@@ -348,7 +424,6 @@ def run_state(ranks: Iterable[RankHealth]) -> str:
         return "finished"
     if states <= {RankState.PAUSED, RankState.FINISHED}:
         return "paused"
-    world = max(h.world_size for h in ranks)
-    if len(ranks) < world:
+    if ranks < world:
         return "partial"
     return "running"

@@ -27,6 +27,7 @@ from rankwatch.aggregator.compare import compare_medians, previous_run
 from rankwatch.aggregator.divergence.zgrid import ZGrid, z_columns, z_grid, z_step
 from rankwatch.aggregator.feed import FeedClosed, Subscription, ranks_delta
 from rankwatch.aggregator.metrics import display_order, metric_info
+from rankwatch.aggregator.ranksummary import MAX_PAGE_RANKS, SUMMARY_RANKS
 from rankwatch.aggregator.stacks import StackView, stack_view
 from rankwatch.aggregator.store.columns import BAND_KEYS, SeriesColumns
 from rankwatch.aggregator.store.export import FORMATS as EXPORT_FORMATS
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
 __all__ = [
     "BAND_KEYS",
     "EXPORT_FORMATS",
+    "MAX_PAGE_RANKS",
+    "SUMMARY_RANKS",
     "ActionError",
     "AggregatorProvider",
     "Alert",
@@ -238,6 +241,21 @@ class DataProvider(Protocol):
         every stored run too, with its final state, newest first."""
         ...
 
+    def status_snapshot(
+        self,
+        *,
+        run: str | None = None,
+        page: tuple[int, int] | None = None,
+        history: bool = True,
+    ) -> Snapshot:
+        """``snapshot`` as ``/api/status``, ``/metrics`` and ``rankwatch status`` read it: a
+        run of more than ``SUMMARY_RANKS`` ranks lists only its odd ranks (not alive,
+        divergent, missing or dropping records; ``ranks_odd`` counts them) with
+        ``rank_states`` (state -> count) and ``ranks_seen``; ``page`` (offset, limit, limit
+        at most ``MAX_PAGE_RANKS``): each live run lists those of its ranks in rank order
+        instead. Its cost grows with the ranks listed, not with the ranks."""
+        ...
+
     def export_run(self, run: str, out_path: Path, fmt: str) -> int:
         """Write ``run``'s stored step rows to ``out_path`` as ``fmt`` (EXPORT_FORMATS); the
         number of rows. ExportError for an unknown run or format."""
@@ -385,6 +403,16 @@ class AggregatorProvider:
         history: bool = False,
     ) -> Snapshot:
         snap = self._agg.snapshot(now, run=run, ranks=ranks, history=history)
+        return snap  # type: ignore[return-value]
+
+    def status_snapshot(
+        self,
+        *,
+        run: str | None = None,
+        page: tuple[int, int] | None = None,
+        history: bool = True,
+    ) -> Snapshot:
+        snap = self._agg.snapshot(run=run, history=history, summary=True, page=page)
         return snap  # type: ignore[return-value]
 
     def export_run(self, run: str, out_path: Path, fmt: str) -> int:

@@ -44,24 +44,32 @@ class Resender:
             return 0
         self._next_check = now + RESEND_CHECK_S
         sent = 0
-        for run, ranks in health.items():
-            for rank in ranks:
-                inc = current_inc(run, rank)
-                gaps = seqs.gaps(run, rank, limit=1, inc=inc)
-                key = (run, rank)
-                if not gaps:
-                    self._asked.pop(key, None)
-                    continue
-                lo = gaps[0][0]
-                prev, tries, last = self._asked.get(key, ((0, 0), 0, -math.inf))
-                same = prev == (inc, lo)
-                if same and (tries >= RESEND_MAX_TRIES or now - last < RESEND_RETRY_S):
-                    continue
-                if request(run, rank, lo, inc):
-                    self._asked[key] = ((inc, lo), tries + 1 if same else 1, now)
-                    sent += 1
-                    log.info(
-                        "rankwatch: asked %s rank %d to resend from seq %d (%d gap(s))",
-                        run, rank, lo, seqs.gap_count(run, rank, inc),
-                    )  # fmt: skip
+        # only the sequences with a gap: at 100,000 ranks, a sweep of every rank twice a second
+        # would cost more than all the gaps
+        due = sorted(
+            (run, rank, inc)
+            for run, rank, inc in seqs.gapped()
+            if rank in health.get(run, ()) and inc == current_inc(run, rank)
+        )
+        keep = {(run, rank) for run, rank, _ in due}
+        for key in [k for k in self._asked if k not in keep]:
+            del self._asked[key]
+        for run, rank, inc in due:
+            gaps = seqs.gaps(run, rank, limit=1, inc=inc)
+            key = (run, rank)
+            if not gaps:
+                self._asked.pop(key, None)
+                continue
+            lo = gaps[0][0]
+            prev, tries, last = self._asked.get(key, ((0, 0), 0, -math.inf))
+            same = prev == (inc, lo)
+            if same and (tries >= RESEND_MAX_TRIES or now - last < RESEND_RETRY_S):
+                continue
+            if request(run, rank, lo, inc):
+                self._asked[key] = ((inc, lo), tries + 1 if same else 1, now)
+                sent += 1
+                log.info(
+                    "rankwatch: asked %s rank %d to resend from seq %d (%d gap(s))",
+                    run, rank, lo, seqs.gap_count(run, rank, inc),
+                )  # fmt: skip
         return sent

@@ -70,6 +70,9 @@ class SeqTracker:
         self._incs: dict[tuple[str, int], list[int]] = {}  # (run, rank) -> its incarnations
         self._loaded: set[tuple[str, int, int]] = set()  # (run, rank, inc) the store held
         self._max_intervals = max_intervals
+        # run -> (rank, inc) whose seqs have a gap now: the resend sweep and a big run's
+        # summary visit these, not every rank.
+        self._gapped: dict[str, set[tuple[int, int]]] = {}
         self.given_up = 0  # gaps fused away because a rank had more than max_intervals
 
     def accept(self, run: str, rank: int, seq: int, inc: int = 0) -> bool:
@@ -81,10 +84,13 @@ class SeqTracker:
             self._incs.setdefault((run, rank), []).append(inc)
         elif iv.his and seq <= iv.his[-1] and iv.contains(seq):
             return False
+        before = len(iv.los)
         iv.add(seq, seq)
         if len(iv.los) > self._max_intervals:
             iv.give_up_oldest_gap()
             self.given_up += 1
+        if len(iv.los) != before or before > 1 or iv.los[0] > 1:
+            self._note_gaps(key, iv)
         return True
 
     def accept_many(self, run: str, rank: int, seqs: list[int], inc: int = 0) -> list[bool] | None:
@@ -100,10 +106,13 @@ class SeqTracker:
             and seqs[-1] == hi
             and seqs == list(range(lo, hi + 1))
         ):
+            before = len(iv.los)
             iv.add(lo, hi)
             if len(iv.los) > self._max_intervals:
                 iv.give_up_oldest_gap()
                 self.given_up += 1
+            if len(iv.los) != before or before > 1 or iv.los[0] > 1:
+                self._note_gaps((run, rank, inc), iv)
             return None
         fresh = [self.accept(run, rank, seq, inc) for seq in seqs]
         return None if all(fresh) else fresh
@@ -121,6 +130,19 @@ class SeqTracker:
         while len(iv.los) > self._max_intervals:
             iv.give_up_oldest_gap()
             self.given_up += 1
+        self._note_gaps(key, iv)
+
+    def _note_gaps(self, key: tuple[str, int, int], iv: _Intervals) -> None:
+        run, rank, inc = key
+        if len(iv.los) > 1 or iv.los[0] > 1:
+            self._gapped.setdefault(run, set()).add((rank, inc))
+        elif (gapped := self._gapped.get(run)) is not None:
+            gapped.discard((rank, inc))
+
+    def gapped(self, run: str | None = None) -> list[tuple[str, int, int]]:
+        """(run, rank, inc) of every sequence (of ``run``'s) with a gap now, in no order."""
+        runs = self._gapped.items() if run is None else [(run, self._gapped.get(run, set()))]
+        return [(name, rank, inc) for name, keys in runs for rank, inc in keys]
 
     def gaps(
         self, run: str, rank: int, limit: int | None = None, inc: int = 0
@@ -168,6 +190,7 @@ class SeqTracker:
         return iter(list(self._seen))
 
     def forget(self, run: str) -> None:
+        self._gapped.pop(run, None)
         for key in [k for k in self._seen if k[0] == run]:
             del self._seen[key]
             self._loaded.discard(key)

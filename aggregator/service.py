@@ -48,6 +48,7 @@ from rankwatch.aggregator.divergence.detector import (
 )
 from rankwatch.aggregator.feed import Feed, event_message, jsonable, points_messages
 from rankwatch.aggregator.health import HealthTracker, RankHealth
+from rankwatch.aggregator.healthview import ROLLING_RANKS, HealthView
 from rankwatch.aggregator.history import StoredRuns
 from rankwatch.aggregator.incidents import IncidentTracker
 from rankwatch.aggregator.incidents.model import Incident
@@ -55,6 +56,7 @@ from rankwatch.aggregator.ingest.progress import ReceiveProgress
 from rankwatch.aggregator.ingest.receiver import Receiver
 from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
 from rankwatch.aggregator.outlet import IncidentOutlet, live_dicts
+from rankwatch.aggregator.ranksummary import SUMMARY_RANKS, DigestCache
 from rankwatch.aggregator.resend import Resender
 from rankwatch.aggregator.restarts import Restarts
 from rankwatch.aggregator.seqs import SeqTracker
@@ -121,7 +123,10 @@ class Aggregator:
         self._tick_steps: list[StepRecord | StepBlock] = []
         self._tick_events: list[EventRecord] = []
         self.stacks = StackIntake()  # heartbeats' stack samples, drained by the tick
-        self._health: tuple[int, float, dict[str, dict[int, RankHealth]]] | None = None
+        self.healthview = HealthView(self.health)  # the snapshot the tick and readers share
+        self.digests = DigestCache()  # big runs' summaries, per health snapshot
+        self._summaries_due: list[tuple[str, Mapping[int, RankHealth]]] = []  # by the tick
+        self._alerts_health_at = -HEALTH_EVERY_S  # when the alerts last saw the health
         # Latest values for the snapshot.
         self.values: dict[tuple[str, int], dict[str, float]] = {}  # latest per (run, rank)
         self._z: dict[tuple[str, str], Mapping[int, RankScore]] = {}
@@ -336,13 +341,14 @@ class Aggregator:
                 self._judge_silence(now)
             for result in self.detector.update_many(self.merger.expire(now)):
                 self._take(result)
-            health = self._health_snapshot(now)
-            changed = self.health.changes(now, health)  # once a tick: it moves on every call
+            health = self.healthview.snapshot(now)
+            changed = self.healthview.changes(now, health)
             results, self._results = self._results, []
             hardware = self.telemetry.tick()
             transitions = self.alerts.evaluate(
-                now, results=results, health=health, hardware=hardware
-            )
+                now, results=results, health=self._health_for_alerts(now, health, changed),
+                hardware=hardware,
+            )  # fmt: skip
             new = [d for r in results if isinstance(r, StepResult) for d in r.new]
             incidents = self.incidents.observe(
                 now,
@@ -376,6 +382,11 @@ class Aggregator:
             )
         for run, inputs in tables:  # built without the lock, as the snapshot's are
             self.feed.publish({"type": "ranks", "run": run, "ranks": rank_entries(inputs)})
+        summaries, self._summaries_due = self._summaries_due, []
+        for run, ranks in summaries:  # a snapshot is never changed: read without the lock
+            counts = self.digests.get(run, ranks, now).rank_states
+            message = {"type": "ranks", "run": run, "summary": True, "ranks_seen": len(ranks)}
+            self.feed.publish({**message, "rank_states": counts})
         self.n["sink_errors"] += self.outlet.announce(incidents, bodies, self.sinks, now)
         # the commands about an incident settled: one message, after its held first one
         self.n["sink_errors"] += self.outlet.tell(news, self.sinks, now)
@@ -397,23 +408,39 @@ class Aggregator:
             log.warning("rankwatch: aggregator fell behind by %.1f s; rank silence not judged",
                         worst)  # fmt: skip
 
-    def _health_snapshot(self, now: float) -> dict[str, dict[int, RankHealth]]:
-        """Every rank's health for this tick: evaluated again after a record that may change a
-        state, else at most every ``HEALTH_EVERY_S`` (only time moves states then: lost,
-        stalled). Evaluating thousands of ranks is not free; five ticks a second add up."""
-        cached = self._health
-        version = self.health.version
-        if cached is None or cached[0] != version or not 0 <= now - cached[1] < HEALTH_EVERY_S:
-            self._health = cached = (version, now, self.health.snapshot(now))
-        return cached[2]
+    def _health_for_alerts(
+        self,
+        now: float,
+        health: dict[str, dict[int, RankHealth]],
+        changed: list[tuple[RankHealth, str]],
+    ) -> dict[str, dict[int, RankHealth]] | None:
+        """The snapshot for the alert engine's health rules (a pass over every rank), or None
+        (their conditions stand): after a sweep, or when a rank entered or left a state they
+        alert on (a new rank that is alive changes none); beyond ``ROLLING_RANKS`` ranks at
+        most every ``HEALTH_EVERY_S`` but for a crash. Ranks flipping between lost and alive
+        behind a backlog would otherwise make every tick a pass over every rank."""
+        swept = self.healthview.take_swept()
+        moved = any(h.state.value != "alive" or old not in ("", "alive") for h, old in changed)
+        urgent = any(h.state.value == "crashed" for h, _ in changed)
+        waited = not 0 <= now - self._alerts_health_at < HEALTH_EVERY_S
+        if swept or (moved and (urgent or waited or self.health.count() <= ROLLING_RANKS)):
+            self._alerts_health_at = now
+            return health
+        return None
+
+    def health_now(self, now: float) -> dict[str, dict[int, RankHealth]]:
+        """The tick's health snapshot (healthview.py); under the lock."""
+        return self.healthview.snapshot(now)
 
     def _retire_runs(self, health: dict[str, dict[int, RankHealth]], now: float) -> None:
         """Forget the live state of runs over for a long while (the store keeps them, and the
         seq tracker too, so a late duplicate is still recognised)."""
         for run, ranks in health.items():
             over = all(h.state.value in ("finished", "crashed", "lost") for h in ranks.values())
+            if not over:
+                continue
             last = max((h.last_seen for h in ranks.values()), default=now)
-            if over and now - last > LIVE_RETENTION_S:
+            if now - last > LIVE_RETENTION_S:
                 for part in (self.health, self.merger, self.detector, self.incidents,
                              self.telemetry):  # fmt: skip
                     part.forget(run)
@@ -450,7 +477,7 @@ class Aggregator:
             raise ActionError(f"run {run!r} has no open incident {incident!r}")
         with self.lock:
             now = time.time()
-            health = self._health_snapshot(now)
+            health = self.healthview.snapshot(now)
             self.actions.steps(self._tick_steps)  # the steps since the last tick count too
             issued = self.actions.issue(run, kind, health, now, self.restarts.current, by=by,
                                         wait_s=self.config.flush_interval_s, **how)  # fmt: skip
@@ -479,8 +506,14 @@ class Aggregator:
         """The inputs of the rank tables to stream this tick (copied: built after the lock)."""
         due = []
         for run, ranks in health.items():
-            if run in changed or now - self._ranks_sent.get(run, 0.0) >= RANKS_REFRESH_S:
+            big = len(ranks) > SUMMARY_RANKS  # every few seconds: a new rank is a change
+            if (run in changed and not big) or (
+                now - self._ranks_sent.get(run, 0.0) >= RANKS_REFRESH_S
+            ):
                 self._ranks_sent[run] = now
+                if big:  # no table: its counts (the page reads the ranks a page at a time)
+                    self._summaries_due.append((run, ranks))
+                    continue
                 due.append((run, self.rank_inputs_of(run, ranks)))
         return due
 
@@ -505,6 +538,8 @@ class Aggregator:
         run: str | None = None,
         ranks: bool = True,
         history: bool = False,
+        summary: bool = False,
+        page: tuple[int, int] | None = None,
     ) -> dict[str, Any]:
         """Live state of every run the aggregator has heard from (or of ``run``), JSON-ready.
 
@@ -513,8 +548,13 @@ class Aggregator:
         ``history``: every stored run too, live or not (``history: true`` and its final state
         for those without live state; history.py), newest first, and each live run's
         ``record_time``, the time its latest stored record carries (the training's clock: an
-        import's records arrive now but were written long ago)."""
-        return build_snapshot(self, time.time() if now is None else now, run, ranks, history)
+        import's records arrive now but were written long ago).
+
+        ``summary``: a run of more than ``SUMMARY_RANKS`` ranks lists only its odd ranks, with
+        its counts by state (ranksummary.py); ``page`` (offset, limit): every run lists that
+        page of its ranks in rank order, with the same counts."""
+        now = time.time() if now is None else now
+        return build_snapshot(self, now, run, ranks, history, summary, page)
 
     def counters(self) -> dict[str, Any]:
         """Flat-ish counters (Prometheus takes one level of nesting as a label)."""

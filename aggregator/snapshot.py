@@ -13,6 +13,13 @@ from rankwatch.aggregator.divergence.types import Divergence, RankScore, z_map
 from rankwatch.aggregator.feed import jsonable, rank_entry
 from rankwatch.aggregator.health import RankHealth, run_state
 from rankwatch.aggregator.incidents.model import Incident
+from rankwatch.aggregator.ranksummary import (
+    SUMMARY_RANKS,
+    RunDigest,
+    odd_ranks,
+    page_ranks,
+    summary_fields,
+)
 
 if TYPE_CHECKING:
     from rankwatch.aggregator.service import Aggregator
@@ -184,28 +191,57 @@ def newest_first(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def build_snapshot(
-    agg: Aggregator, now: float, run: str | None, ranks: bool, history: bool
+    agg: Aggregator,
+    now: float,
+    run: str | None,
+    ranks: bool,
+    history: bool,
+    summary: bool = False,
+    page: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """``Aggregator.snapshot``: the inputs copied under the service's lock, the entries built
-    without it."""
+    without it. A run of more than ``SUMMARY_RANKS`` ranks (any run, with ``page``) is read
+    from the tick's health snapshot and its digest, and only its listed ranks are evaluated
+    now: every rank with neither ``summary`` nor ``page``, its odd ones with ``summary``, one
+    page with ``page``."""
     inputs: dict[str, RankInputs] = {}
     with agg.lock:
-        health = agg.health.snapshot(now, run)
+        cached = agg.health_now(now)
+    # A health snapshot is never changed once made: the digests of its big runs (a pass over
+    # every rank, once a second) are computed here, without the lock ingest needs.
+    for name, states in list(cached.items()):
+        if (run is None or name == run) and (page is not None or len(states) > SUMMARY_RANKS):
+            agg.digests.get(name, states, now)
+    with agg.lock:
+        cached = agg.health_now(now)  # the same, or newer by a share of the rolling sweep
+        names = list(cached) if run is None else [run] if run in cached else []
         runs = []
-        for name, states in health.items():
-            entry = run_entry(name, states, agg.detector.active(name))
+        for name in names:
+            big = page is not None or len(cached[name]) > SUMMARY_RANKS
+            if big:
+                states = cached[name]
+                d = agg.digests.get(name, states, now)
+                entry = big_run_entry(name, d, agg.detector.active(name))
+            else:
+                states = agg.health.snapshot(now, name).get(name, {})
+                entry = run_entry(name, states, agg.detector.active(name))
             known = agg.incidents.incidents(name)
             entry["incidents"] = [jsonable(i.as_dict()) for i in known if i.state == "firing"]
             entry["incidents_total"] = len(known)
-            if ranks:
-                inputs[name] = agg.rank_inputs_of(name, states)
+            if big and (summary or page is not None):
+                listed = _listed(agg, name, states, d, entry, page)
+                inputs[name] = agg.rank_inputs_of(name, agg.health.health_of(name, listed, now))
+            elif ranks:
+                fresh = agg.health.snapshot(now, name).get(name, {}) if big else states
+                inputs[name] = agg.rank_inputs_of(name, fresh)
             else:
                 entry["ranks_seen"] = len(states)
-                values = agg.values
-                entry["metrics"] = sorted(
-                    {m for rank in states for m in values.get((name, rank), ())}
-                )
+                entry["metrics"] = (
+                    agg.digests.metrics(name, states, agg.values, now) if big
+                    else metric_names(name, states, agg.values)
+                )  # fmt: skip
             runs.append(entry)
+        agg.digests.forget_others(cached)
     for entry in runs:
         if entry["run"] in inputs:
             entry["ranks"] = rank_entries(inputs[entry["run"]])
@@ -217,3 +253,42 @@ def build_snapshot(
         live = {entry["run"] for entry in runs}
         runs = newest_first([*runs, *agg.stored_runs.entries(stored, live, run, ranks)])
     return {"now": now, "runs": runs}
+
+
+def metric_names(
+    run: str, ranks: Iterable[int], values: Mapping[tuple[str, int], Mapping[str, float]]
+) -> list[str]:
+    """The live metric names of ``run``: those of its ranks' latest values."""
+    return sorted({m for rank in ranks for m in values.get((run, rank), ())})
+
+
+def big_run_entry(name: str, d: RunDigest, active: Iterable[Divergence]) -> dict[str, Any]:
+    """``run_entry`` of a big run, from its digest."""
+    return {
+        "run": name,
+        "state": d.state,
+        "world_size": d.world_size,
+        "last_time": d.last_time,
+        "last_step": d.last_step,
+        "divergences": [jsonable(div) for div in active],
+    }
+
+
+def _listed(
+    agg: Aggregator,
+    name: str,
+    states: Mapping[int, RankHealth],
+    d: RunDigest,
+    entry: dict[str, Any],
+    page: tuple[int, int] | None,
+) -> list[int]:
+    """The ranks a summary (or a page) of a big run lists; the summary's fields into
+    ``entry``. Under the service's lock."""
+    flagged = {div.rank for div in agg.detector.active(name)}
+    current = agg.restarts.current
+    gapped = [rank for _, rank, inc in agg.seqs.gapped(name) if inc == current(name, rank)]
+    listed, odd = odd_ranks(d, flagged, gapped)
+    if page is not None:
+        listed = page_ranks(states, *page)
+    entry.update(summary_fields(d, odd, page))
+    return listed

@@ -10,8 +10,12 @@ across ranks) and an ``end`` event, all as ``records.encode_frame`` frames with 
 
 ``--sockets rank`` (default) gives every rank its own DEALER and one frame per rank per step, as
 real agents do (one record per frame at a few steps/s). ``--sockets process`` shares one DEALER
-per worker and batches a step's records into frames under ``MAX_FRAME_BYTES``. ``--addr`` may list
-several endpoints (relays): ranks are split into that many contiguous blocks, one per endpoint.
+per worker and batches a step's records into frames under ``MAX_FRAME_BYTES``; with
+``--node-frames`` each frame holds one node's records of a step (``--ranks-per-node``), the
+frame a node's relay forwards when its ranks step together, so one socket stands in for many
+relays. ``--metrics 8`` adds ``grad_norm_local``, ``data_time`` and ``loss_scale`` to every step
+record. ``--addr`` may list several endpoints (relays): ranks are split into that many
+contiguous blocks, one per endpoint.
 
 Values are seeded and independent of how ranks are split across workers: step ``s`` draws the
 noise of every rank from ``default_rng([seed, s])``. The loss decays with 5 % relative per-rank
@@ -74,6 +78,10 @@ import numpy as np
 from loadgen_cascade import CASCADE_KINDS, DEFAULT_WAIT_S, WHERES, Noise
 
 METRICS = ("loss", "lr", "throughput", "step_time", "grad_norm")
+# With --metrics 6..8: what a large LLM job also logs (the pre-all-reduce norm, the loader's
+# time, the loss scale), so a head node's per-record cost is measured at a realistic width.
+EXTRA_METRICS = ("grad_norm_local", "data_time", "loss_scale")
+DATA_TIME_S = 0.05  # the loader's host time per step, 10 % relative noise
 LOSS_SIGMA = 0.05  # relative per-rank noise of the loss (the sigma of drift faults)
 GRAD_SIGMA = 0.10  # relative per-rank noise of grad_norm
 STEP_TIME_SIGMA = 0.02  # relative per-rank noise of step_time
@@ -174,10 +182,12 @@ class Model:
         warm = min(1.0, step / WARMUP_STEPS)
         return BASE_LR * warm * (0.5 + 0.5 * math.cos(min(step, 100_000) / 100_000 * math.pi))
 
-    def values(self, step: int) -> dict[str, np.ndarray]:
-        """metric -> float64 array over all ranks (slice it for a block of ranks)."""
+    def values(self, step: int, metrics: int = len(METRICS)) -> dict[str, np.ndarray]:
+        """metric -> float64 array over all ranks (slice it for a block of ranks); the first
+        ``metrics`` of METRICS + EXTRA_METRICS."""
         rng = np.random.default_rng([self.seed, step])
         noise = rng.standard_normal((3, self.world))
+        extra = rng.standard_normal((2, self.world)) if metrics > len(METRICS) else None
         loss_level = 0.5 + 2.0 * math.exp(-step / 500)
         loss = loss_level * (1 + LOSS_SIGMA * noise[0])
         grad = (1.0 + 2.0 * math.exp(-step / 300)) * (1 + GRAD_SIGMA * noise[1])
@@ -200,13 +210,18 @@ class Model:
                 step_time[f.rank] /= mag
             elif f.kind == "nodeslow":
                 step_time[self.node_ranks(f.rank)] *= mag
-        return {
+        out = {
             "loss": loss,
             "lr": np.full(self.world, self.lr(step)),  # a shared schedule: bit-identical
             "throughput": BATCH_SIZE / step_time,
             "step_time": step_time,
             "grad_norm": grad,
         }
+        if extra is not None:  # drawn after the others: their seeded values do not change
+            out["grad_norm_local"] = grad * (1 + GRAD_SIGMA * extra[0])
+            out["data_time"] = DATA_TIME_S * (1 + 0.1 * extra[1])
+            out["loss_scale"] = np.full(self.world, 65536.0)
+        return {m: out[m] for m in (*METRICS, *EXTRA_METRICS)[:metrics]}
 
     def telemetry(self, step: int) -> dict[str, np.ndarray]:
         """``gpu/<key>`` and ``host/<key>`` -> float64 array over all ranks, for samples
@@ -258,6 +273,8 @@ class LoadConfig:
     ranks_per_node: int = 8  # simulated host names: node<rank // ranks_per_node>
     telemetry_s: float = 0.0  # seconds between a rank's telemetry samples (0: none)
     noise: Noise = field(default_factory=Noise)  # of the cascade faults
+    metrics: int = len(METRICS)  # per step record: the first of METRICS + EXTRA_METRICS
+    node_frames: bool = False  # --sockets process: one frame per node per step (relay-shaped)
 
     @property
     def steps(self) -> int:
@@ -270,6 +287,8 @@ class LoadConfig:
             raise ValueError("rate, duration and heartbeat_s must be > 0")
         if not 0 <= self.telemetry_s < math.inf:
             raise ValueError("telemetry_s must be >= 0 (0: no telemetry)")
+        if not len(METRICS) <= self.metrics <= len(METRICS) + len(EXTRA_METRICS):
+            raise ValueError(f"metrics must be {len(METRICS)}..{len(METRICS + EXTRA_METRICS)}")
         if self.sockets not in ("rank", "process"):
             raise ValueError(f"sockets must be 'rank' or 'process', got {self.sockets!r}")
         if not self.addrs or len(self.addrs) > self.ranks:
@@ -430,6 +449,8 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
         heartbeat_s=args.heartbeat_s,
         ranks_per_node=args.ranks_per_node,
         telemetry_s=args.telemetry_s,
+        metrics=args.metrics,
+        node_frames=args.node_frames,
         noise=Noise(
             args.jitter_s, args.lag_ticks, args.spread_s, args.shuffle,
             *(_text(path, default) for path, default in (
@@ -461,6 +482,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--run", default=f"loadgen-{int(time.time())}")
     ap.add_argument("--heartbeat-s", type=float, default=5.0)
     ap.add_argument("--ranks-per-node", type=int, default=8)
+    ap.add_argument("--metrics", type=int, default=len(METRICS), help="per step record (5..8)")
+    ap.add_argument(
+        "--node-frames",
+        action="store_true",
+        help="with --sockets process: one frame per node per step, as a node's relay sends",
+    )
     ap.add_argument("--telemetry-s", type=float, default=0.0, help="telemetry every (0: none)")
     ap.add_argument("--jitter-s", type=float, default=0.0, help="ranks' clock offsets, up to")
     ap.add_argument("--lag-ticks", type=int, default=0, help="culprit's records sent late")

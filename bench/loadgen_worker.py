@@ -21,7 +21,7 @@ from typing import Any
 
 import msgpack
 import zmq
-from loadgen import METRICS, Fault, Model
+from loadgen import EXTRA_METRICS, METRICS, Fault, Model
 from loadgen_cascade import Cascade, Noise
 from rankwatch.agent.wire.records import MAX_FRAME_BYTES, frame_groups, version_of
 
@@ -55,6 +55,8 @@ class Worker:
         )
         self.segments: list[tuple[int, int, str]] = [tuple(s) for s in spec["segments"]]
         self.per_rank = spec["sockets"] == "rank"
+        self.node_frames = bool(spec.get("node_frames")) and not self.per_rank
+        self.metrics = (*METRICS, *EXTRA_METRICS)[: int(spec.get("metrics", len(METRICS)))]
         self.hb_every = max(1, round(spec["heartbeat_s"] * self.rate))  # steps between beats
         self.heartbeat_s = float(spec["heartbeat_s"])
         telemetry_s = float(spec.get("telemetry_s", 0.0))
@@ -127,8 +129,8 @@ class Worker:
         return out
 
     def step_records(self, step: int, now: float) -> dict[int, list[dict[str, Any]]]:
-        values = self.model.values(step)
-        lists = {m: values[m].tolist() for m in METRICS}
+        values = self.model.values(step, len(self.metrics))
+        lists = {m: values[m].tolist() for m in self.metrics}
         tele: dict[str, list[float]] | None = None
         if self.tele_every:
             tele = {k: v.tolist() for k, v in self.model.telemetry(step).items()}
@@ -147,7 +149,7 @@ class Worker:
             if not hung:
                 rec = self._common(r, "step", now)
                 rec.update(world_size=self.world, host=self._host(r), pid=PID_BASE + r)
-                rec.update(step=step, epoch=0, metrics={m: lists[m][r] for m in METRICS})
+                rec.update(step=step, epoch=0, metrics={m: lists[m][r] for m in self.metrics})
                 batch.append(rec)
                 self.last_step[r] = step
             if (step + r) % self.hb_every == 0:
@@ -189,11 +191,21 @@ class Worker:
                     frames.append(
                         (msgpack.packb({"v": version_of(part), "records": part}), len(part))
                     )
+                elif self.node_frames:
+                    for node in self._by_node(part):
+                        frames.extend(pack(node))
                 else:
                     for i in range(0, len(part), RECORDS_PER_FRAME):
                         frames.extend(pack(part[i : i + RECORDS_PER_FRAME]))
             self.pending[key].extend(frames)
         self.flush()
+
+    def _by_node(self, records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+        """``records`` split by node, each node's in their order (what its relay batches)."""
+        nodes: dict[int, list[dict[str, Any]]] = {}
+        for rec in records:
+            nodes.setdefault(rec["rank"] // self.node, []).append(rec)
+        return list(nodes.values())
 
     def flush(self) -> bool:
         """Send what is pending; False while some socket is full (zmq.Again)."""

@@ -100,9 +100,18 @@ def chart_ms(head: ServeProc, run: str) -> float:
     return (time.perf_counter() - t) * 1e3
 
 
+def timed_ms(fn: Any) -> tuple[float, Any]:
+    t = time.perf_counter()
+    out = fn()
+    return (time.perf_counter() - t) * 1e3, out
+
+
 def poll(head: ServeProc, gen: LoadGen, run: str, t0: float, cpu0: float) -> dict[str, Any]:
-    c = head.counters()
+    metrics_ms, c = timed_ms(head.counters)  # GET /metrics: what a Prometheus scrape costs
+    status_ms, _ = timed_ms(lambda: head.get("/api/status"))  # what `rankwatch status` reads
     return {
+        "metrics_ms": metrics_ms,
+        "status_ms": status_ms,
         "chart_ms": chart_ms(head, run),
         "steps": max((max(w.step_time, default=0) for w in gen.workers), default=0),
         "t": time.monotonic() - t0,
@@ -121,7 +130,8 @@ def show(p: dict[str, Any]) -> str:
     return (
         f"t={p['t']:6.0f} s  sent {p['sent']:>11,}  accepted {p['accepted']:>11,}  stored "
         f"{p['stored']:>11,}  backlog {p['sent'] - p['accepted']:>9,}  RSS {p['rss_mb']:6.0f} MB  "
-        f"CPU {p['cpu_s']:7.1f} s  chart {p['chart_ms']:5.0f} ms"
+        f"CPU {p['cpu_s']:7.1f} s  chart {p['chart_ms']:5.0f} ms  status {p['status_ms']:5.0f} ms  "
+        f"/metrics {p['metrics_ms']:5.0f} ms"
     )
 
 
@@ -156,7 +166,8 @@ def main() -> None:
             print(show(samples[-1]), flush=True)
             if time.monotonic() - t0 < config.duration - args.poll_s:
                 with contextlib.suppress(RuntimeError):  # 404 until the first flush
-                    health = head.get(f"/api/runs/{run}/ranks")  # while the load still runs
+                    # while the load still runs; a big run lists its odd ranks (the faults')
+                    health = (head.get(f"/api/status?run={run}")["runs"] or [{}])[0]
         summary = gen.wait()
         load_end = time.monotonic()
         sent = summary["records"]
@@ -228,6 +239,12 @@ def report(
     verdict = "every (metric, step) scored" if last["late"] == last["evicted"] == 0 else "NOT all"
     flagged = sorted(
         {(d["rank"], d["metric"], d["kind"]) for d in divergence.get("divergences", [])}
+    )
+    during_ms = [(s["status_ms"], s["metrics_ms"]) for s in during] or [(0.0, 0.0)]
+    print(
+        f"reads during the load: GET /api/status median {pct([a for a, _ in during_ms], 0.5):.0f} "
+        f"ms, max {max(a for a, _ in during_ms):.0f} ms; GET /metrics median "
+        f"{pct([b for _, b in during_ms], 0.5):.0f} ms, max {max(b for _, b in during_ms):.0f} ms"
     )
     print(
         f"divergence: merge_late {last['late']}, merge_evicted {last['evicted']} -> {verdict}; "

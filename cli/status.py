@@ -28,7 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--all",
         action="store_true",
         help="a row for every rank (runs of more than 64 ranks otherwise list only the ranks "
-        "that are not alive, divergent, or missing records)",
+        "that are not alive, divergent, or missing records; a run of more than 1,024 is read "
+        "from the server a page at a time)",
     )
     parser.add_argument(
         "--compare",
@@ -129,6 +130,12 @@ def run(args: argparse.Namespace) -> int:
                 known = []
             print(f"rankwatch status: {no_such_run(args.run, known)}", file=sys.stderr)
             return 1
+    if args.all:
+        try:
+            snapshot = every_rank(url, snapshot, token_of(args), args.timeout)
+        except ApiError as exc:
+            print(f"rankwatch status: {exc}", file=sys.stderr)
+            return 2
     if args.json:
         json.dump(snapshot, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
@@ -143,6 +150,29 @@ def run(args: argparse.Namespace) -> int:
 
 
 HARDWARE_RUNS = 5  # live runs whose cards status describes
+PAGE_RANKS = 10_000  # ranks per request when --all reads a summarised run's every rank
+
+
+def every_rank(url: str, snapshot: dict[str, Any], token: str | None, timeout: float) -> Any:
+    """``snapshot`` with every rank of each summarised run (a run of many ranks, which the
+    server lists as counts and its odd ranks), read from ``url`` a page at a time."""
+    runs = []
+    for entry in snapshot["runs"]:
+        if isinstance(entry, dict) and entry.get("ranks_summarised"):
+            ranks: list[Any] = []
+            while True:
+                query = urllib.parse.urlencode(
+                    {"run": entry.get("run"), "offset": len(ranks), "limit": PAGE_RANKS}
+                )
+                page = request_json(f"{url}?{query}", token, timeout)
+                found = [r for r in page.get("runs") or [] if r.get("run") == entry.get("run")]
+                got = (found[0].get("ranks") or []) if found else []
+                ranks += got
+                if len(got) < PAGE_RANKS:
+                    break
+            entry = {**entry, "ranks": ranks, "ranks_summarised": False}
+        runs.append(entry)
+    return {**snapshot, "runs": runs}
 
 
 def hardware_lines(

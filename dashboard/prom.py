@@ -1,14 +1,17 @@
 """``GET /metrics``: the aggregator's view in the Prometheus text exposition format (0.0.4).
 
-Built from ``Aggregator.snapshot()`` and ``Aggregator.counters()`` only, so scraping never
-touches the store. Run, rank and metric names come from the wire and are label values, escaped
-as the format demands (backslash, double quote, newline).
+Built from the provider's ``status_snapshot()`` and ``counters()`` only, so scraping never
+touches the store. A run of more than ``SUMMARY_RANKS`` ranks has per-rank series only for its
+odd ranks (not alive, divergent, missing or dropping records); ``rankwatch_run_ranks`` counts
+every run's ranks by state. Run, rank and metric names come from the wire and are label values,
+escaped as the format demands (backslash, double quote, newline).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -119,6 +122,17 @@ def render(
             {"run": name},
             help_text="Unix time of the newest record of the run.",
         )
+        counts = run.get("rank_states")
+        if not isinstance(counts, dict):  # every rank listed: count them here
+            counts = dict(Counter(str(r.get("state")) for r in run.get("ranks") or ()))
+        for state, count in sorted(counts.items()):
+            out.add(
+                "rankwatch_run_ranks",
+                count,
+                {"run": name, "state": state},
+                help_text="Ranks of the run in each health state (a run of many ranks has "
+                "per-rank series only for its ranks not alive, divergent or missing records).",
+            )
         out.add(
             "rankwatch_run_incidents_open",
             len(run.get("incidents") or ()),

@@ -20,6 +20,7 @@ from fastapi.responses import FileResponse, PlainTextResponse, Response, Streami
 from fastapi.routing import APIRoute
 from rankwatch.agent.wire import records
 from rankwatch.aggregator.provider import (
+    MAX_PAGE_RANKS,
     Alert,
     DataProvider,
     ExportError,
@@ -41,6 +42,7 @@ MAX_MAX_POINTS = 20_000
 DEFAULT_HEATMAP_BUCKETS = 120  # step columns of the divergence heatmap
 MAX_HEATMAP_BUCKETS = 600
 ALERT_HISTORY_LIMIT = 200
+STATUS_PAGE_RANKS = 1000  # ranks per /api/status page when only offset is given
 EXPORT_MEDIA_TYPES = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet"}
 
 api = APIRouter(prefix="/api", tags=["api"])
@@ -423,12 +425,25 @@ def status(
         str | None,
         Query(
             max_length=records.MAX_NAME_CHARS,
-            description="only this run, with every rank (a stored run of many ranks lists "
-            "only its first 64 unfinished ones otherwise)",
+            description="only this run (a stored run of many ranks lists only its first 64 "
+            "unfinished ones)",
         ),
     ] = None,
+    offset: Annotated[
+        int | None,
+        Query(ge=0, description="list the live runs' ranks from this one, in rank order"),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        Query(ge=1, le=MAX_PAGE_RANKS, description=f"that many (default {STATUS_PAGE_RANKS})"),
+    ] = None,
 ) -> StrictJSONResponse:
-    return _json(_provider(request).snapshot(run=run, history=True))
+    """A live run of more than ``SUMMARY_RANKS`` ranks lists its odd ranks (not alive,
+    divergent, missing or dropping records), with ``rank_states`` (state -> count),
+    ``ranks_seen`` and ``ranks_odd``; ``offset``/``limit`` read every rank a page at a time."""
+    paged = offset is not None or limit is not None
+    page = (offset or 0, limit or STATUS_PAGE_RANKS) if paged else None
+    return _json(_provider(request).status_snapshot(run=run, page=page))
 
 
 @api.get("/stream", summary="Server-Sent Events: live increments (points, ranks, alerts ...)")
@@ -467,7 +482,9 @@ def metrics(request: Request) -> PlainTextResponse:
         **request.app.state.bodies.counters(),
         **request.app.state.command_counts.counters(),  # checkpoint / stop asked over HTTP
     }
-    body = prom.render(provider.snapshot(), counters, len(provider.alerts_firing()),
+    # a run of many ranks: its counts by state and its odd ranks' series (ranksummary.py)
+    snapshot = provider.status_snapshot(history=False)
+    body = prom.render(snapshot, counters, len(provider.alerts_firing()),
                        provider.telemetry_latest())  # fmt: skip
     return PlainTextResponse(body, media_type=prom.CONTENT_TYPE)
 

@@ -108,8 +108,13 @@ def render_run(run: Mapping[str, Any], now: float, all_ranks: bool = False) -> l
     if not ranks:
         if stored:
             return [*lines, f"  {run.get('ranks_seen') or 0:,} ranks stored"]
+        if run.get("ranks_summarised"):  # a big run with nothing to say about any rank
+            return [*lines, "  " + _counts([], run.get("rank_states")),
+                    f"  (every rank alive, not divergent, nothing missing; --run {run.get('run')} "
+                    "--all lists every rank)"]  # fmt: skip
         return [*lines, "  (no ranks heard from)"]
-    lines.append("  " + _counts(ranks, run.get("rank_states") if stored else None))
+    # a stored run's, or a big live run's, counts cover ranks the server did not list
+    lines.append("  " + _counts(ranks, run.get("rank_states")))
     given = len(ranks)  # fewer than ranks_seen: the server listed only some (history.py)
     everyone = max(given, int(run.get("ranks_seen") or 0))
     usual = "finished" if stored else "alive"  # what a rank of a stored / a live run says
@@ -143,7 +148,15 @@ def render_run(run: Mapping[str, Any], now: float, all_ranks: bool = False) -> l
         )
     if rows:
         lines += ["  " + line for line in _table(header, rows)]
-    if given < everyone:
+    if run.get("ranks_summarised") and given < everyone:
+        more_odd = max(0, int(run.get("ranks_odd") or 0) - given)
+        lines.append(
+            f"  ({everyone - len(rows):,} more ranks not listed"
+            + (f", {more_odd:,} of them not alive, divergent or missing records" if more_odd
+               else f": {usual}, not divergent, nothing missing")
+            + f"; --run {run.get('run')} --all lists every rank)"
+        )  # fmt: skip
+    elif given < everyone:
         lines.append(
             f"  ({everyone - len(rows):,} more ranks not listed; --run {run.get('run')} --all "
             "lists every rank)"

@@ -148,6 +148,8 @@ class AlertEngine:
         self._pending: dict[str, tuple[int | None, Callable[..., _Cond], tuple[Any, ...]]] = {}
         self._published: dict[str, Alert] = {}
         self._history: deque[Alert] = deque(maxlen=self.config.history_size)
+        self._health_seen: Mapping[str, Mapping[int, RankHealth]] | None = None
+        self._finished: set[str] = set()  # runs finished in that snapshot
 
     def evaluate(
         self,
@@ -171,7 +173,13 @@ class AlertEngine:
         if hardware is not None:
             self._hardware(hardware)
         if health is not None:
-            self._health(health, now)
+            if health is self._health_seen:
+                # the same snapshot as the last tick's (health is evaluated again at most once
+                # a second, or after a state-changing record): its conditions hold as they are
+                self._drop_finished()
+            else:
+                self._health(health, now)
+                self._health_seen = health
         return self._publish(now)
 
     def firing(self) -> list[Alert]:
@@ -324,16 +332,22 @@ class AlertEngine:
             while len(base) > rule.baseline_steps:
                 base.popleft()
 
+    def _drop_finished(self) -> None:
+        """A finished run has nothing left to alert about."""
+        for run in self._finished:
+            for key in [k for k, c in self._conds.items() if c.run == run]:
+                del self._conds[key]
+
     def _health(self, health: Mapping[str, Mapping[int, RankHealth]], now: float) -> None:
         live = {"stalled", "lost", "crashed", "straggler"}
         before = {k: c for k, c in self._conds.items() if c.rule in live}
         for key in before:
             del self._conds[key]  # recomputed from the snapshot below
+        self._finished = {run for run, ranks in health.items()
+                          if run_state(ranks.values()) == "finished"}  # fmt: skip
+        self._drop_finished()
         for run, ranks in health.items():
-            if run_state(ranks.values()) == "finished":
-                # A finished run has nothing left to alert about.
-                for key in [k for k, c in self._conds.items() if c.run == run]:
-                    del self._conds[key]
+            if run in self._finished:
                 continue
             for rank, h in ranks.items():
                 rule = HEALTH_RULES.get(h.state)

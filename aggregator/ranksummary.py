@@ -1,0 +1,153 @@
+"""A big run's ranks as a summary: counts by state and the few ranks with something to say.
+
+At 100,000 ranks every rank's entry is ~70 MB of JSON and seconds to build, and nobody reads
+100,000 rows: ``/api/status``, ``/metrics``, ``rankwatch status`` and the live stream show a run
+of more than ``SUMMARY_RANKS`` ranks as ``rank_states`` (state -> count) plus the entries of its
+odd ranks (not alive, divergent, missing records or dropping them), the most urgent first, at
+most ``ODD_RANKS_SHOWN``; the full list is read a page at a time (``offset``, ``limit``).
+
+Pure. The digest of a run's health (counts, the odd ranks by health, the run's state and
+extent) is computed once per health snapshot (``DigestCache``): the service re-evaluates health
+at most once a second or after a state-changing record, while its readers ask far more often.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rankwatch.aggregator.health import RankHealth, RankState, run_state_of
+
+SUMMARY_RANKS = 1024  # a run with more ranks than this is summarised
+ODD_RANKS_SHOWN = 100  # odd ranks listed in a summary (the rest are counted)
+MAX_PAGE_RANKS = 10_000  # ranks in one page of the full list
+DIGEST_EVERY_S = 1.0  # a big run's counts are at most this old (the health sweep's own period)
+
+# Which odd ranks come first when there are more than ODD_RANKS_SHOWN: the states that stop a
+# job, then divergence, then missing records.
+URGENCY = {
+    RankState.CRASHED: 0, RankState.LOST: 1, RankState.STALLED: 2, RankState.PAUSED: 4,
+    RankState.FINISHED: 5, RankState.ALIVE: 6,
+}  # fmt: skip
+DIVERGENT_URGENCY = 3
+
+
+@dataclass(frozen=True)
+class RunDigest:
+    """What a summary needs of every rank of a run, from one health snapshot."""
+
+    ranks: int
+    rank_states: dict[str, int]
+    by_health: dict[int, int]  # rank -> urgency, for ranks odd by their health alone
+    state: str
+    world_size: int
+    last_time: float | None
+    last_step: int | None
+
+
+def digest(states: Mapping[int, RankHealth]) -> RunDigest:
+    """One pass over a run's ranks' health."""
+    counts: Counter[str] = Counter()
+    odd: dict[int, int] = {}
+    world = 0
+    last_time: float | None = None
+    last_step: int | None = None
+    alive = RankState.ALIVE
+    for rank, h in states.items():
+        state = h.state
+        counts[state.value] += 1
+        if state is not alive or h.dropped:
+            odd[rank] = URGENCY.get(state, 6) if state is not alive else 6
+        if h.world_size > world:
+            world = h.world_size
+        if last_time is None or h.last_seen > last_time:
+            last_time = h.last_seen
+        if h.last_step is not None and (last_step is None or h.last_step > last_step):
+            last_step = h.last_step
+    word = run_state_of({RankState(s) for s in counts}, len(states), world)
+    return RunDigest(len(states), dict(counts), odd, word, world, last_time, last_step)
+
+
+class DigestCache:
+    """``digest`` of each run (and its live metric names), computed again for a new health
+    snapshot of that run once ``DIGEST_EVERY_S`` passed (by the caller's clock) or that run's
+    ranks came or went: beyond ``ROLLING_RANKS`` every tick brings a new snapshot (healthview.py),
+    and every read of a big run asks for its digest."""
+
+    def __init__(self) -> None:
+        self._by_run: dict[str, tuple[Mapping[int, RankHealth], float, dict[str, Any]]] = {}
+
+    def _memo(self, run: str, states: Mapping[int, RankHealth], now: float) -> dict[str, Any]:
+        held = self._by_run.get(run)
+        if held is None or (
+            held[0] is not states
+            and (len(held[0]) != len(states) or not 0 <= now - held[1] < DIGEST_EVERY_S)
+        ):
+            held = self._by_run[run] = (states, now, {})
+        return held[2]
+
+    def get(self, run: str, states: Mapping[int, RankHealth], now: float) -> RunDigest:
+        memo = self._memo(run, states, now)
+        if "digest" not in memo:
+            memo["digest"] = digest(states)
+        return memo["digest"]
+
+    def metrics(
+        self,
+        run: str,
+        states: Mapping[int, RankHealth],
+        values: Mapping[tuple[str, int], Mapping[str, float]],
+        now: float,
+    ) -> list[str]:
+        """The metric names of the ranks' latest values."""
+        memo = self._memo(run, states, now)
+        if "metrics" not in memo:
+            memo["metrics"] = sorted({m for rank in states for m in values.get((run, rank), ())})
+        return memo["metrics"]
+
+    def forget_others(self, runs: Iterable[str]) -> None:
+        keep = set(runs)
+        for run in [r for r in list(self._by_run) if r not in keep]:  # readers add meanwhile
+            self._by_run.pop(run, None)
+
+
+def odd_ranks(
+    d: RunDigest,
+    flagged: Iterable[int],
+    gapped: Iterable[int],
+    limit: int = ODD_RANKS_SHOWN,
+) -> tuple[list[int], int]:
+    """The odd ranks to list (the most urgent first, then by rank; at most ``limit``) and how
+    many ranks are odd in all. ``flagged``: ranks with an active divergence; ``gapped``: ranks
+    missing records."""
+    urgency = dict(d.by_health)
+    for rank in flagged:
+        urgency[rank] = min(urgency.get(rank, DIVERGENT_URGENCY), DIVERGENT_URGENCY)
+    for rank in gapped:
+        urgency.setdefault(rank, URGENCY[RankState.ALIVE])
+    order = sorted(urgency, key=lambda r: (urgency[r], r))
+    return sorted(order[:limit]), len(order)
+
+
+def page_ranks(ranks: Iterable[int], offset: int, limit: int) -> list[int]:
+    """Ranks ``offset`` .. ``offset + limit - 1`` of the run in rank order."""
+    if offset < 0 or not 0 < limit <= MAX_PAGE_RANKS:
+        raise ValueError(
+            f"offset must be >= 0 and limit 1..{MAX_PAGE_RANKS}, got {offset} and {limit}"
+        )
+    return sorted(ranks)[offset : offset + limit]
+
+
+def summary_fields(d: RunDigest, odd: int, page: tuple[int, int] | None) -> dict[str, Any]:
+    """The fields a summarised (or paged) run entry carries besides its listed ``ranks``."""
+    out: dict[str, Any] = {
+        "ranks_seen": d.ranks,
+        "rank_states": d.rank_states,
+        "ranks_odd": odd,
+        "ranks_summarised": page is None,
+    }
+    if page is not None:
+        out["ranks_offset"], out["ranks_limit"] = page
+    return out

@@ -1,0 +1,99 @@
+"""A run of more ranks than SUMMARY_RANKS through the real app, aggregator and store:
+``/api/status`` and ``/metrics`` give its counts by state and its odd ranks, not every rank;
+``offset``/``limit`` page through all of them; ``rankwatch status`` prints the summary."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from rankwatch.agent.wire.records import EventRecord, StepRecord
+from rankwatch.aggregator.alerts.console import render_status
+from rankwatch.aggregator.provider import SUMMARY_RANKS, AggregatorProvider
+from rankwatch.dashboard.app import create_app
+
+from .conftest import BASE_URL
+
+RANKS = SUMMARY_RANKS + 476  # 1,500
+LOST, CRASHED, GAPPED = 7, 9, 11
+
+
+@pytest.fixture
+def client(aggregator: Any) -> Iterator[TestClient]:
+    with TestClient(create_app(AggregatorProvider(aggregator)), base_url=BASE_URL) as c:
+        yield c
+
+
+def feed(agg: Any) -> None:
+    now = time.time()
+
+    def rec(rank: int, seq: int, step: int) -> StepRecord:
+        return StepRecord("big", rank, seq, now, RANKS, f"node{rank // 8}", 100 + rank, step,
+                          0, {"loss": 1.0 + rank % 5 * 1e-3, "lr": 0.1})  # fmt: skip
+
+    agg.add([rec(LOST, 1, 1)], imported=False, now=now - 30)  # silent for 30 s: lost
+    for step in (1, 2):
+        agg.add(
+            [rec(r, step + 2 * (r == GAPPED and step == 2), step)  # seqs 2, 3 missing
+             for r in range(RANKS) if r != LOST],
+            imported=False, now=now,
+        )  # fmt: skip
+    crash = EventRecord("big", CRASHED, 3, now, RANKS, "node1", 100 + CRASHED, "crash", 2,
+                        {"exc_type": "RuntimeError", "message": "NCCL timeout"})  # fmt: skip
+    agg.add([crash], imported=False, now=now)
+    agg.tick(now)
+
+
+def test_a_big_run_is_summarised_and_paged(client: TestClient, aggregator: Any) -> None:
+    stream = aggregator.feed.subscribe()
+    feed(aggregator)
+    tables = [m for m in stream.drain() if m.get("type") == "ranks"]
+    # the stream carries the big run's counts, not a table of every rank (the page reads pages)
+    assert tables and all("ranks" not in m and m["summary"] for m in tables)
+    assert tables[-1]["ranks_seen"] == RANKS and tables[-1]["rank_states"]["alive"] == RANKS - 2
+    t = time.perf_counter()
+    (run,) = client.get("/api/status").json()["runs"]
+    assert time.perf_counter() - t < 1.0
+    assert run["ranks_summarised"] is True and run["ranks_seen"] == RANKS
+    assert run["rank_states"] == {"alive": RANKS - 2, "lost": 1, "crashed": 1}
+    assert run["state"] == "crashed" and run["world_size"] == RANKS and run["last_step"] == 2
+    # the odd ranks only, as full entries: crashed, lost, then the one missing a record
+    assert [r["rank"] for r in run["ranks"]] == [LOST, CRASHED, GAPPED]
+    assert run["ranks_odd"] == 3
+    assert {r["rank"]: r["state"] for r in run["ranks"]} == {
+        LOST: "lost", CRASHED: "crashed", GAPPED: "alive"}  # fmt: skip
+    assert next(r for r in run["ranks"] if r["rank"] == GAPPED)["gaps"] == [[2, 3]]
+
+    pages = [client.get("/api/status", params={"run": "big", "offset": o, "limit": 1000})
+             for o in (0, 1000)]  # fmt: skip
+    listed = [r["rank"] for p in pages for r in p.json()["runs"][0]["ranks"]]
+    assert listed == list(range(RANKS))
+    assert pages[1].json()["runs"][0]["ranks_offset"] == 1000
+    too_big = client.get("/api/status", params={"limit": 10**6})
+    assert too_big.status_code == 422
+
+    text = client.get("/metrics").text
+    assert f'rankwatch_run_ranks{{run="big",state="alive"}} {RANKS - 2}' in text
+    assert 'rankwatch_run_ranks{run="big",state="lost"} 1' in text
+    states = [line for line in text.splitlines() if line.startswith("rankwatch_rank_state{")]
+    assert len(states) == 3  # per-rank series of the odd ranks only
+
+    table = render_status(client.get("/api/status").json())
+    assert f"ranks: {RANKS - 2:,} alive, 1 lost, 1 crashed" in table
+    assert f"({RANKS - 3:,} more ranks not listed: alive, not divergent, nothing missing; " \
+        "--run big --all lists every rank)" in table  # fmt: skip
+    assert len(table.splitlines()) < 20
+
+
+def test_a_big_run_with_nothing_to_say_is_one_line_of_counts() -> None:
+    run = {"run": "big", "state": "running", "world_size": 5000, "ranks": [],
+           "ranks_summarised": True, "ranks_seen": 5000,
+           "rank_states": {"alive": 5000}}  # fmt: skip
+    lines = render_status({"runs": [run]}, now=0.0).splitlines()
+    assert lines[1:] == [
+        "  ranks: 5,000 alive",
+        "  (every rank alive, not divergent, nothing missing; --run big --all lists every rank)",
+    ]
