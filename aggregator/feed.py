@@ -24,6 +24,8 @@ import math
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
+from itertools import chain
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from rankwatch.agent.wire.jsonsafe import json_safe, json_value
@@ -271,10 +273,15 @@ def points_messages(
     sampled = total > max_points
     every = math.ceil(total / max_points) if sampled else 1
     by_metric: dict[tuple[str, str], list[list[Any]]] = {}
+    # Records are kept as rows per run until a block comes, then written metric by metric
+    # (a list comprehension per metric costs far less than a loop per value at thousands of
+    # ranks); the points and their order are those of a loop over the records.
+    rows: dict[str, list[tuple[int, int, Mapping[str, float]]]] = {}
     at = 0  # records before this one: record i is kept when i % every == 0
     for rec in steps:
         run, rank = rec.run, rec.rank
         if isinstance(rec, StepBlock):
+            _rows_points(rows, by_metric)
             first = -at % every
             at += len(rec)
             block_steps = rec.step[first::every]
@@ -290,12 +297,11 @@ def points_messages(
         at += 1
         if (at - 1) % every:
             continue
-        step = rec.step
-        for metric, value in rec.metrics.items():
-            points = by_metric.get((run, metric))
-            if points is None:
-                points = by_metric[(run, metric)] = []
-            points.append([rank, step, value if math.isfinite(value) else json_value(value)])
+        held = rows.get(run)
+        if held is None:
+            held = rows[run] = []
+        held.append((rank, rec.step, rec.metrics))
+    _rows_points(rows, by_metric)
     messages = []
     for (run, metric), points in by_metric.items():
         message: dict[str, Any] = {"type": "points", "run": run, "metric": metric, "points": points}
@@ -303,6 +309,35 @@ def points_messages(
             message["sampled"] = True
         messages.append(message)
     return messages, sampled
+
+
+_third = itemgetter(2)
+
+
+def _rows_points(
+    rows: dict[str, list[tuple[int, int, Mapping[str, float]]]],
+    by_metric: dict[tuple[str, str], list[list[Any]]],
+) -> None:
+    """Write the held rows' points into ``by_metric`` (metrics in order of first appearance,
+    points in record order) and forget them."""
+    for run, held in rows.items():
+        names = dict.fromkeys(chain.from_iterable(m for _, _, m in held))
+        every_name = all(len(m) == len(names) for _, _, m in held)
+        for metric in names:
+            points = by_metric.get((run, metric))
+            if points is None:
+                points = by_metric[(run, metric)] = []
+            if every_name:
+                new = [[rank, step, m[metric]] for rank, step, m in held]
+            else:
+                new = [[rank, step, m[metric]] for rank, step, m in held if metric in m]
+            # a sum of finite values is finite (or overflows: then checked one by one)
+            if not math.isfinite(sum(map(_third, new))):
+                for point in new:
+                    if not math.isfinite(point[2]):
+                        point[2] = json_value(point[2])
+            points += new
+    rows.clear()
 
 
 def event_message(ev: EventRecord) -> dict[str, Any]:
