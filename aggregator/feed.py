@@ -327,6 +327,7 @@ def _rows_points(
             points = by_metric.get((run, metric))
             if points is None:
                 points = by_metric[(run, metric)] = []
+            new: list[list[Any]]
             if every_name:
                 new = [[rank, step, m[metric]] for rank, step, m in held]
             else:
