@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 import zmq
-from loadgen import LoadGen, add_arguments, config_from_args
+from loadgen import LoadConfig, LoadGen, add_arguments, config_from_args
 from rankwatch.aggregator.ingest import frames as aggregator_frames
 from rankwatch.aggregator.service import FLUSH_INTERVAL_S, Aggregator, ServeConfig, tune_gc
 from rankwatch.dashboard.jsonenc import dumps_fast
@@ -31,13 +31,13 @@ from rankwatch.dashboard.jsonenc import dumps_fast
 DEFAULT_FAULTS = "drift:17:4,nan:5,slow:40:2,hang:77,lost:100"
 
 
-def capture(config: object) -> list[tuple[float, bytes]]:
+def capture(config: LoadConfig) -> list[tuple[float, bytes]]:
     """The frames the load sends, with the wall time each arrived."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.RCVHWM, 0)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
-    config.addrs = [f"tcp://127.0.0.1:{port}"]  # type: ignore[attr-defined]
+    config.addrs = [f"tcp://127.0.0.1:{port}"]
     got: list[tuple[float, bytes]] = []
     done = threading.Event()
 
@@ -50,7 +50,7 @@ def capture(config: object) -> list[tuple[float, bytes]]:
 
     reader = threading.Thread(target=read)
     reader.start()
-    gen = LoadGen(config)  # type: ignore[arg-type]
+    gen = LoadGen(config)
     gen.start()
     gen.wait()
     time.sleep(1.0)  # the last frames in flight
