@@ -9,6 +9,7 @@ The second half of the module builds the messages (and the snapshot's rank entri
 JSON-ready dicts with NaN and ±Inf written as "NaN", "Infinity", "-Infinity", as in JSONL.
 
     {"type": "points", "run", "metric", "points": [[rank, step, value], ...], "sampled"?}
+                                                             (built in ``feedpoints.py``)
     {"type": "ranks", "run", "ranks": [rank entry, ...]}    (see ``rank_entry``)
     {"type": "divergence", "state": "new" | "resolved", **Divergence fields}
     {"type": "alert", **Alert fields}
@@ -20,14 +21,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import math
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rankwatch.agent.wire.jsonsafe import json_safe, json_value
-from rankwatch.agent.wire.records import EventRecord, StepBlock, StepRecord
+from rankwatch.agent.wire.records import EventRecord
+from rankwatch.aggregator.feedpoints import points_messages as points_messages
 from rankwatch.aggregator.incidents.oneline import one_line
 
 if TYPE_CHECKING:
@@ -259,50 +260,6 @@ def num(value: float | None) -> float | str | None:
 
 
 jsonable = json_safe  # dataclasses, enums and non-finite floats made JSON-ready (recursively)
-
-
-def points_messages(
-    steps: Sequence[StepRecord | StepBlock], max_points: int
-) -> tuple[list[dict[str, Any]], bool]:
-    """One ``points`` message per (run, metric); beyond ``max_points`` values every k-th
-    record is kept (a browser cannot draw more per tick; it re-reads the store when it zooms).
-    A ``StepBlock`` counts as its records, in order."""
-    total = sum(len(r.metrics) * (len(r) if type(r) is StepBlock else 1) for r in steps)
-    sampled = total > max_points
-    every = math.ceil(total / max_points) if sampled else 1
-    by_metric: dict[tuple[str, str], list[list[Any]]] = {}
-    at = 0  # records before this one: record i is kept when i % every == 0
-    for rec in steps:
-        run, rank = rec.run, rec.rank
-        if isinstance(rec, StepBlock):
-            first = -at % every
-            at += len(rec)
-            block_steps = rec.step[first::every]
-            for metric, column in rec.metrics.items():
-                points = by_metric.get((run, metric))
-                if points is None:
-                    points = by_metric[(run, metric)] = []
-                points += [
-                    [rank, step, value if math.isfinite(value) else json_value(value)]
-                    for step, value in zip(block_steps, column[first::every], strict=True)
-                ]
-            continue
-        at += 1
-        if (at - 1) % every:
-            continue
-        step = rec.step
-        for metric, value in rec.metrics.items():
-            points = by_metric.get((run, metric))
-            if points is None:
-                points = by_metric[(run, metric)] = []
-            points.append([rank, step, value if math.isfinite(value) else json_value(value)])
-    messages = []
-    for (run, metric), points in by_metric.items():
-        message: dict[str, Any] = {"type": "points", "run": run, "metric": metric, "points": points}
-        if sampled:
-            message["sampled"] = True
-        messages.append(message)
-    return messages, sampled
 
 
 def event_message(ev: EventRecord) -> dict[str, Any]:

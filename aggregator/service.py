@@ -141,6 +141,7 @@ class Aggregator:
             max(cfg.store_flush_s, cfg.flush_interval_s),
             cfg.store_backlog_records,
             STORE_RETRY_S,
+            cfg.store_flush_max_s,
         )
         self.n = {
             "received": 0, "accepted": 0, "duplicates": 0, "imported": 0,

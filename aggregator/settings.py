@@ -24,6 +24,7 @@ FLUSH_INTERVAL_S = 0.2  # tick period: live feed, divergence, health (dashboard 
 # it runs less often than the tick; the live view never waits for it, and a rank's JSONL plus
 # resend cover what a killed aggregator had not flushed yet.
 STORE_FLUSH_S = 0.5
+STORE_FLUSH_MAX_S = 2.0  # ... and a buffer of many ranks waits up to this long (store/flusher.py)
 STORE_BACKLOG_RECORDS = 100_000  # this many buffered after a flush: flush again at once
 STORE_RETRY_S = 5.0  # after a failed flush, wait this long before writing again
 HEALTH_EVERY_S = 1.0  # rank health is evaluated again at least this often (see tick)
@@ -58,6 +59,7 @@ class ServeConfig:
     public_url: str | None = None  # the dashboard as people reach it: incident messages link it
     flush_interval_s: float = FLUSH_INTERVAL_S
     store_flush_s: float = STORE_FLUSH_S
+    store_flush_max_s: float = STORE_FLUSH_MAX_S
     store_backlog_records: int = STORE_BACKLOG_RECORDS
     lost_after_s: float = 10.0
     min_stall_s: float = DEFAULT_MIN_STALL_S  # a rank is stalled after no step for at least this

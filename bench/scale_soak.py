@@ -12,7 +12,9 @@ Measures, from one run:
 * freshness: a client subscribed to ``/api/stream`` (what the dashboard does) notes when each
   ``loss`` point of ``SAMPLED_RANKS`` sampled ranks arrives; freshness = arrival minus the
   record's creation time (same clock: everything runs on this machine);
-* the aggregator's RSS and CPU (``/proc``).
+* the aggregator's RSS and CPU (``/proc``), and its CPU per record beside the baseline's: the
+  same load (``--bare-s`` seconds of it, before the aggregator's run) sent to a bare receive loop
+  (``bench/bare_receive.py``: a ROUTER decoding each frame, nothing else), measured the same way.
 
 ``--sockets process`` (default) sends each load process's ranks over one connection, batched per
 step, as relays would; ``--sockets rank`` opens one connection per rank. The default size is
@@ -23,8 +25,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -32,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from loadgen import LoadGen, add_arguments, config_from_args
-from serve_proc import ServeProc
+from serve_proc import ServeProc, proc_cpu_s
+
+BARE = Path(__file__).with_name("bare_receive.py")
 
 SAMPLED_RANKS = 64  # ranks whose loss points are timed on the live stream
 DRAIN_TIMEOUT_S = 300.0
@@ -135,11 +142,38 @@ def show(p: dict[str, Any]) -> str:
     )
 
 
+def bare_phase(config: Any, seconds: float) -> dict[str, float]:
+    """CPU per record of a bare receive loop under ``seconds`` of the same load."""
+    proc = subprocess.Popen(
+        [sys.executable, str(BARE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        port = int(proc.stdout.readline().split()[1])
+        bare = dataclasses.replace(
+            config, duration=seconds, run=f"{config.run}-bare", addrs=[f"tcp://127.0.0.1:{port}"]
+        )
+        gen = LoadGen(bare)
+        cpu0 = proc_cpu_s(proc.pid)
+        gen.start()
+        sent = gen.wait()["records"]
+        time.sleep(1.0)  # the last frames in flight
+        cpu = proc_cpu_s(proc.pid) - cpu0
+        proc.stdin.close()
+        got = int(proc.stdout.readline().split()[1])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return {"sent": sent, "records": got, "cpu_s": cpu, "us": cpu / max(got, 1) * 1e6}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(ap)
     ap.set_defaults(ranks=4096, duration=600.0, sockets="process", faults=DEFAULT_FAULTS)
     ap.add_argument("--poll-s", type=float, default=10.0, help="backlog sample period")
+    ap.add_argument("--bare-s", type=float, default=20.0, help="baseline load seconds (0: none)")
     args = ap.parse_args()
     config = config_from_args(args)
     run = config.run
@@ -151,6 +185,13 @@ def main() -> None:
         f"sockets per {config.sockets}, faults {args.faults or 'none'}",
         flush=True,
     )
+    bare = bare_phase(config, args.bare_s) if args.bare_s > 0 else None
+    if bare is not None:
+        print(
+            f"bare receive loop: {bare['records']:,} of {bare['sent']:,} records in "
+            f"{args.bare_s:g} s, CPU {bare['cpu_s']:.2f} s = {bare['us']:.2f} us/record",
+            flush=True,
+        )
     with tempfile.TemporaryDirectory() as tmp, ServeProc(Path(tmp) / "data") as head:
         config.addrs = [head.addr]  # --addr is the load generator's; here the target is ours
         clock = StreamClock(head, run, sampled)
@@ -187,8 +228,9 @@ def main() -> None:
             if (created := gen.created(rank, step)) is not None
         ]
         report(
-            config, summary, samples, drain_s, rss0, divergence, alerts, health, clock, freshness
-        )
+            config, summary, samples, drain_s, rss0, divergence, alerts, health, clock, freshness,
+            bare,
+        )  # fmt: skip
 
 
 def report(
@@ -202,6 +244,7 @@ def report(
     health: dict[str, Any],
     clock: StreamClock,
     freshness: list[float],
+    bare: dict[str, float] | None,
 ) -> None:
     sent, last = summary["records"], samples[-1]
     load_s = summary["elapsed_s"]
@@ -228,6 +271,12 @@ def report(
         f"({last['cpu_s'] / max(last['accepted'], 1) * 1e6:.0f} us/record); RSS start "
         f"{rss0:.0f} MB, max {rss_max:.0f} MB, end {last['rss_mb']:.0f} MB"
     )
+    if bare is not None:
+        us = last["cpu_s"] / max(last["accepted"], 1) * 1e6
+        print(
+            f"CPU per record: aggregator {us:.1f} us, bare receive loop {bare['us']:.2f} us "
+            f"(same load, this run): {us / max(bare['us'], 1e-9):.1f}x"
+        )
     charts = [(s["steps"], s["chart_ms"]) for s in samples if s["chart_ms"] == s["chart_ms"]]
     if charts:
         (s_first, c_first), (s_last, c_last) = charts[0], charts[-1]

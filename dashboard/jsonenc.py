@@ -3,6 +3,12 @@
 That is the JSONL convention (``agent/wire/jsonsafe.py``), so the page decodes one format
 everywhere. Payloads are mostly finite numbers, so the fast path is a plain ``json.dumps``; only
 when it refuses a non-finite float is the payload walked and rewritten.
+
+``dumps_fast`` is the same JSON for the live stream, where a tick's points of every rank are
+encoded: msgspec writes it ~15x faster than ``json.dumps``. msgspec has no strict mode (it writes
+NaN and ±Inf as ``null``), so a text holding ``null`` is written again by ``dumps``: a message
+with a None in it pays twice, and the stream's points never hold one (``feed.points_messages``
+writes non-finite values as their strings).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 from fastapi.responses import JSONResponse
 from rankwatch.agent.wire.jsonsafe import json_number, json_safe
 
@@ -50,6 +57,19 @@ def dumps(obj: Any) -> str:
             separators=(",", ":"),
             default=_default,
         )
+
+
+_fast = msgspec.json.Encoder(enc_hook=_default)
+
+
+def dumps_fast(obj: Any) -> str:
+    """``dumps(obj)`` (the same values; numbers may be spelled otherwise, ``1e-05`` as
+    ``0.00001``), faster: see the module docstring."""
+    try:
+        text = _fast.encode(obj)
+    except (TypeError, ValueError, OverflowError):  # a key or value msgspec refuses
+        return dumps(obj)
+    return dumps(obj) if b"null" in text else text.decode()
 
 
 class StrictJSONResponse(JSONResponse):

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from rankwatch.aggregator.provider import FeedClosed, Subscription, ranks_delta
 
-from .jsonenc import dumps
+from .jsonenc import dumps, dumps_fast
 
 HEARTBEAT_INTERVAL_S = 10.0  # comment line after this long without a message
 COALESCE_S = 0.03  # after the first message, wait this long for the rest of its burst
@@ -170,7 +170,7 @@ class LiveHub:
         hit = self._json_of.get(id(message))
         if hit is not None and hit[0] is message:
             return hit[1]
-        text = dumps(message)
+        text = dumps_fast(message)
         self.encoded += 1
         self._json_of[id(message)] = (message, text)
         self._json_chars += len(text)

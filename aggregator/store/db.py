@@ -86,6 +86,7 @@ class Store(reads.Reads, TelemetryReads):
         self._flush_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._buf = Batch()
+        self._buf_ranks: set[tuple[str, int]] = set()  # ranks with records in _buf
         self._incidents: list[tuple[str, str, float, str]] = []  # under _buf_lock
         self._stacks: dict[tuple[str, int], stored_stacks.Row] = {}  # the newest per rank, too
         self._commands: list[stored_commands.Row] = []  # under _buf_lock
@@ -121,7 +122,9 @@ class Store(reads.Reads, TelemetryReads):
             # heartbeats, and must not hold every later step's band back (unsettled steps are
             # banded from raw rows at each query: a chart would grow slower with every step).
             senders = {(rec.run, rec.rank, _has_steps(rec)) for rec in records}
+            buf_ranks = self._buf_ranks
             for run, rank, stepped in senders:
+                buf_ranks.add((run, rank))
                 runs = self._arrival.get(run)
                 if runs is None:
                     runs = self._arrival[run] = {}
@@ -192,6 +195,11 @@ class Store(reads.Reads, TelemetryReads):
             held.records, held.parts = list(self._buf.records), list(self._buf.parts)
         return held.count()
 
+    def buffered_ranks(self) -> int:
+        """Ranks with records appended since the last flush began (``append``'s; a good
+        guess, not a count under the lock: for when to flush, see ``flusher.flush_due``)."""
+        return len(self._buf_ranks)
+
     def flush(self) -> None:
         """Write everything buffered, then settle the band of the runs that can move on.
 
@@ -203,6 +211,7 @@ class Store(reads.Reads, TelemetryReads):
         with self._flush_lock:
             with self._buf_lock:
                 batch, self._buf = self._buf, Batch()
+                self._buf_ranks = set()
                 notes, self._incidents = self._incidents, []
                 stacks, self._stacks = self._stacks, {}
                 commands, self._commands = self._commands, []

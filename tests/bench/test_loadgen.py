@@ -193,3 +193,14 @@ def test_load_against_real_aggregator(sockets: str) -> None:
     assert counters["merge_late"] == counters["merge_evicted"] == 0  # every step scored
     flagged = {(d["rank"], d["metric"]) for d in divergence["divergences"]}
     assert flagged == {(BAD, "loss")}
+
+
+@pytest.mark.timeout(60)
+def test_soak_baseline_receives_and_times_every_record() -> None:
+    """scale_soak's bare receive loop takes the whole load and gives its CPU per record."""
+    from scale_soak import bare_phase
+
+    config = LoadConfig(ranks=16, rate=5.0, duration=1.0, procs=1, sockets="process", run="b")
+    bare = bare_phase(config, 1.0)
+    assert bare["records"] == bare["sent"] >= 16 * 5
+    assert 0 < bare["us"] < 1000

@@ -8,7 +8,7 @@ import json
 import math
 
 import pytest
-from rankwatch.dashboard.jsonenc import dumps, jsonable
+from rankwatch.dashboard.jsonenc import dumps, dumps_fast, jsonable
 
 
 class Color(enum.Enum):
@@ -37,6 +37,27 @@ def test_dumps(value: object, expected: str) -> None:
     text = dumps(value)
     assert text == expected
     json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in output"))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a": 1.5, "b": None},
+        {"type": "points", "points": [[0, 3, 1e-05], [1, 3, "NaN"], [2, 3, 2.5e17]]},
+        {"a": math.nan, "run": "r"},
+        [math.inf, -math.inf, 0.0],
+        {1: (2, 3)},
+        Color.RED,
+        Thing("x", math.nan),
+        {"s": "<img src=x onerror=alert(1)>\n\u2028é"},
+        {"n": 2**70},
+    ],
+)
+def test_dumps_fast_is_the_same_json(value: object) -> None:
+    text = dumps_fast(value)
+    no_bare = {"parse_constant": lambda c: pytest.fail(f"bare {c} in output")}
+    assert json.loads(text, **no_bare) == json.loads(dumps(value))
+    assert "\n" not in text  # one SSE data line
 
 
 def test_jsonable_nested() -> None:
