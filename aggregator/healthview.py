@@ -11,13 +11,15 @@ every reader, kept fresh at a cost that does not grow with the ranks on every ti
   (``HealthTracker.refresh``);
 * ``changes`` looks for state changes once per snapshot, in the ranks that snapshot evaluated.
 
-The clock is the caller's, but for the sweep's duration: ``perf_counter`` times it.
+The clock is the caller's, and so is the timer of the sweep's duration (``perf_counter`` by
+default): a test gives one that does not depend on how loaded the machine is.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 from rankwatch.aggregator.health import HealthTracker, RankHealth
 from rankwatch.aggregator.settings import HEALTH_EVERY_S
@@ -32,8 +34,11 @@ Health = dict[str, dict[int, RankHealth]]
 
 
 class HealthView:
-    def __init__(self, tracker: HealthTracker) -> None:
+    def __init__(
+        self, tracker: HealthTracker, timer: Callable[[], float] = time.perf_counter
+    ) -> None:
         self.tracker = tracker
+        self.timer = timer
         self._cached: tuple[int, float, Health] | None = None  # (version, sweep time, snapshot)
         self.sweep_every_s = HEALTH_EVERY_S
         self.sweeps = 0
@@ -56,9 +61,9 @@ class HealthView:
             return self._roll(cached, now)
         version = self.tracker.version
         if cached is None or not 0 <= now - cached[1] < self.sweep_every_s:
-            t0 = time.perf_counter()
+            t0 = self.timer()
             self._cached = cached = (version, now, self.tracker.snapshot(now))
-            self._sweep_done(time.perf_counter() - t0)
+            self._sweep_done(self.timer() - t0)
             self._unchecked = None
             self._order, self._cursor, self._rolled = [], 0, now
         elif cached[0] != version:
@@ -79,10 +84,10 @@ class HealthView:
         due = math.ceil(len(self._order) * share)
         if due == 0 and cached[0] == self.tracker.version:
             return cached[2]
-        t0 = time.perf_counter()
+        t0 = self.timer()
         keys = self._order[self._cursor : self._cursor + due]
         fresh, touched = self.tracker.refresh(cached[2], now, keys)
-        self._cost += time.perf_counter() - t0
+        self._cost += self.timer() - t0
         self._cursor += len(keys)
         self._rolled = now
         self._cached = (self.tracker.version, cached[1], fresh)
