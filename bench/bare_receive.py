@@ -5,14 +5,16 @@
 Binds a ROUTER on 127.0.0.1 (any free port, the receiver's socket options), prints ``port N``,
 then receives ``[identity, frame]`` messages and decodes each frame with msgspec (the fastest
 msgpack decoder here, the one the aggregator's receiver uses), counting records, until stdin
-closes; then prints ``records N frames M``. Its CPU time per record, read from ``/proc`` by the
-caller, is the baseline ``bench/scale_soak.py`` puts beside the aggregator's, under the same load.
+closes; then prints ``records N frames M cpu_s S``: its own CPU time since it bound (the clock
+``/proc`` counts in ticks of 10 ms, too coarse for a short load). Its CPU time per record is the
+baseline ``bench/scale_soak.py`` puts beside the aggregator's, under the same load.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import msgspec
 import zmq
@@ -28,6 +30,7 @@ def main() -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
     sock.setsockopt(zmq.RCVHWM, RCVHWM_MESSAGES)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
+    cpu0 = time.process_time()
     print(f"port {port}", flush=True)
     done = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
@@ -44,7 +47,8 @@ def main() -> None:
                 break
             records += len(decode(frame)["records"])
             frames += 1
-    print(f"records {records} frames {frames}", flush=True)
+    cpu = time.process_time() - cpu0
+    print(f"records {records} frames {frames} cpu_s {cpu:.9f}", flush=True)
     sock.close(0)
     ctx.term()
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen import LoadGen, add_arguments, config_from_args
-from serve_proc import ServeProc, proc_cpu_s
+from serve_proc import ServeProc
 
 BARE = Path(__file__).with_name("bare_receive.py")
 
@@ -154,13 +154,12 @@ def bare_phase(config: Any, seconds: float) -> dict[str, float]:
             config, duration=seconds, run=f"{config.run}-bare", addrs=[f"tcp://127.0.0.1:{port}"]
         )
         gen = LoadGen(bare)
-        cpu0 = proc_cpu_s(proc.pid)
         gen.start()
         sent = gen.wait()["records"]
         time.sleep(1.0)  # the last frames in flight
-        cpu = proc_cpu_s(proc.pid) - cpu0
         proc.stdin.close()
-        got = int(proc.stdout.readline().split()[1])
+        words = proc.stdout.readline().split()  # records N frames M cpu_s S
+        got, cpu = int(words[1]), float(words[5])
     finally:
         if proc.poll() is None:
             proc.kill()
