@@ -287,7 +287,9 @@ _STDLIB_SHORT = re.compile(r"^(<frozen|python3\.\d+/|lib/python3)")
 
 def _walk(frame: FrameType | None, limit: int) -> Iterator[tuple[str, int, str]]:
     n = 0
-    while frame is not None and n < limit:
+    # another thread's frames are read while it may be unwinding them: stop at anything that
+    # is not a frame rather than fail the sample
+    while isinstance(frame, FrameType) and n < limit:
         code = frame.f_code
         yield code.co_filename, frame.f_lineno or 0, getattr(code, "co_qualname", code.co_name)
         frame = frame.f_back

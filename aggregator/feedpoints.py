@@ -11,16 +11,16 @@ from operator import itemgetter
 from typing import Any
 
 from rankwatch.agent.wire.jsonsafe import json_value
-from rankwatch.agent.wire.records import StepBlock, StepRecord
+from rankwatch.agent.wire.records import RanksBlock, StepBlock, StepRecord
 
 
 def points_messages(
-    steps: Sequence[StepRecord | StepBlock], max_points: int
+    steps: Sequence[StepRecord | StepBlock | RanksBlock], max_points: int
 ) -> tuple[list[dict[str, Any]], bool]:
     """One ``points`` message per (run, metric); beyond ``max_points`` values every k-th
     record is kept (a browser cannot draw more per tick; it re-reads the store when it zooms).
-    A ``StepBlock`` counts as its records, in order."""
-    total = sum(len(r.metrics) * (len(r) if type(r) is StepBlock else 1) for r in steps)
+    A ``StepBlock`` or ``RanksBlock`` counts as its records, in order."""
+    total = sum(len(r.metrics) * (1 if isinstance(r, StepRecord) else len(r)) for r in steps)
     sampled = total > max_points
     every = math.ceil(total / max_points) if sampled else 1
     by_metric: dict[tuple[str, str], list[list[Any]]] = {}
@@ -30,6 +30,20 @@ def points_messages(
     rows: dict[str, list[tuple[int, int, Mapping[str, float]]]] = {}
     at = 0  # records before this one: record i is kept when i % every == 0
     for rec in steps:
+        if type(rec) is RanksBlock:
+            _rows_points(rows, by_metric)
+            first = -at % every
+            at += len(rec)
+            kept = list(zip(rec.ranks[first::every], rec.step[first::every], strict=True))
+            for metric, column in rec.metrics.items():
+                points = by_metric.get((rec.run, metric))
+                if points is None:
+                    points = by_metric[(rec.run, metric)] = []
+                points += [
+                    [rank, step, value if math.isfinite(value) else json_value(value)]
+                    for (rank, step), value in zip(kept, column[first::every], strict=True)
+                ]
+            continue
         run, rank = rec.run, rec.rank
         if isinstance(rec, StepBlock):
             _rows_points(rows, by_metric)

@@ -8,7 +8,8 @@ every reader, kept fresh at a cost that does not grow with the ranks on every ti
   no single hold of the service's lock evaluates every rank;
 * after a record that may change a state by itself (a new rank, an event, a record of a rank
   not alive: ``HealthTracker.version``), only that record's rank is evaluated again
-  (``HealthTracker.refresh``);
+  (``HealthTracker.refresh``: the new snapshot shares the other ranks' entries with the last,
+  ``RankTable``);
 * ``changes`` looks for state changes once per snapshot, in the ranks that snapshot evaluated.
 
 The clock is the caller's, and so is the timer of the sweep's duration (``perf_counter`` by
@@ -21,7 +22,7 @@ import math
 import time
 from collections.abc import Callable
 
-from rankwatch.aggregator.health import HealthTracker, RankHealth
+from rankwatch.aggregator.health import Health, HealthTracker, RankHealth
 from rankwatch.aggregator.settings import HEALTH_EVERY_S
 
 # A sweep every HEALTH_EVERY_S, unless a sweep takes more than 1/SWEEP_DUTY of that: then less
@@ -29,8 +30,6 @@ from rankwatch.aggregator.settings import HEALTH_EVERY_S
 SWEEP_DUTY = 10.0
 ROLLING_RANKS = 4096  # beyond this many ranks in all, a sweep is spread over the ticks
 ROLL_MAX_SHARE = 0.2  # of the ranks in one call, however long since the last (a stall)
-
-Health = dict[str, dict[int, RankHealth]]
 
 
 class HealthView:
@@ -48,6 +47,8 @@ class HealthView:
         self._checked: Health | None = None
         self._unchecked: set[tuple[str, int]] | None = None
         self._swept = False  # a sweep since the last ``take_swept``
+        # the ranks evaluated since the last ``take_evaluated`` (None: every rank)
+        self._evaluated: set[tuple[str, int]] | None = None
         # the rolling sweep: its order of ranks, how far it got, when, and its cost so far
         self._order: list[tuple[str, int]] = []
         self._cursor = 0
@@ -64,13 +65,12 @@ class HealthView:
             t0 = self.timer()
             self._cached = cached = (version, now, self.tracker.snapshot(now))
             self._sweep_done(self.timer() - t0)
-            self._unchecked = None
+            self._unchecked = self._evaluated = None
             self._order, self._cursor, self._rolled = [], 0, now
         elif cached[0] != version:
             fresh, touched = self.tracker.refresh(cached[2], now)
             self._cached = cached = (version, cached[1], fresh)
-            if self._unchecked is not None:
-                self._unchecked |= touched
+            self._touched(touched)
         return cached[2]
 
     def _roll(self, cached: tuple[int, float, Health], now: float) -> Health:
@@ -91,9 +91,14 @@ class HealthView:
         self._cursor += len(keys)
         self._rolled = now
         self._cached = (self.tracker.version, cached[1], fresh)
-        if self._unchecked is not None:
-            self._unchecked |= touched
+        self._touched(touched)
         return fresh
+
+    def _touched(self, ranks: set[tuple[str, int]]) -> None:
+        if self._unchecked is not None:
+            self._unchecked |= ranks
+        if self._evaluated is not None:
+            self._evaluated |= ranks
 
     def _sweep_done(self, took_s: float) -> None:
         self.last_sweep_s = took_s
@@ -108,6 +113,11 @@ class HealthView:
         changed = self.tracker.changes(now, health, self._unchecked)
         self._checked, self._unchecked = health, set()
         return changed
+
+    def take_evaluated(self) -> set[tuple[str, int]] | None:
+        """The ranks evaluated again since the last call (None: every rank was)."""
+        evaluated, self._evaluated = self._evaluated, set()
+        return evaluated
 
     def take_swept(self) -> bool:
         """Whether a sweep happened since the last call."""

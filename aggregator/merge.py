@@ -14,11 +14,12 @@ keeps them: the merger only feeds the cross-rank scoring).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
-from rankwatch.agent.wire.records import Record, StepBlock, StepRecord
+from rankwatch.agent.wire.records import RanksBlock, StepBlock, StepRecord
 
 DEFAULT_GRACE_S = 5.0  # wait this long for the slowest rank before scoring a partial step
 MAX_STEP_WINDOW = 1_000  # steps older than the newest by more than this are closed at once
@@ -26,7 +27,8 @@ MAX_OPEN_STEPS = 4_096  # open (run, step) groups per run, whatever their step n
 CLOSED_MEMORY = 4_096  # recently closed steps remembered per run to tell late records apart
 MAX_NAME_SETS = 1_024  # metric-name tuples shared between ranks' block rows (a cache)
 
-__all__ = ["StepGrid", "StepMerger", "StepValues", "as_blocks"]
+
+__all__ = ["StepGrid", "StepMerger", "StepValues"]
 
 
 @dataclass(frozen=True)
@@ -163,24 +165,71 @@ class StepMerger:
         """``add`` for each record of ``block``, in order; returns the groups they completed,
         in completion order. Steps where every rank reported the same metrics come as
         ``StepGrid``s (``StepGrid.step_values()``: the same StepValues, in the same order)."""
+        return self._add_rows(block, repeat(block.rank), self._run(block.run), now)
+
+    def add_ranks(self, block: RanksBlock, now: float) -> list[StepValues | StepGrid]:
+        """``add`` for each record of ``block`` (one per rank), in order; returns what
+        ``add_block`` would. The usual block (every record at one step that stays open,
+        none of its ranks there yet) is taken in one dict update."""
         name = block.run
+        run = self._run(name)
+        steps = block.step
+        step, n = steps[0], len(steps)
+        if steps.count(step) != n:
+            return self._add_rows(block, block.ranks, run, now)
+        group = run.groups.get(step)
+        if group is None:
+            if step in run.closed or (run.floor is not None and step <= run.floor):
+                self.late += len(block.metrics) * n
+                return []
+            group = self._open(name, run, step, block.world_size, now)
+        held = group.rows
+        if held is None and not group.values and not group.done:
+            held = group.rows = {}
+        if (
+            held is None
+            or len(held) + n > group.world_size
+            or not held.keys().isdisjoint(block.ranks)
+        ):
+            return self._add_rows(block, block.ranks, run, now)
+        names = self._shared(tuple(block.metrics))
+        rows = zip(*block.metrics.values(), strict=True) if names else [()] * n
+        held.update(zip(block.ranks, zip(repeat(names), rows), strict=False))
+        if len(held) < group.world_size:
+            return []
+        done = self._complete_rows(name, group)
+        if isinstance(done, list):
+            return list(done)
+        names_, order, values, ws, full = done
+        return [StepGrid(name, names_, order, [step], [values], ws, full)] if names_ else []
+
+    def _run(self, name: str) -> _Run:
         run = self._runs.get(name)
         if run is None:
             run = self._runs[name] = _Run()
-        groups, rank, world_size = run.groups, block.rank, block.world_size
-        names = tuple(block.metrics)
-        # every rank's rows of a step share one names tuple: _complete_rows compares identity
+        return run
+
+    def _shared(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """Every rank's rows of a step share one names tuple: _complete_rows compares
+        identity."""
         shared = self._names.get(names)
         if shared is None:
             if len(self._names) >= MAX_NAME_SETS:
                 self._names.clear()
             shared = self._names[names] = names
-        names = shared
+        return shared
+
+    def _add_rows(
+        self, block: StepBlock | RanksBlock, ranks: Iterable[int], run: _Run, now: float
+    ) -> list[StepValues | StepGrid]:
+        """The records of ``block`` one by one (their ranks in ``ranks``)."""
+        name, groups, world_size = block.run, run.groups, block.world_size
+        names = self._shared(tuple(block.metrics))
         # a metric-less record still opens its step's group, as ``add`` does
         rows = zip(*block.metrics.values(), strict=True) if names else [()] * len(block)
         out: list[StepValues | StepGrid] = []
         grid: StepGrid | None = None
-        for step, row in zip(block.step, rows, strict=True):
+        for step, rank, row in zip(block.step, ranks, rows, strict=False):  # ranks may repeat
             group = groups.get(step)
             if group is None:
                 if step in run.closed or (run.floor is not None and step <= run.floor):
@@ -202,8 +251,8 @@ class StepMerger:
                     grid.steps.append(step)
                     grid.rows.append(done[2])
                 elif done[0]:  # metrics to hand out
-                    names_, ranks, values, ws, full = done
-                    grid = StepGrid(name, names_, ranks, [step], [values], ws, full)
+                    names_, order, values, ws, full = done
+                    grid = StepGrid(name, names_, order, [step], [values], ws, full)
                     out.append(grid)
                 continue
             if held is not None:
@@ -318,57 +367,6 @@ class StepMerger:
             StepValues(name, metric, step, per_rank, ws, _full(per_rank, ws))
             for metric, per_rank in group.values.items()
         ]
-
-
-def as_blocks(items: Sequence[Record | StepBlock]) -> list[Record | StepBlock]:
-    """The same records, with each rank's consecutive step records (one run, process and
-    metric-name order) gathered into a StepBlock, so single-record frames take the block path
-    (dedupe, store, merge) too. Each rank's records keep their order; across ranks, a rank's
-    step records move up to where the batch's next event or heartbeat is (any rank's), which
-    changes nothing: ranks are merged by step, and health sees each rank in its own order."""
-    out: list[Record | StepBlock] = []
-    pending: dict[tuple[str, int], list[StepRecord]] = {}
-    for item in items:
-        if type(item) is not StepRecord:
-            _emit(pending, out)
-            out.append(item)
-            continue
-        key = (item.run, item.rank)
-        same = pending.get(key)
-        if same is None:
-            pending[key] = [item]
-            continue
-        first = same[0]
-        if (
-            item.pid != first.pid
-            or item.inc != first.inc
-            or item.host != first.host
-            or item.world_size != first.world_size
-            or list(item.metrics) != list(first.metrics)
-        ):
-            out.append(_one(same))  # a new process or metric set: a block of its own
-            pending[key] = same = []
-        same.append(item)
-    _emit(pending, out)
-    return out
-
-
-def _emit(pending: dict[tuple[str, int], list[StepRecord]], out: list[Record | StepBlock]) -> None:
-    out.extend(map(_one, pending.values()))
-    pending.clear()
-
-
-def _one(recs: list[StepRecord]) -> StepRecord | StepBlock:
-    """A rank's gathered step records: the record itself when alone, else a block."""
-    first = recs[0]
-    if len(recs) == 1:
-        return first
-    metrics = {name: [r.metrics[name] for r in recs] for name in first.metrics}
-    return StepBlock(
-        first.run, first.rank, first.world_size, first.host, first.pid, [r.seq for r in recs],
-        [r.time for r in recs], [r.step for r in recs], [r.epoch for r in recs], metrics,
-        first.inc,
-    )  # fmt: skip
 
 
 def _step_values(

@@ -22,6 +22,7 @@ from rankwatch.aggregator.hold import AnnounceHold
 from rankwatch.aggregator.incidents import IncidentChange, IncidentTracker
 from rankwatch.aggregator.incidents.cover import AlertCover
 from rankwatch.aggregator.incidents.keep import StoreDue
+from rankwatch.aggregator.incidents.model import evidence_dict
 from rankwatch.aggregator.snapshot import incident_body
 from rankwatch.aggregator.store.db import Store, StoreError
 
@@ -29,7 +30,7 @@ log = logging.getLogger("rankwatch.service")
 
 Health = Mapping[str, Mapping[int, RankHealth]]
 
-__all__ = ["IncidentOutlet"]
+__all__ = ["IncidentOutlet", "stored_number"]
 
 
 class IncidentOutlet:
@@ -106,9 +107,29 @@ class IncidentOutlet:
         """Every incident of ``run``, newest first: ``live`` (the tracker's, as dicts) over
         those only the store still holds (an earlier `serve`, a run retired from the live
         state). The tracker's values have no hosts: the stored judgement's stay."""
-        stored = {inc["id"]: inc for inc in self.store.incidents(run)}
+        stored = {inc["id"]: _as_now(inc) for inc in self.store.incidents(run)}
         merged = {**stored, **{inc["id"]: {**stored.get(inc["id"], {}), **inc} for inc in live}}
         return sorted(merged.values(), key=lambda i: (i.get("opened", 0.0), i["id"]), reverse=True)
+
+
+def _as_now(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored incident in today's shape: one stored before timeline items had groups reads
+    as one item per rank."""
+    timeline = stored.get("timeline")
+    if isinstance(timeline, list):
+        stored["timeline"] = [evidence_dict(e) if isinstance(e, dict) else e for e in timeline]
+    return stored
+
+
+def stored_number(store: Store, run: str) -> int:
+    """The highest number among ``run``'s stored incident ids (``run#N``); 0 with none, or
+    with a store that cannot be read (the process is stopping)."""
+    try:
+        ids = [str(inc.get("id", "")) for inc in store.incidents(run)]
+    except StoreError:
+        return 0
+    numbers = [tail for i in ids if (tail := i.rpartition("#")[2]).isdigit()]
+    return max(map(int, numbers), default=0)
 
 
 def live_dicts(tracker: IncidentTracker, run: str) -> list[dict[str, Any]]:

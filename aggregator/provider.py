@@ -24,8 +24,10 @@ from rankwatch.agent.wire.records import Record, StepBlock
 from rankwatch.aggregator.actions.desk import ActionError
 from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.compare import compare_medians, previous_run
+from rankwatch.aggregator.divergence.zcolumn import z_step_columns
 from rankwatch.aggregator.divergence.zgrid import ZGrid, z_columns, z_grid, z_step
 from rankwatch.aggregator.feed import FeedClosed, Subscription, ranks_delta
+from rankwatch.aggregator.history import StoredRanks
 from rankwatch.aggregator.metrics import display_order, metric_info
 from rankwatch.aggregator.ranksummary import MAX_PAGE_RANKS, SUMMARY_RANKS
 from rankwatch.aggregator.stacks import StackView, stack_view
@@ -60,6 +62,7 @@ __all__ = [
     "Snapshot",
     "StackView",
     "StoredEvent",
+    "StoredRanks",
     "StoredRun",
     "Subscription",
     "TelemetryMetric",
@@ -75,6 +78,7 @@ __all__ = [
     "z_columns",
     "z_grid",
     "z_step",
+    "z_step_columns",
 ]
 
 Band = dict[str, np.ndarray]  # BAND_KEYS -> column: "step" int64, the statistics float64
@@ -198,6 +202,11 @@ class DataProvider(Protocol):
         """Each rank's stored value of ``metric`` at its newest step (ranks that stopped long
         before the others have none): (ranks, values), in rank order. The rank table of a
         stored run sorts by it; a live run's rank entries carry their own."""
+        ...
+
+    def read_stored_ranks(self, run: str) -> StoredRanks:
+        """``run``'s stored ranks as columns, in rank order (a stored run's rank table of any
+        size, without an entry per rank)."""
         ...
 
     def read_incidents(self, run: str) -> list[dict[str, Any]]:
@@ -369,6 +378,9 @@ class AggregatorProvider:
 
     def read_latest_values(self, run: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
         return self._agg.store.latest_values(run, metric)
+
+    def read_stored_ranks(self, run: str) -> StoredRanks:
+        return self._agg.stored_runs.columns(run)
 
     def read_incidents(self, run: str) -> list[dict[str, Any]]:
         return self._agg.incidents_of(run)

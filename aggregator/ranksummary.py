@@ -7,18 +7,18 @@ odd ranks (not alive, divergent, missing records or dropping them), the most urg
 most ``ODD_RANKS_SHOWN``; the full list is read a page at a time (``offset``, ``limit``).
 
 Pure. The digest of a run's health (counts, the odd ranks by health, the run's state and
-extent) is computed once per health snapshot (``DigestCache``): the service re-evaluates health
-at most once a second or after a state-changing record, while its readers ask far more often.
+extent) is read off what the run's ``RankTable`` keeps up as its ranks change state, not
+counted over every rank, and at most once per health snapshot (``DigestCache``).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rankwatch.aggregator.health import RankHealth, RankState, run_state_of
+from rankwatch.aggregator.health import RankHealth, RankState, RankTable, run_state_of
+from rankwatch.aggregator.health.table import tally_of
 
 SUMMARY_RANKS = 1024  # a run with more ranks than this is summarised
 ODD_RANKS_SHOWN = 100  # odd ranks listed in a summary (the rest are counted)
@@ -48,26 +48,13 @@ class RunDigest:
 
 
 def digest(states: Mapping[int, RankHealth]) -> RunDigest:
-    """One pass over a run's ranks' health."""
-    counts: Counter[str] = Counter()
-    odd: dict[int, int] = {}
-    world = 0
-    last_time: float | None = None
-    last_step: int | None = None
-    alive = RankState.ALIVE
-    for rank, h in states.items():
-        state = h.state
-        counts[state.value] += 1
-        if state is not alive or h.dropped:
-            odd[rank] = URGENCY.get(state, 6) if state is not alive else 6
-        if h.world_size > world:
-            world = h.world_size
-        if last_time is None or h.last_seen > last_time:
-            last_time = h.last_seen
-        if h.last_step is not None and (last_step is None or h.last_step > last_step):
-            last_step = h.last_step
-    word = run_state_of({RankState(s) for s in counts}, len(states), world)
-    return RunDigest(len(states), dict(counts), odd, word, world, last_time, last_step)
+    """What a summary needs of a run's ranks: from what a ``RankTable`` keeps up as its entries
+    change (``RankTable.tally``), or one pass over any other mapping (``tally_of``)."""
+    t = states.tally() if isinstance(states, RankTable) else tally_of(states.values())
+    counts = {state.value: t.counts[state] for state in RankState if t.counts.get(state)}
+    odd = {rank: URGENCY.get(h.state, 6) for rank, h in t.odd.items()}
+    word = run_state_of(set(t.counts), len(states), t.world_size)
+    return RunDigest(len(states), counts, odd, word, t.world_size, t.last_seen, t.last_step)
 
 
 class DigestCache:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from rankwatch.agent.wire.records import EventRecord, StepBlock, StepRecord
+from rankwatch.agent.wire.records import EventRecord, RanksBlock, StepBlock, StepRecord
 
 RESTART = "restart"
 
@@ -43,6 +43,21 @@ class Restarts:
     def seen(self, run: str, rank: int) -> bool:
         """Has ``(run, rank)`` logged steps here before?"""
         return (run, rank) in self._latest
+
+    def continues(self, block: RanksBlock) -> bool:
+        """When every rank of ``block`` goes on in its newest incarnation (no restart, no
+        new rank): take the block as ``observe`` takes each record, and True; else False,
+        and nothing taken."""
+        latest = self._latest
+        run = block.run
+        lives = [latest.get((run, rank)) for rank in block.ranks]
+        for life, inc in zip(lives, block.incs, strict=True):
+            if life is None or life.inc != inc:
+                return False
+        for life, step, time in zip(lives, block.step, block.time, strict=True):
+            if time >= life.time:  # type: ignore[union-attr]  # none is None: checked above
+                life.step, life.time = step, time  # type: ignore[union-attr]
+        return True
 
     def observe(
         self, item: StepRecord | StepBlock, stored: Collection[int] = ()

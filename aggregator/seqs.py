@@ -117,6 +117,26 @@ class SeqTracker:
         fresh = [self.accept(run, rank, seq, inc) for seq in seqs]
         return None if all(fresh) else fresh
 
+    def accept_ranks(
+        self, run: str, ranks: list[int], seqs: list[int], incs: list[int]
+    ) -> list[bool] | None:
+        """``accept`` for each (rank, seq, inc) in turn; None means all were new. A rank's
+        next seq (the usual record) costs one interval update inline, not a call."""
+        seen = self._seen
+        fresh: list[bool] | None = None
+        for i, (rank, seq, inc) in enumerate(zip(ranks, seqs, incs, strict=True)):
+            iv = seen.get((run, rank, inc))
+            # the fast path of ``accept``: a rank with no gap, extended by its next seq
+            if iv is not None and len(iv.his) == 1 and seq == iv.his[0] + 1 and iv.los[0] == 1:
+                iv.his[0] = seq
+                continue
+            ok = self.accept(run, rank, seq, inc)
+            if not ok and fresh is None:
+                fresh = [True] * len(seqs)
+            if fresh is not None:
+                fresh[i] = ok
+        return fresh
+
     def load(self, run: str, rank: int, lo: int, hi: int, inc: int = 0) -> None:
         """Mark the inclusive range [lo, hi] as seen (rebuilding from the store after a restart)."""
         if lo > hi:

@@ -3,12 +3,12 @@
     receive -> decode -> dedupe (SeqTracker) -> restarts -> health -> store.append -> merge
             -> divergence -> (tick) alerts -> incidents -> sinks (console, webhooks) -> live feed
 
-One service thread runs the receive loop and, every ``flush_interval_s``, a tick (expire partial
-steps, evaluate alerts, publish feed increments, ask agents to resend gaps). A second thread
-flushes the store, so a slow disk never stalls ingest (the store buffers, and keeps what the
-disk refused). ``add()`` is the one entry for records, shared by the receiver and imports, so
-live data and imports dedupe against each other. A lock makes ``add``, the tick and
-``snapshot`` safe to call from any thread.
+One service thread runs the receive loop and, every ``flush_interval_s``, a tick (``tick.py``:
+expire partial steps, evaluate alerts, publish feed increments, ask agents to resend gaps). A
+second thread flushes the store, so a slow disk never stalls ingest (the store buffers, and
+keeps what the disk refused). ``add()`` is the one entry for records, shared by the receiver
+and imports, so live data and imports dedupe against each other. A lock makes ``add``, the
+tick and ``snapshot`` safe to call from any thread.
 """
 
 from __future__ import annotations
@@ -24,39 +24,39 @@ from typing import Any
 from rankwatch.agent.wire.records import (
     EventRecord,
     Heartbeat,
+    RanksBlock,
     Record,
     StepBlock,
     StepRecord,
     TelemetryRecord,
     unblock,
 )
-from rankwatch.aggregator.actions.desk import ActionDesk, ActionError, annotate
+from rankwatch.aggregator import reads
+from rankwatch.aggregator.actions.desk import ActionDesk, ActionError
 from rankwatch.aggregator.actions.news import ActionNews
 from rankwatch.aggregator.alerts.rules import Alert, AlertEngine
 from rankwatch.aggregator.alerts.sinks.base import Sink
 from rankwatch.aggregator.alerts.sinks.console import ConsoleSink
-from rankwatch.aggregator.alerts.sinks.fanout import deliver
 from rankwatch.aggregator.alerts.sinks.http import Webhooks
-from rankwatch.aggregator.alerts.sinks.words import alert_dict
 from rankwatch.aggregator.counters import service_counters
-from rankwatch.aggregator.dedupe import dedupe
+from rankwatch.aggregator.dedupe import as_blocks, dedupe
 from rankwatch.aggregator.divergence.detector import (
     DivergenceDetector,
     QuietSteps,
     RankScore,
     StepResult,
 )
-from rankwatch.aggregator.feed import Feed, event_message, jsonable, points_messages
-from rankwatch.aggregator.health import HealthTracker, RankHealth
-from rankwatch.aggregator.healthview import ROLLING_RANKS, HealthView
+from rankwatch.aggregator.feed import Feed, jsonable
+from rankwatch.aggregator.health import Health, HealthTracker, RankHealth
+from rankwatch.aggregator.healthview import HealthView
 from rankwatch.aggregator.history import StoredRuns
 from rankwatch.aggregator.incidents import IncidentTracker
-from rankwatch.aggregator.incidents.model import Incident
+from rankwatch.aggregator.ingest.newest import Newest, latest_values, observe_held
 from rankwatch.aggregator.ingest.progress import ReceiveProgress
 from rankwatch.aggregator.ingest.receiver import Receiver
-from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
-from rankwatch.aggregator.outlet import IncidentOutlet, live_dicts
-from rankwatch.aggregator.ranksummary import SUMMARY_RANKS, DigestCache
+from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues
+from rankwatch.aggregator.outlet import IncidentOutlet, stored_number
+from rankwatch.aggregator.ranksummary import DigestCache
 from rankwatch.aggregator.resend import Resender
 from rankwatch.aggregator.restarts import Restarts
 from rankwatch.aggregator.seqs import SeqTracker
@@ -66,18 +66,19 @@ from rankwatch.aggregator.settings import (
     IMPORT_LIVE_WINDOW_S,
     LIVE_RETENTION_S,
     MAX_FEED_POINTS,
-    RANKS_REFRESH_S,
     SINK_CLOSE_S,
     STOP_TIMEOUT_S,
     STORE_RETRY_S,
     ServeConfig,
     tune_gc,
 )
-from rankwatch.aggregator.snapshot import RankInputs, build_snapshot, rank_entries, rank_inputs
+from rankwatch.aggregator.snapshot import RankInputs, build_snapshot, rank_inputs
 from rankwatch.aggregator.stacks import StackIntake
 from rankwatch.aggregator.store.db import Store, StoreError
 from rankwatch.aggregator.store.flusher import Flusher
 from rankwatch.aggregator.telemetry.intake import TelemetryIntake
+from rankwatch.aggregator.tick import RETIRE_EVERY_S
+from rankwatch.aggregator.tick import tick as run_tick
 
 log = logging.getLogger("rankwatch.service")
 
@@ -85,10 +86,6 @@ __all__ = ["FLUSH_INTERVAL_S", "LIVE_RETENTION_S", "MAX_FEED_POINTS", "STORE_RET
            "Aggregator", "ServeConfig", "tune_gc"]  # fmt: skip
 
 COMMANDS_RESTORE_S = 3600.0  # commands this recent are taken back from the store at start
-
-
-def _no_route(run: str, rank: int, message: dict[str, Any]) -> bool:
-    return False
 
 
 class Aggregator:
@@ -104,7 +101,8 @@ class Aggregator:
         self.merger = StepMerger(grace_s=cfg.merge_grace_s)
         self.detector = DivergenceDetector(cfg.divergence)
         self.alerts = AlertEngine(cfg.alerts, cfg.divergence)
-        self.incidents = IncidentTracker(cfg.incidents)
+        # numbered on from the store's: a restarted serve must not reuse an old incident's id
+        self.incidents = IncidentTracker(cfg.incidents, lambda run: stored_number(self.store, run))
         self.telemetry = TelemetryIntake(cfg.telemetry)  # hardware findings and card notes
         self.actions = ActionDesk(cfg.policies)  # policies and commands to the ranks
         self.news = ActionNews()  # what the incidents' messages say was done about them
@@ -120,13 +118,16 @@ class Aggregator:
         self._started = False
         # Per-tick buffers, emptied by the tick.
         self._results: list[StepResult | QuietSteps] = []
-        self._tick_steps: list[StepRecord | StepBlock] = []
+        self._tick_steps: list[StepRecord | StepBlock | RanksBlock] = []
         self._tick_events: list[EventRecord] = []
         self.stacks = StackIntake()  # heartbeats' stack samples, drained by the tick
         self.healthview = HealthView(self.health)  # the snapshot the tick and readers share
         self.digests = DigestCache()  # big runs' summaries, per health snapshot
         self._summaries_due: list[tuple[str, Mapping[int, RankHealth]]] = []  # by the tick
         self._alerts_health_at = -HEALTH_EVERY_S  # when the alerts last saw the health
+        self._alerts_changed: set[tuple[str, int]] = set()  # ranks changed since they did
+        self._alerts_evaluated: set[tuple[str, int]] | None = None  # and evaluated (None: all)
+        self._retired_at = -RETIRE_EVERY_S  # when runs over were last looked for
         # Latest values for the snapshot.
         self.values: dict[tuple[str, int], dict[str, float]] = {}  # latest per (run, rank)
         self._z: dict[tuple[str, str], Mapping[int, RankScore]] = {}
@@ -157,8 +158,10 @@ class Aggregator:
             return
         for run, rank, inc, lo, hi in self.store.seen_seqs():
             self.seqs.load(run, rank, lo, hi, inc)
-        # commands of an earlier serve still take their ranks' late answers
-        self.actions.restore(self.store.commands(None, since=time.time() - COMMANDS_RESTORE_S))
+        # commands of an earlier serve still take their ranks' late answers, and are told once
+        stored = self.store.commands(None, since=time.time() - COMMANDS_RESTORE_S)
+        self.actions.restore(stored)
+        self.news.restore(stored, self.store.incidents)
         cfg = self.config
         self.receiver = Receiver(cfg.ingest_host, cfg.ingest_port, curve_dir=cfg.curve_dir)
         self.progress = ReceiveProgress(time.time())
@@ -244,14 +247,15 @@ class Aggregator:
 
     def add(
         self,
-        records: Sequence[Record | StepBlock],
+        records: Sequence[Record | StepBlock | RanksBlock],
         *,
         imported: bool = True,
         now: float | None = None,
     ) -> int:
         """Accept records from the wire or an import; returns how many were new (the rest
         were duplicates). The importer's sinks follow the same contract. A ``StepBlock`` (a
-        batched frame) counts as its records and goes through each stage whole.
+        batched frame) or ``RanksBlock`` (a relay's) counts as its records and goes through
+        each stage whole.
 
         Imported records older than ``IMPORT_LIVE_WINDOW_S`` only go to the store."""
         now = time.time() if now is None else now
@@ -259,7 +263,9 @@ class Aggregator:
             made = self.restarts.restarts
             fresh, received = dedupe(as_blocks(records), self.seqs, self.restarts)
             made = self.restarts.restarts - made  # restart events: the aggregator's own records
-            accepted = sum(len(r) if type(r) is StepBlock else 1 for r in fresh) - made
+            accepted = (
+                sum(len(r) if isinstance(r, (StepBlock, RanksBlock)) else 1 for r in fresh) - made
+            )
             n = self.n
             n["received"] += received
             n["duplicates"] += received - accepted
@@ -280,7 +286,7 @@ class Aggregator:
             n["accepted"] += accepted  # counted once processed (benchmarks wait on it)
         return accepted
 
-    def _live(self, fresh: list[Record | StepBlock], now: float) -> None:
+    def _live(self, fresh: list[Record | StepBlock | RanksBlock], now: float) -> None:
         """Health, latest values, merge and divergence for accepted records."""
         observe = self.health.observe
         merge, merge_block = self.merger.add, self.merger.add_block
@@ -289,8 +295,14 @@ class Aggregator:
         groups: list[StepValues | StepGrid] = []
         # Health only needs the newest step record of a rank in a batch; older ones are
         # observed only when an event or heartbeat of that rank must follow them in order.
-        newest: dict[tuple[str, int], StepRecord] = {}
+        newest = Newest()
         for rec in fresh:
+            if type(rec) is RanksBlock:
+                tick_steps.append(rec)
+                groups += self.merger.add_ranks(rec, now)
+                latest_values(values, rec)
+                newest.block(rec)
+                continue
             key = (rec.run, rec.rank)
             if isinstance(rec, (StepRecord, StepBlock)):
                 last = values.get(key)
@@ -298,16 +310,17 @@ class Aggregator:
                     last = values[key] = {}
                 tick_steps.append(rec)
                 if isinstance(rec, StepBlock):
-                    step = newest[key] = rec.record(-1)  # one metric set: the last is the latest
+                    step = rec.record(-1)  # one metric set: the last is the latest
                     groups += merge_block(rec, now)
                 else:
-                    step = newest[key] = rec
+                    step = rec
                     groups += merge(rec, now)
+                newest.step(key, step)
                 last.update(step.metrics)
                 continue
-            held = newest.pop(key, None)
+            held = newest.pop(key)
             if held is not None:
-                observe(held, now)
+                observe_held(self.health, held, now)
             observe(rec, now)
             if type(rec) is TelemetryRecord:
                 self.telemetry.take(rec)
@@ -315,8 +328,7 @@ class Aggregator:
                 self._tick_events.append(rec)
             elif isinstance(rec, Heartbeat) and (rec.stack is not None or rec.stack_problem):
                 self.stacks.take(rec)
-        for rec in newest.values():
-            observe(rec, now)
+        newest.observe(self.health, now)
         # scored together: runs of quiet steps cost a few numpy calls (divergence_batch.py)
         for result in self.detector.update_many(groups):
             self._take(result)
@@ -335,138 +347,12 @@ class Aggregator:
                     self.feed.publish({"type": "divergence", "state": state, **jsonable(d)})
 
     def tick(self, now: float | None = None) -> list[Alert]:
-        """Periodic work; returns the alert transitions (the service thread calls it)."""
-        now = time.time() if now is None else now
-        with self.lock:
-            if self.receiver is not None and not self._stop.is_set():  # not stop()'s last
-                self._judge_silence(now)
-            for result in self.detector.update_many(self.merger.expire(now)):
-                self._take(result)
-            health = self.healthview.snapshot(now)
-            changed = self.healthview.changes(now, health)
-            results, self._results = self._results, []
-            hardware = self.telemetry.tick()
-            transitions = self.alerts.evaluate(
-                now, results=results, health=self._health_for_alerts(now, health, changed),
-                hardware=hardware,
-            )  # fmt: skip
-            new = [d for r in results if isinstance(r, StepResult) for d in r.new]
-            incidents = self.incidents.observe(
-                now,
-                divergences=new,
-                resolved=[d for r in results if isinstance(r, StepResult) for d in r.resolved],
-                alerts=transitions,
-                health=changed,
-                stacks=self.stacks.drain(self.store),
-            )
-            incidents = [self.telemetry.annotate(c) for c in incidents]  # culprits' card notes
-            touched = {h.run for h, _ in changed} | {d.run for d in new}
-            bodies, covered = self.outlet.judge(incidents, transitions, touched, health)
-            tables: list[tuple[str, RankInputs]] = []
-            steps, self._tick_steps = self._tick_steps, []
-            events, self._tick_events = self._tick_events, []
-            if self.feed.has_subscribers:
-                self._publish_points(steps)
-                self._publish_events(events)
-                tables = self._ranks_due(health, {h.run for h, _ in changed}, now)
-                for message in self.telemetry.feed_messages(now):
-                    self.feed.publish(message)
-            if self.config.resend_gaps:
-                self._request_resends(health, now)
-            self._retire_runs(health, now)
-            send = self.receiver.send_command if self.receiver is not None else _no_route
-            commands = self.actions.turn(
-                now, health, incidents, events, steps, send, self.restarts.current
-            )
-            incidents, news = self.news.take(
-                incidents, commands, self.actions.commands, self._live_incident
-            )
-        for run, inputs in tables:  # built without the lock, as the snapshot's are
-            self.feed.publish({"type": "ranks", "run": run, "ranks": rank_entries(inputs)})
-        summaries, self._summaries_due = self._summaries_due, []
-        for run, ranks in summaries:  # a snapshot is never changed: read without the lock
-            counts = self.digests.get(run, ranks, now).rank_states
-            message = {"type": "ranks", "run": run, "summary": True, "ranks_seen": len(ranks)}
-            self.feed.publish({**message, "rank_states": counts})
-        self.n["sink_errors"] += self.outlet.announce(incidents, bodies, self.sinks, now)
-        # the commands about an incident settled: one message, after its held first one
-        self.n["sink_errors"] += self.outlet.tell(news, self.sinks, now)
-        for body in commands:
-            self._command(body)
-        for alert, hit in zip(transitions, covered, strict=True):
-            self.feed.publish({"type": "alert", **alert_dict(alert)})
-            self.n["sink_errors"] += deliver(self.sinks, alert, covered=hit)
-        return transitions
+        """The periodic pipeline (``tick.py``); returns the alert transitions."""
+        return run_tick(self, now)
 
-    def _live_incident(self, run: str, ident: str) -> Incident | None:
-        return next((i for i in self.incidents.incidents(run) if i.id == ident), None)
-
-    def _judge_silence(self, now: float) -> None:
-        """Rank silence is judged up to what ingest has taken in (``progress.py``)."""
-        self.health.heard(self.progress.heard)
-        worst = self.progress.caught_up(now)
-        if worst is not None:
-            log.warning("rankwatch: aggregator fell behind by %.1f s; rank silence not judged",
-                        worst)  # fmt: skip
-
-    def _health_for_alerts(
-        self,
-        now: float,
-        health: dict[str, dict[int, RankHealth]],
-        changed: list[tuple[RankHealth, str]],
-    ) -> dict[str, dict[int, RankHealth]] | None:
-        """The snapshot for the alert engine's health rules (a pass over every rank), or None
-        (their conditions stand): after a sweep, or when a rank entered or left a state they
-        alert on (a new rank that is alive changes none); beyond ``ROLLING_RANKS`` ranks at
-        most every ``HEALTH_EVERY_S`` but for a crash. Ranks flipping between lost and alive
-        behind a backlog would otherwise make every tick a pass over every rank."""
-        swept = self.healthview.take_swept()
-        moved = any(h.state.value != "alive" or old not in ("", "alive") for h, old in changed)
-        urgent = any(h.state.value == "crashed" for h, _ in changed)
-        waited = not 0 <= now - self._alerts_health_at < HEALTH_EVERY_S
-        if swept or (moved and (urgent or waited or self.health.count() <= ROLLING_RANKS)):
-            self._alerts_health_at = now
-            return health
-        return None
-
-    def health_now(self, now: float) -> dict[str, dict[int, RankHealth]]:
+    def health_now(self, now: float) -> Health:
         """The tick's health snapshot (healthview.py); under the lock."""
         return self.healthview.snapshot(now)
-
-    def _retire_runs(self, health: dict[str, dict[int, RankHealth]], now: float) -> None:
-        """Forget the live state of runs over for a long while (the store keeps them, and the
-        seq tracker too, so a late duplicate is still recognised)."""
-        for run, ranks in health.items():
-            over = all(h.state.value in ("finished", "crashed", "lost") for h in ranks.values())
-            if not over:
-                continue
-            last = max((h.last_seen for h in ranks.values()), default=now)
-            if now - last > LIVE_RETENTION_S:
-                for part in (self.health, self.merger, self.detector, self.incidents,
-                             self.telemetry):  # fmt: skip
-                    part.forget(run)
-                for key in [k for k in self.values if k[0] == run]:
-                    del self.values[key]
-                for zkey in [k for k in self._z if k[0] == run]:
-                    del self._z[zkey]
-                self._ranks_sent.pop(run, None)
-
-    def _publish_points(self, steps: list[StepRecord | StepBlock]) -> None:
-        messages, sampled = points_messages(steps, MAX_FEED_POINTS)
-        self.n["feed_sampled_ticks"] += sampled
-        for message in messages:
-            self.feed.publish(message)
-
-    def _publish_events(self, events: list[EventRecord]) -> None:
-        for ev in events:
-            self.feed.publish(event_message(ev))
-
-    def _command(self, body: dict[str, Any]) -> None:
-        try:
-            self.store.append_command(body)
-        except StoreError as exc:  # only when closed: the process is stopping
-            log.error("rankwatch: command not stored: %s", exc)
-        self.feed.publish({"type": "command", "run": body["run"], "command": body})
 
     def issue_command(self, run: str, kind: str, *, by: str, **how: Any) -> dict[str, Any]:
         """A command to a live run's ranks (``ActionDesk.issue``: ``ranks``, ``text``,
@@ -485,48 +371,16 @@ class Aggregator:
             return issued.as_dict()
 
     def commands_of(self, run: str) -> list[dict[str, Any]]:
-        """Every command of ``run`` with its answers, newest first: live and stored."""
-        with self.lock:
-            live = {c["id"]: c for c in self.actions.commands(run)}
-        stored = {c["id"]: c for c in self.store.commands(run)}
-        merged = {**stored, **live}
-        return sorted(merged.values(), key=lambda c: (c["created"], c["id"]), reverse=True)
+        """Every command of ``run``, live and stored (``reads.py``)."""
+        return reads.commands_of(self, run)
 
     def incidents_of(self, run: str) -> list[dict[str, Any]]:
-        """Every incident of ``run``, newest first, live or stored (``IncidentOutlet.read``)."""
-        with self.lock:
-            note = self.telemetry.annotate_dict
-            live = [note(body) for body in live_dicts(self.incidents, run)]
-        merged = {inc["id"]: inc for inc in self.outlet.read(run, live)}
-        annotate(merged, self.commands_of(run))  # what a policy did about each, and the answers
-        return sorted(merged.values(), key=lambda i: (i.get("opened", 0.0), i["id"]), reverse=True)
-
-    def _ranks_due(
-        self, health: dict[str, dict[int, RankHealth]], changed: set[str], now: float
-    ) -> list[tuple[str, RankInputs]]:
-        """The inputs of the rank tables to stream this tick (copied: built after the lock)."""
-        due = []
-        for run, ranks in health.items():
-            big = len(ranks) > SUMMARY_RANKS  # every few seconds: a new rank is a change
-            if (run in changed and not big) or (
-                now - self._ranks_sent.get(run, 0.0) >= RANKS_REFRESH_S
-            ):
-                self._ranks_sent[run] = now
-                if big:  # no table: its counts (the page reads the ranks a page at a time)
-                    self._summaries_due.append((run, ranks))
-                    continue
-                due.append((run, self.rank_inputs_of(run, ranks)))
-        return due
-
-    def _request_resends(self, health: dict[str, dict[int, RankHealth]], now: float) -> None:
-        if self.receiver is not None:
-            self.n["resend_requests"] += self.resender.request(
-                health, now, self.seqs, self.restarts.current, self.receiver.request_resend
-            )
+        """Every incident of ``run``, live or stored (``reads.py``)."""
+        return reads.incidents_of(self, run)
 
     # --- reading -----------------------------------------------------------------------------
 
-    def rank_inputs_of(self, run: str, ranks: dict[int, RankHealth]) -> RankInputs:
+    def rank_inputs_of(self, run: str, ranks: Mapping[int, RankHealth]) -> RankInputs:
         return rank_inputs(
             run, ranks, self.detector.active(run), self._z, self.values, self.seqs.gaps,
             self.restarts.current,

@@ -5,13 +5,12 @@ entries without it (building them takes far longer than the copy)."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rankwatch.aggregator.divergence.types import Divergence, RankScore, z_map
 from rankwatch.aggregator.feed import jsonable, rank_entry
-from rankwatch.aggregator.health import RankHealth, run_state
+from rankwatch.aggregator.health import RankHealth, RankTable, run_state
 from rankwatch.aggregator.incidents.model import Incident
 from rankwatch.aggregator.ranksummary import (
     SUMMARY_RANKS,
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
     from rankwatch.aggregator.service import Aggregator
 
 MAX_GAPS_REPORTED = 20  # seq gaps per rank in the snapshot
+EMPTY = RankTable()  # the ranks of a run health no longer knows
 
 RankInputs = tuple[
     dict[int, set[str]],  # rank -> metrics flagged
@@ -111,10 +111,15 @@ STORED_RANK_STATES = {"end": "finished", "crash": "crashed"}
 UNKNOWN_END = "unknown"
 
 
+def stored_rank_state(ended: bool, life: str | None) -> str:
+    """A stored rank's final state from its summary's ``ended`` and its last life event."""
+    return STORED_RANK_STATES.get(life or "", UNKNOWN_END) if ended else UNKNOWN_END
+
+
 def stored_rank_entry(row: Mapping[str, Any], life: str | None) -> dict[str, Any]:
     """A stored rank (a ``Store.ranks`` row) as a rank entry; ``life``: its last start, end or
     crash event, if any. ``last_seen`` is the records' own time (the training's clock)."""
-    state = STORED_RANK_STATES.get(life or "", UNKNOWN_END) if row.get("ended") else UNKNOWN_END
+    state = stored_rank_state(bool(row.get("ended")), life)
     step = row.get("last_step")
     at = f" at step {step:,}" if isinstance(step, int) else ""
     message = {
@@ -141,28 +146,28 @@ def stored_rank_entry(row: Mapping[str, Any], life: str | None) -> dict[str, Any
     }
 
 
-def stored_run_state(ranks: Sequence[Mapping[str, Any]], world_size: int) -> str:
+def stored_run_state(states: Mapping[str, int], world_size: int) -> str:
     """``crashed`` (any rank crashed), ``finished`` (every rank of the world finished), else
-    ``ended``: the records stop, and not every rank said why."""
-    states = {r["state"] for r in ranks}
-    if "crashed" in states:
+    ``ended``: the records stop, and not every rank said why. ``states``: state -> ranks."""
+    if states.get("crashed"):
         return "crashed"
-    if states == {"finished"} and len(ranks) >= world_size:
+    finished = states.get("finished", 0)
+    if finished and finished == sum(states.values()) and finished >= world_size:
         return "finished"
     return "ended"
 
 
 def stored_run_entry(
-    summary: Mapping[str, Any], ranks: Sequence[Mapping[str, Any]], metrics: Sequence[str]
+    summary: Mapping[str, Any], states: Mapping[str, int], metrics: Sequence[str]
 ) -> dict[str, Any]:
-    """A stored run (a ``Store.runs`` row and its ranks' entries) as a snapshot run entry, with
-    ``history: true``, its ranks' states counted in ``ended_without_event`` when some ranks
-    gave no reason. ``last_time`` and ``record_time`` are the records' own time."""
-    world = int(summary.get("world_size") or 0) or len(ranks)
-    silent = sum(r["state"] == UNKNOWN_END for r in ranks)
+    """A stored run (a ``Store.runs`` row and its ranks counted by state) as a snapshot run
+    entry, with ``history: true``, its ranks' states counted in ``ended_without_event`` when
+    some ranks gave no reason. ``last_time`` and ``record_time`` are the records' own time."""
+    seen = sum(states.values())
+    world = int(summary.get("world_size") or 0) or seen
     return {
         "run": summary["run"],
-        "state": stored_run_state(ranks, world),
+        "state": stored_run_state(states, world),
         "history": True,
         "world_size": world,
         "first_time": summary.get("first_time"),
@@ -170,11 +175,11 @@ def stored_run_entry(
         "record_time": summary.get("last_time"),
         "last_step": summary.get("last_step"),
         "records": summary.get("records"),
-        "ended_without_event": silent,
+        "ended_without_event": states.get(UNKNOWN_END, 0),
         "divergences": [],
         "incidents": [],
-        "ranks_seen": len(ranks),
-        "rank_states": dict(Counter(r["state"] for r in ranks)),
+        "ranks_seen": seen,
+        "rank_states": {k: n for k, n in states.items() if n},
         "metrics": sorted(metrics),
     }
 
@@ -207,8 +212,9 @@ def build_snapshot(
     inputs: dict[str, RankInputs] = {}
     with agg.lock:
         cached = agg.health_now(now)
-    # A health snapshot is never changed once made: the digests of its big runs (a pass over
-    # every rank, once a second) are computed here, without the lock ingest needs.
+    # A health snapshot is never changed once made: the digests of its big runs are computed
+    # here, without the lock ingest needs (a pass over every rank when its table has not kept
+    # its tally yet).
     for name, states in list(cached.items()):
         if (run is None or name == run) and (page is not None or len(states) > SUMMARY_RANKS):
             agg.digests.get(name, states, now)
@@ -223,7 +229,7 @@ def build_snapshot(
                 d = agg.digests.get(name, states, now)
                 entry = big_run_entry(name, d, agg.detector.active(name))
             else:
-                states = agg.health.snapshot(now, name).get(name, {})
+                states = agg.health.snapshot(now, name).get(name, EMPTY)
                 entry = run_entry(name, states, agg.detector.active(name))
             known = agg.incidents.incidents(name)
             entry["incidents"] = [jsonable(i.as_dict()) for i in known if i.state == "firing"]
@@ -232,7 +238,7 @@ def build_snapshot(
                 listed = _listed(agg, name, states, d, entry, page)
                 inputs[name] = agg.rank_inputs_of(name, agg.health.health_of(name, listed, now))
             elif ranks:
-                fresh = agg.health.snapshot(now, name).get(name, {}) if big else states
+                fresh = agg.health.snapshot(now, name).get(name, EMPTY) if big else states
                 inputs[name] = agg.rank_inputs_of(name, fresh)
             else:
                 entry["ranks_seen"] = len(states)

@@ -2,6 +2,7 @@
 
     python bench/detection_quality.py [--ranks 1024] [--trials 20] [--clean-steps 1000] [--seeds 5]
                                       [--evidence-per-doubling X] [--window-steps W]
+                                      [--sigmas 1,2,3,4,5] [--first-trial K]
 
 Values come from the load generator's model (``bench/loadgen.py``: loss decaying with 5 % relative
 per-rank noise, the ``sigma`` of the faults) and are fed straight to
@@ -48,7 +49,7 @@ RATE = 5.0  # steps/s of the model (only step_time and throughput depend on it)
 BASE_Z = 3.0  # baseline threshold ...
 BASE_STEPS = 3  # ... held this many consecutive steps
 RUN = "quality"
-BUDGET_PER_HOUR = 0.1  # false alarms per run-hour on clean data ...
+BUDGET_PER_HOUR = DivergenceConfig.alarms_per_hour  # false alarms per run-hour on clean data ...
 STEPS_PER_HOUR = 3600  # ... at 1 step/s, every default metric scored
 HISTOGRAM = 8  # delays shown one by one, then "later"
 
@@ -127,9 +128,10 @@ def fault_trial(
     base_first: dict[int, int] = {}
     collateral = base_collateral = 0
     bad_set = set(bad)
+    ranks = np.arange(world, dtype=np.int64)
     for step in range(1, ONSET + WINDOW):
         loss = model.values(step)["loss"]
-        for d in det.update(step_values("loss", step, loss)).new:
+        for d in det.update_array(RUN, "loss", step, ranks, loss, world).new:
             if d.rank in bad_set and step >= ONSET:
                 first.setdefault(d.rank, step - ONSET + 1)
             else:
@@ -194,7 +196,11 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--trials", type=int, default=20, help="runs per fault size")
     ap.add_argument("--clean-steps", type=int, default=1000, help="steps per clean run")
-    ap.add_argument("--seeds", type=int, default=5, help="clean runs")
+    ap.add_argument("--seeds", type=int, default=5, help="clean runs (0: none)")
+    ap.add_argument(
+        "--sigmas", default="1,2,3,4,5", help="drift rows, in sigma (NaN and spike rows too)"
+    )
+    ap.add_argument("--first-trial", type=int, default=0, help="seed of the first trial")
     ap.add_argument(
         "--evidence-per-doubling",
         type=float,
@@ -227,12 +233,13 @@ def main() -> None:
     collateral = base_collateral = 0
     ratios: list[str] = []
     against: list[str] = []
-    rows = [("drift", float(s), f"drift {s} sigma") for s in (1, 2, 3, 4, 5)]
+    sigmas = [float(x) for x in args.sigmas.split(",") if x]
+    rows = [("drift", s, f"drift {s:g} sigma") for s in sigmas]
     rows += [("nan", None, "NaN"), ("spike", 20.0, "spike 20 sigma, 1 step")]
     for kind, sigma, label in rows:
         ours: list[int | None] = []
         base: list[int | None] = []
-        for trial in range(args.trials):
+        for trial in range(args.first_trial, args.first_trial + args.trials):
             res = fault_trial(world, kind, sigma, 1000 * trial + int(sigma or 0), config)
             ours += res["ours"]  # type: ignore[operator]
             base += res["base"]  # type: ignore[operator]
@@ -262,6 +269,8 @@ def main() -> None:
         f"{base_collateral} (over {len(rows) * args.trials * world * (ONSET + WINDOW - 1):,} "
         "rank-steps of loss)"
     )
+    if not args.seeds:
+        return
     t0 = time.perf_counter()
     ours_ff, base_ff, by_metric, per_update = false_flags(
         world, args.clean_steps, args.seeds, config

@@ -3,8 +3,8 @@
     python bench/false_alarms.py [--ranks 1024] [--steps 2000] [--seeds 2]
 
 Every rank is one more chance of a false flag, so at one limit a run of 4,096 ranks raises 512x
-as many false alarms as a run of 8. ``DivergenceConfig.limit_for`` adds ``evidence_per_doubling``
-(0.25) to the limit per doubling of the ranks past ``evidence_ranks`` (8). This prints:
+as many false alarms as a run of 8. ``DivergenceConfig.grown_limit`` adds ``evidence_per_doubling``
+to the limit per doubling of the ranks past ``evidence_ranks`` (8). This prints:
 
 * a rank's false-flag rate on clean noise by limit: from the CUSUM's in-control run length
   (a Markov chain over the evidence, Brook & Evans 1972: z-scores N(0, 1), allowance 1.5, a
@@ -20,38 +20,22 @@ rate of a metric whose noise is 5 % or more; quieter metrics raise fewer.
 from __future__ import annotations
 
 import argparse
-import math
 
-import numpy as np
 from divergence_cost import steps_of
+from rankwatch.aggregator.divergence.budget import cusum_flag_rate
 from rankwatch.aggregator.divergence.config import DivergenceConfig
 from rankwatch.aggregator.divergence.detector import DivergenceDetector
 
-CELLS = 800  # evidence grid of the Markov chain
 STEPS_PER_S = 5.0
 METRICS = 6
 WORLDS = (8, 64, 512, 1_024, 4_096)
 MEASURED_LIMITS = (3.0, 3.5, 4.0)
 
-_cdf = np.vectorize(lambda x: 0.5 * math.erfc(-x / math.sqrt(2.0)))
-
 
 def flag_rate(limit: float, allowance: float, confirm_steps: int) -> float:
-    """False flags per rank-step, both directions, of the CUSUM on N(0, 1) z-scores."""
-    w = limit / CELLS
-    cap = limit / confirm_steps
-    top = cap + allowance  # a z above this adds exactly ``cap``
-    # z landing in cell j from cell i depends on j - i alone: the CDF at 2 * CELLS points
-    d = np.arange(-CELLS, CELLS + 1)
-    cdf_at = _cdf(np.minimum((d - 0.5) * w + allowance, top))  # the lower edge of offset d
-    shift = np.arange(CELLS)[None, :] - np.arange(CELLS)[:, None] + CELLS  # index of j - i
-    moves = cdf_at[shift + 1] - cdf_at[shift]
-    moves[:, 0] = cdf_at[shift[:, 0] + 1]  # evidence below 0 is clipped to 0
-    land = np.floor(((np.arange(CELLS) + 0.5) * w + cap) / w).astype(np.int64)
-    inside = land < CELLS  # otherwise a capped step reaches the limit: a flag, out of the chain
-    moves[np.arange(CELLS)[inside], land[inside]] += 1.0 - _cdf(top)
-    run_length = np.linalg.solve(np.eye(CELLS) - moves, np.ones(CELLS))[0]
-    return 2.0 / run_length  # high and low are two CUSUMs
+    """False flags per rank-step, both directions, of the CUSUM on N(0, 1) z-scores (the
+    detector's own model, ``budget.cusum_flag_rate``)."""
+    return cusum_flag_rate(limit, allowance, confirm_steps)
 
 
 def measured_rate(limit: float, ranks: int, steps: int, seeds: int) -> tuple[int, int]:
@@ -80,7 +64,7 @@ def main() -> None:
         f"measured: {args.ranks:,} ranks x {args.steps:,} steps x {args.seeds} seeds"
     )
     print(f"{'limit':>6} {'model':>10} {'measured':>18}")
-    for limit in sorted({*MEASURED_LIMITS, *(cfg.limit_for(n) for n in WORLDS)}):
+    for limit in sorted({*MEASURED_LIMITS, *(cfg.grown_limit(n) for n in WORLDS)}):
         rate[limit] = flag_rate(limit, allowance, confirm)
         line = f"{limit:6.2f} {rate[limit] * 1e6:10.4f}"
         if limit in MEASURED_LIMITS:
@@ -94,7 +78,7 @@ def main() -> None:
     print(f"{'ranks':>6} {'limit':>6} {'one limit':>10} {'grown':>8} {'ratio':>7}")
     base = rate[cfg.evidence_limit]
     for n in WORLDS:
-        limit = cfg.limit_for(n)
+        limit = cfg.grown_limit(n)
         flat, grown = base * n * per_hour, rate[limit] * n * per_hour
         print(f"{n:6,} {limit:6.2f} {flat:10.3f} {grown:8.3f} {grown / flat:7.3f}")
 

@@ -1,6 +1,7 @@
 """Where the soak's CPU per record goes: the soak's load captured, then replayed by stage.
 
     python bench/soak_stages.py [--ranks 1024] [--rate 5] [--duration 30] [--flush-s 2]
+        [--before DIR] [--repeats 3]
 
 Sends ``--duration`` seconds of ``scale_soak.py``'s load (``--sockets process``, the same fault
 mix) to a ROUTER in this process that keeps every frame with its arrival time, then replays the
@@ -11,11 +12,21 @@ Prints the CPU per record of each stage (thread CPU; the flush's is the process'
 threads included) beside msgspec decoding the same frames and nothing else, timed in the same
 run. No sockets and one thread during the replay, so a busy machine distorts it less than the
 soak; the soak's own figure is ``scale_soak.py``'s.
+
+``--before DIR``: DIR holds an earlier version's store package (``DIR/aggregator/store``, e.g.
+``git archive main aggregator/store | tar -x -C DIR``); the same captured frames are replayed
+through it and through this tree's, alternately (``--repeats`` each, before first), each replay
+in a fresh process, and the medians are printed side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import pickle
+import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -25,7 +36,6 @@ import msgspec
 import zmq
 from loadgen import LoadConfig, LoadGen, add_arguments, config_from_args
 from rankwatch.aggregator.ingest import frames as aggregator_frames
-from rankwatch.aggregator.service import FLUSH_INTERVAL_S, Aggregator, ServeConfig, tune_gc
 from rankwatch.dashboard.jsonenc import dumps_fast
 
 DEFAULT_FAULTS = "drift:17:4,nan:5,slow:40:2,hang:77,lost:100"
@@ -62,6 +72,9 @@ def capture(config: LoadConfig) -> list[tuple[float, bytes]]:
 
 
 def replay(frames: list[tuple[float, bytes]], flush_s: float) -> tuple[int, dict[str, float]]:
+    # imported here: a replay of an earlier store (--before) points the package elsewhere first
+    from rankwatch.aggregator.service import FLUSH_INTERVAL_S, Aggregator, ServeConfig, tune_gc
+
     cpu = dict.fromkeys(("decode", "add", "tick", "stream JSON", "flush"), 0.0)
     clock = time.thread_time
     start = frames[0][0]
@@ -89,7 +102,7 @@ def replay(frames: list[tuple[float, bytes]], flush_s: float) -> tuple[int, dict
                 cpu["flush"] += time.process_time() - t
                 next_flush += flush_s
             t = clock()
-            records = aggregator_frames.decode_frame_blocks(frame)
+            records = aggregator_frames.decode_frame_ranks(frame)
             cpu["decode"] += clock() - t
             t = clock()
             n += agg.add(records, imported=False, now=at + shift)
@@ -109,14 +122,74 @@ def bare(frames: list[tuple[float, bytes]]) -> float:
     return time.thread_time() - t
 
 
+def replay_in_child(frames_path: Path, flush_s: float, store: Path | None) -> dict:
+    """One replay in a fresh process (``store``: the store package to use instead of this
+    tree's); its figures as a dict."""
+    cmd = [sys.executable, __file__, "--replay", str(frames_path), "--flush-s", str(flush_s)]
+    if store is not None:
+        cmd += ["--store-package", str(store)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def child(frames_path: Path, flush_s: float, store: str | None) -> None:
+    if store is not None:
+        import rankwatch.aggregator.store as package
+
+        package.__path__[:] = [store]
+    frames = pickle.loads(frames_path.read_bytes())
+    n, cpu = replay(frames, flush_s)
+    print(json.dumps({"n": n, "cpu": cpu, "base": bare(frames)}))
+
+
+def report(name: str, runs: list[dict]) -> dict[str, float]:
+    """Medians per stage in us/record (and the baseline's), printed with each run's."""
+    per = {stage: [r["cpu"][stage] / r["n"] * 1e6 for r in runs] for stage in runs[0]["cpu"]}
+    per["total"] = [sum(r["cpu"].values()) / r["n"] * 1e6 for r in runs]
+    per["baseline"] = [r["base"] / r["n"] * 1e6 for r in runs]
+    per["ratio"] = [t / b for t, b in zip(per["total"], per["baseline"], strict=True)]
+    print(f"{name}: {len(runs)} replay(s), {runs[0]['n']:,} records each")
+    for stage, vals in per.items():
+        each = ", ".join(f"{v:.2f}" for v in vals)
+        print(f"  {stage:12} median {statistics.median(vals):7.2f} ({each})")
+    return {stage: statistics.median(vals) for stage, vals in per.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(ap)
     ap.set_defaults(duration=30.0, sockets="process", faults=DEFAULT_FAULTS)
     ap.add_argument("--flush-s", type=float, default=2.0, help="store flush period")
+    ap.add_argument("--before", type=Path, help="folder holding an earlier aggregator/store")
+    ap.add_argument("--repeats", type=int, default=1, help="replays per version (--before)")
+    ap.add_argument("--replay", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--store-package", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.replay is not None:
+        child(args.replay, args.flush_s, args.store_package)
+        return
     config = config_from_args(args)
     frames = capture(config)
+    if args.before is not None:
+        package = args.before / "aggregator" / "store"
+        if not (package / "db.py").is_file():
+            ap.error(f"--before: no store package at {package}")
+        print(f"soak_stages: {config.ranks:,} ranks x {config.rate:g} steps/s x "
+              f"{config.duration:g} s, {len(frames):,} frames, a flush every {args.flush_s:g} s; "
+              f"versions alternate, before first")  # fmt: skip
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "frames.pickle"
+            path.write_bytes(pickle.dumps(frames))
+            runs: dict[str, list[dict]] = {"before": [], "this tree": []}
+            for _ in range(max(1, args.repeats)):
+                runs["before"].append(replay_in_child(path, args.flush_s, package))
+                runs["this tree"].append(replay_in_child(path, args.flush_s, None))
+        medians = {name: report(name, got) for name, got in runs.items()}
+        b, a = medians["before"], medians["this tree"]
+        print(f"  flush: {b['flush']:.2f} -> {a['flush']:.2f} us/record "
+              f"({a['flush'] / b['flush']:.2f}x); total {b['total']:.2f} -> {a['total']:.2f}; "
+              f"ratio to the baseline {b['ratio']:.0f}x -> {a['ratio']:.0f}x")  # fmt: skip
+        return
     n, cpu = replay(frames, args.flush_s)
     base = bare(frames)
     total = sum(cpu.values())

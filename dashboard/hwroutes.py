@@ -6,11 +6,20 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import HTTPException, Query, Request
-from rankwatch.agent.wire import records
 
 from . import views
 from .jsonenc import StrictJSONResponse
-from .routes import MAX_MAX_POINTS, Ranks, _bad, _json, _parse_ranks, _provider, _require_run, api
+from .routes import (
+    MAX_MAX_POINTS,
+    Ranks,
+    _bad,
+    _json,
+    _parse_ranks,
+    _provider,
+    _require_run,
+    api,
+    metric_query,
+)
 
 
 @api.get("/runs/{run:run}/telemetry", summary="Hardware telemetry: the cards now, or a series")
@@ -19,10 +28,7 @@ def run_telemetry(
     run: str,
     metric: Annotated[
         str | None,
-        Query(
-            max_length=records.MAX_NAME_CHARS,
-            description="one telemetry metric's series over time; without: the cards now",
-        ),
+        metric_query("one telemetry metric's series over time; without: the cards now"),
     ] = None,
     start: Annotated[float | None, Query(description="Unix seconds")] = None,
     end: Annotated[float | None, Query(description="Unix seconds")] = None,

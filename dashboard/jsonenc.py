@@ -5,10 +5,11 @@ everywhere. Payloads are mostly finite numbers, so the fast path is a plain ``js
 when it refuses a non-finite float is the payload walked and rewritten.
 
 ``dumps_fast`` is the same JSON for the live stream, where a tick's points of every rank are
-encoded: msgspec writes it ~15x faster than ``json.dumps``. msgspec has no strict mode (it writes
-NaN and ±Inf as ``null``), so a text holding ``null`` is written again by ``dumps``: a message
-with a None in it pays twice, and the stream's points never hold one (``feed.points_messages``
-writes non-finite values as their strings).
+encoded: msgspec writes each number straight into its buffer, not through a Python string per
+value as ``json.dumps`` does (the cost of each is in docs/benchmarks.md, "The live stream's
+JSON"). msgspec has no strict mode (it writes NaN and ±Inf as ``null``), so a text holding
+``null`` is written again by ``dumps``: a message with a None in it pays twice, and the stream's
+points never hold one (``feed.points_messages`` writes non-finite values as their strings).
 """
 
 from __future__ import annotations

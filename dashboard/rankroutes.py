@@ -2,12 +2,12 @@
 on the server) and ``GET /api/runs/{run}/nodes`` (the node map), on the API router of
 ``routes.py`` (registered when ``app.py`` imports this module; ``/api/run/X?run=`` too).
 
-Both answer from the same rows (``ranktable.rows_of``): a live run's rank entries, built from a
-copy the snapshot takes under the aggregator's lock and never under it, or a stored run's, with
-their latest stored values and the detector's z of them. Building them for 100,000 ranks takes
-far longer than paging them, and a person clicks through pages: the rows are kept, a live run's
-for ``LIVE_ROWS_S`` (longer when they take long to build), a stored run's until its stored
-summary or its incidents change.
+Both answer from the same table (``rankcols.Table``): a live run's rows (``ranktable.rows_of``
+of its rank entries, built from a copy the snapshot takes under the aggregator's lock and never
+under it), or a stored run's ranks read from the store as columns, with their latest stored
+values and the detector's z of them, and rows built only for the ranks a page shows. A person
+clicks through pages: the table is kept, a live run's for ``LIVE_ROWS_S`` (longer when it takes
+long to build), a stored run's until its stored summary or its incidents change.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import HTTPException, Query, Request
-from rankwatch.agent.wire import records
 from rankwatch.aggregator.provider import DataProvider
 
-from . import ranktable, views
+from . import rankcols, ranktable, views
 from .jsonenc import StrictJSONResponse
-from .routes import _json, _metrics, _provider, _require_run, api
+from .rankcols import Columns
+from .routes import _json, _metrics, _provider, _require_run, api, metric_query
 
 LIVE_ROWS_S = 1.0  # a live run's table is at most this old (the stream says when it changed)
 # ... or this many times as old as it took to build: at 100,000 live ranks a table takes about a
@@ -33,19 +33,24 @@ LIVE_BUILD_FACTOR = 5.0
 CACHED_TABLES = 8  # (run, metric) tables kept
 
 Text = Annotated[str | None, Query(max_length=1000)]  # checked in ranktable.parse_query
+TableMetric = Annotated[
+    str | None,
+    metric_query(
+        "the metric of the value and z columns and of the node map's max |z| "
+        "(default: loss, else the run's first)"
+    ),
+]
 
 
 @dataclass
 class _Kept:
-    """A built table: its rows, what every page of it says, and its orders once sorted."""
+    """A built table (it keeps its orders once sorted, and what every page of it says)."""
 
     sig: Any  # what of the run changes the table: a stored run's summary and incidents
     expiry: float
-    rows: list[ranktable.Row]
+    table: rankcols.Table
     state: str | None
     world_size: int | None
-    totals: dict[str, Any]
-    orders: dict[tuple[str, bool], list[ranktable.Row]] = field(default_factory=dict)
     cells: dict[str, Any] | None = None  # the node map, built when first asked
 
 
@@ -55,7 +60,7 @@ class _Tables:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         # one build at a time: the page asks for the table and the node map at once, and two
-        # builds of 100,000 rows would take twice as long as one
+        # builds of 100,000 ranks would take twice as long as one
         self.building = threading.Lock()
         self._kept: OrderedDict[tuple[str, str], _Kept] = OrderedDict()
 
@@ -137,23 +142,26 @@ def _build(
     sig: Any,
     expiry: float,
 ) -> _Kept:
-    full = provider.snapshot(run=run, ranks=True, history=not live)
+    roles = ranktable.roles_of(incidents)
+    if not live:
+        snapshot = provider.snapshot(run=run, ranks=False, history=True)
+        found = views.find_run(snapshot, run) or {}
+        latest, zs = _stored_values(provider, run, metric)
+        table = rankcols.stored(provider.read_stored_ranks(run), metric, roles, latest, zs)
+        return _Kept(sig, expiry, table, found.get("state"), found.get("world_size"))
+    full = provider.snapshot(run=run, ranks=True)
     found = views.find_run(full, run) or {}
-    entries = found.get("ranks") or []
-    values, zs = ({}, {}) if live else _stored_values(provider, run, metric)
-    rows = ranktable.rows_of(entries, metric, ranktable.roles_of(incidents), values, zs)
-    state, world = found.get("state"), found.get("world_size")
-    return _Kept(sig, expiry, rows, state, world, ranktable.totals(rows))
+    rows = ranktable.rows_of(found.get("ranks") or [], metric, roles)
+    table = rankcols.of_rows(rows)
+    return _Kept(sig, expiry, table, found.get("state"), found.get("world_size"))
 
 
-def _stored_values(
-    provider: DataProvider, run: str, metric: str
-) -> tuple[dict[int, float], dict[int, float]]:
+def _stored_values(provider: DataProvider, run: str, metric: str) -> tuple[Columns, Columns]:
     """A stored run's latest value per rank, and the detector's z of them (its entries have
-    neither)."""
+    neither), each as (ranks, values) columns: at 100,000 ranks a dict per rank cost more
+    than the detector."""
     ranks, values = provider.read_latest_values(run, metric)
-    latest = dict(zip(ranks.tolist(), values.tolist(), strict=True))
-    return latest, views.latest_z(latest, metric)
+    return (ranks, values), views.latest_z_columns(ranks, values, metric)
 
 
 @api.get("/runs/{run:run}/ranks", summary="The rank table: every rank, or one page of it")
@@ -184,13 +192,7 @@ def run_ranks(
     host: Annotated[
         str | None, Query(max_length=1000, description="this host's ranks only")
     ] = None,
-    metric: Annotated[
-        str | None,
-        Query(
-            max_length=records.MAX_NAME_CHARS,
-            description="the value and z columns' metric (default: loss, else the run's first)",
-        ),
-    ] = None,
+    metric: TableMetric = None,
 ) -> StrictJSONResponse:
     provider = _provider(request)
     if all(p is None for p in (sort, desc, page, size, filter, host)):
@@ -212,22 +214,16 @@ def run_ranks(
     except ValueError as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
     head, kept = _table(request, run, metric)
-    return _json({**head, **ranktable.select(kept.rows, query, kept.totals, kept.orders)})
+    return _json({**head, **kept.table.select(query)})
 
 
 @api.get("/runs/{run:run}/nodes", summary="The ranks by node (or rank block), each as its worst")
 def run_nodes(
     request: Request,
     run: str,
-    metric: Annotated[
-        str | None,
-        Query(
-            max_length=records.MAX_NAME_CHARS,
-            description="the z of this metric (default: loss, else the run's first)",
-        ),
-    ] = None,
+    metric: TableMetric = None,
 ) -> StrictJSONResponse:
     head, kept = _table(request, run, metric)
     if kept.cells is None:
-        kept.cells = ranktable.node_cells(kept.rows)
+        kept.cells = ranktable.compact_cells(kept.table.node_cells())
     return _json({**head, **kept.cells})

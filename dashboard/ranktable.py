@@ -46,7 +46,7 @@ SORTS = {
     "host": False,
 }
 FILTER_WORDS = {"odd", "flagged", *ROLES}  # besides a state name, a rank range or host text
-_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
+RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
 
 Row = dict[str, Any]
 
@@ -86,7 +86,7 @@ def parse_query(
     text = (filter or "").strip()
     if len(text) > MAX_FILTER_CHARS:
         raise ValueError(f"filter: at most {MAX_FILTER_CHARS} characters")
-    if (m := _RANGE.match(text)) and m.group(2) and int(m.group(2)) < int(m.group(1)):
+    if (m := RANGE.match(text)) and m.group(2) and int(m.group(2)) < int(m.group(1)):
         raise ValueError(f"filter: the rank range {text!r} ends before it starts")
     return Query(key, down, number, count, text, host if host else None)
 
@@ -194,7 +194,7 @@ def _matcher(query: Query) -> Callable[[Row], bool] | None:
         tests.append(lambda r: r["host"] == host)
     if text:
         word = text.lower()
-        if m := _RANGE.match(text):
+        if m := RANGE.match(text):
             lo = int(m.group(1))
             hi = int(m.group(2)) if m.group(2) else lo
             tests.append(lambda r: lo <= r["rank"] <= hi)
@@ -272,23 +272,29 @@ def select(
             orders[how] = order
     match = _matcher(query)
     ordered_rows = [r for r in order if match(r)] if match is not None else order
-    pages = max(1, math.ceil(len(ordered_rows) / query.size))
+    head, first = paged(query, len(ordered_rows))
+    totals_ = known if known is not None else totals(rows)
+    return {**totals_, **head, "rows": ordered_rows[first : first + query.size]}
+
+
+def paged(query: Query, matched: int) -> tuple[dict[str, Any], int]:
+    """The answer's page fields for ``matched`` rows, and the index of the page's first row."""
+    pages = max(1, math.ceil(matched / query.size))
     page = min(query.page, pages)
     first = (page - 1) * query.size
-    return {
-        **(known if known is not None else totals(rows)),
-        "matched": len(ordered_rows),
+    head = {
+        "matched": matched,
         "page": page,
         "pages": pages,
         "size": query.size,
-        "first": first + 1 if ordered_rows else 0,  # "showing first–last of matched"
-        "last": min(first + query.size, len(ordered_rows)),
+        "first": first + 1 if matched else 0,  # "showing first–last of matched"
+        "last": min(first + query.size, matched),
         "sort": query.sort,
         "desc": query.desc,
         "filter": query.filter,
         "host": query.host,
-        "rows": ordered_rows[first : first + query.size],
     }
+    return head, first
 
 
 def node_cells(rows: Sequence[Row], max_cells: int = MAX_NODE_CELLS) -> dict[str, Any]:
@@ -323,3 +329,15 @@ def node_cells(rows: Sequence[Row], max_cells: int = MAX_NODE_CELLS) -> dict[str
         out["z"].append(round(max(far), 2) if far else None)
     return {"by": "host" if hosts else "block", "block": block, "levels": list(LEVELS),
             "cells": len(out["name"]), "ranks": len(rows), **out}  # fmt: skip
+
+
+def compact_cells(cells: dict[str, Any]) -> dict[str, Any]:
+    """The node map as it is sent: a map of blocks of consecutive ranks (``start`` to
+    ``start + ranks - 1``, ``block`` of them a cell) leaves out each cell's name, first and
+    last rank and count, which follow from those three (nodemap.js puts them back): 12,500
+    blocks send three numbers each."""
+    n = cells["ranks"]
+    if cells["by"] != "block" or not n or cells["last"][-1] - cells["first"][0] != n - 1:
+        return cells
+    out = {k: v for k, v in cells.items() if k not in ("name", "first", "last", "count")}
+    return {**out, "start": cells["first"][0]}

@@ -69,6 +69,11 @@ Ranks = Annotated[str | None, Query(description="Selected ranks, e.g. '0,3,8-11'
 Step = Annotated[int | None, Query(description="First/last step of the window (inclusive)")]
 
 
+def metric_query(description: str) -> Any:
+    """An optional ``metric`` query parameter: one metric name, no longer than the wire allows."""
+    return Query(max_length=records.MAX_NAME_CHARS, description=description)
+
+
 def _provider(request: Request) -> DataProvider:
     return request.app.state.provider
 

@@ -9,6 +9,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from rankwatch.aggregator.provider import (
     ZGrid,
     display_order,
@@ -16,6 +17,7 @@ from rankwatch.aggregator.provider import (
     z_columns,
     z_grid,
     z_step,
+    z_step_columns,
 )
 
 BAND_THRESHOLD_RANKS = 32  # above this many ranks a chart shows a band, not every line
@@ -167,6 +169,13 @@ def robust_z_columns(
 def latest_z(values: Mapping[int, float], metric: str = "") -> dict[int, float]:
     """The detector's z of each rank's latest value (a stored run's rank table)."""
     return z_step(values, metric)
+
+
+def latest_z_columns(
+    ranks: np.ndarray, values: np.ndarray, metric: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``latest_z`` of rank ``ranks[i]``'s latest value ``values[i]``, as columns: (ranks, z)."""
+    return z_step_columns(ranks, values, metric)
 
 
 def heat_grid(

@@ -155,7 +155,7 @@ def test_the_installed_wheel_serves_the_page_and_its_assets(wheel: Path, tmp_pat
         ):
             body = _get(url + path)
             if path == "/":
-                assert b'<script src="/static/vendor/echarts.min.js">' in body
+                assert b'<script defer src="/static/vendor/echarts.min.js">' in body
             else:
                 assert body == source.read_bytes(), path
     finally:

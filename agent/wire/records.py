@@ -248,6 +248,65 @@ class StepBlock:
         return [self.record(i) for i in range(len(self.seq))]
 
 
+@final
+@dataclass(slots=True)
+class RanksBlock:
+    """Step records of one run from distinct ranks, one record per rank, column-wise: what a
+    relay's frame holds in the usual case (a node's ranks at a step, the same metric names
+    in every record). The aggregator's fast decoder makes one of such a frame, so dedupe,
+    health, merge and the store take a frame of many ranks whole, as ``StepBlock`` does a
+    frame of one rank. ``records()`` gives the same records one by one, in frame order.
+
+    Identity columns are plural (``ranks``, ``hosts``, ``pids``, ``incs``) so that code
+    reading ``.rank`` of a record fails on a block instead of reading a list."""
+
+    run: str
+    world_size: int
+    ranks: list[int]
+    seq: list[int]
+    time: list[float]
+    hosts: list[str]
+    pids: list[int]
+    step: list[int]
+    epoch: list[int | None]
+    metrics: dict[str, list[float]]  # metric name -> one value per record
+    incs: list[int]
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def record(self, i: int) -> StepRecord:
+        metrics = {name: values[i] for name, values in self.metrics.items()}
+        return StepRecord(
+            self.run, self.ranks[i], self.seq[i], self.time[i], self.world_size, self.hosts[i],
+            self.pids[i], self.step[i], self.epoch[i], metrics, self.incs[i],
+        )  # fmt: skip
+
+    def records(self) -> list[StepRecord]:
+        return [self.record(i) for i in range(len(self.seq))]
+
+    def check(self) -> None:
+        """Raise ValueError unless every column has one entry per record and the ranks are
+        distinct (what the code taking a block whole relies on)."""
+        n = len(self.seq)
+        columns: dict[str, Sequence[Any]] = {
+            "ranks": self.ranks, "time": self.time, "hosts": self.hosts, "pids": self.pids,
+            "step": self.step, "epoch": self.epoch, "incs": self.incs,
+        }  # fmt: skip
+        columns.update((f"metric {m!r}", v) for m, v in self.metrics.items())
+        for name, column in columns.items():
+            if len(column) != n:
+                raise ValueError(
+                    f"RanksBlock of run {self.run!r}: column {name} has {len(column)} entries "
+                    f"for {n} records"
+                )
+        if len(set(self.ranks)) != n:
+            raise ValueError(f"RanksBlock of run {self.run!r}: a rank appears twice")
+
+
+Block = StepBlock | RanksBlock
+
+
 def to_wire(record: Record) -> dict[str, Any]:
     """The record as a plain map (msgpack-ready; NaN stays a float). Incarnation 0 (an agent
     without one) is left out, as such an agent writes it."""
@@ -315,9 +374,13 @@ def decode_maps_blocks(raws: list[Any]) -> list[Record | StepBlock]:
     return [_step_fast(r, copy=False) or _decode_checked(r) for r in raws]
 
 
-def unblock(items: Sequence[Record | StepBlock]) -> list[Record]:
-    """``items`` with every StepBlock replaced by its records, in order."""
-    return [r for item in items for r in (item.records() if type(item) is StepBlock else (item,))]
+def unblock(items: Sequence[Record | StepBlock | RanksBlock]) -> list[Record]:
+    """``items`` with every StepBlock and RanksBlock replaced by its records, in order."""
+    return [
+        r
+        for item in items
+        for r in (item.records() if isinstance(item, (StepBlock, RanksBlock)) else (item,))
+    ]
 
 
 def frame_maps(frame: bytes) -> list[Any]:

@@ -249,9 +249,8 @@ class CommandBook:
             if missing and now - issued.asked < ASK_TIMEOUT_S:
                 continue
             for a in missing:
-                a.state, a.word = "no_ack", ""
-                a.detail = f"no answer in {ASK_TIMEOUT_S:g} s: the command is aborted for all"
-                self.n["command_no_ack"] += 1
+                why = f"no answer in {ASK_TIMEOUT_S:g} s: the command is aborted for all"
+                self._settle(a, "no_ack", why, "command_no_ack")
             bad = [a for a in answers if a.state in ("refused", "failed", "no_ack")]
             late = [a for a in answers if a.state == "late"]
             if bad or (late and issued.moves >= MAX_MOVES):
@@ -328,46 +327,57 @@ class CommandBook:
         (their loop does not ask ``should_stop``, or the answer was lost): ``failed``, so the
         command settles instead of waiting for ever. ``last_step(run, rank)``: the rank's
         newest step. The commands that changed."""
+
+        def verdict(issued: Issued, rank: int, answer: RankAnswer) -> str | None:
+            if issued.step is None or issued.kind == "note" or issued.phase not in ("", "go"):
+                return None
+            step = last_step(issued.run, rank)
+            if answer.state not in ("received", "late") or step is None:
+                return None
+            if step < issued.step + PASSED_STEPS or step < (answer.at or 0) + PASSED_STEPS:
+                return None
+            answer.step = step
+            return (f"reported step {step} without acting at step {answer.at or issued.step}: "
+                    "its loop does not call should_stop(), or the answer was lost")  # fmt: skip
+
+        return self._sweep(now, "failed", "command_not_acted", verdict)
+
+    def expire(self, now: float) -> list[Issued]:
+        """Ranks that never answered within ``ACK_TIMEOUT_S`` become ``no_ack``; the commands
+        that changed."""
+
+        def verdict(issued: Issued, rank: int, answer: RankAnswer) -> str | None:
+            if now - issued.created < ACK_TIMEOUT_S or answer.state not in WAITING:
+                return None
+            return (f"no answer in {ACK_TIMEOUT_S:g} s after {answer.sends} send(s): the rank "
+                    "is gone, unreachable, or its agent predates commands")  # fmt: skip
+
+        return self._sweep(now, "no_ack", "command_no_ack", verdict)
+
+    def _sweep(
+        self,
+        now: float,
+        state: str,
+        counter: str,
+        verdict: Callable[[Issued, int, RankAnswer], str | None],
+    ) -> list[Issued]:
+        """Every rank answer ``verdict`` gives a reason for is settled as ``state``; the
+        commands that changed."""
         out = []
         for issued in self._held.values():
-            if issued.step is None or issued.kind == "note" or issued.phase not in ("", "go"):
-                continue
             changed = False
             for rank, answer in issued.answers.items():
-                step = last_step(issued.run, rank)
-                if answer.state not in ("received", "late") or step is None:
-                    continue
-                if step >= issued.step + PASSED_STEPS and step >= (answer.at or 0) + PASSED_STEPS:
-                    answer.state, answer.word, answer.step = "failed", "", step
-                    answer.detail = (
-                        f"reported step {step} without acting at step {answer.at or issued.step}: "
-                        "its loop does not call should_stop(), or the answer was lost"
-                    )
-                    self.n["command_not_acted"] += 1
+                why = verdict(issued, rank, answer)
+                if why is not None:
+                    self._settle(answer, state, why, counter)
                     changed = True
             if changed:
                 issued.updated = now
                 out.append(issued)
         return out
 
-    def expire(self, now: float) -> list[Issued]:
-        """Ranks that never answered within ``ACK_TIMEOUT_S`` become ``no_ack``; the commands
-        that changed."""
-        out = []
-        for issued in self._held.values():
-            if now - issued.created < ACK_TIMEOUT_S:
-                continue
-            changed = False
-            for answer in issued.answers.values():
-                if answer.state in WAITING:
-                    answer.state, answer.word = "no_ack", ""
-                    answer.detail = (
-                        f"no answer in {ACK_TIMEOUT_S:g} s after {answer.sends} send(s): the "
-                        "rank is gone, unreachable, or its agent predates commands"
-                    )
-                    self.n["command_no_ack"] += 1
-                    changed = True
-            if changed:
-                issued.updated = now
-                out.append(issued)
-        return out
+    def _settle(self, answer: RankAnswer, state: str, why: str, counter: str) -> None:
+        """The book settles a rank's answer itself (no answer came, or the rank did not act):
+        nothing more is sent to the rank, and it is counted."""
+        answer.state, answer.word, answer.detail = state, "", why
+        self.n[counter] += 1

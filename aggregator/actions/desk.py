@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rankwatch.agent.wire.commands import ACK_EVENT, COMMAND_KINDS, CommandError
-from rankwatch.agent.wire.records import EventRecord, StepBlock, StepRecord
+from rankwatch.agent.wire.records import EventRecord, RanksBlock, StepBlock, StepRecord
 from rankwatch.aggregator.actions.agree import STOP_LEAD_S, stop_step, typical_step_time
 from rankwatch.aggregator.actions.book import CommandBook, Issued
 from rankwatch.aggregator.actions.policy import Case, Decision, PolicyEngine, Rule
@@ -49,9 +49,15 @@ class ActionDesk:
         self._highest: dict[str, tuple[int, float]] = {}  # run -> (step, its record time)
         self._pace: dict[str, float] = {}  # run -> seconds per step, from those records
 
-    def steps(self, items: Iterable[StepRecord | StepBlock]) -> None:
-        highest = self._highest
+    def steps(self, items: Iterable[StepRecord | StepBlock | RanksBlock]) -> None:
         for item in items:
+            if type(item) is RanksBlock:  # as its records one by one
+                top = max(item.step)
+                prev = self._highest.get(item.run)
+                if prev is None or top > prev[0]:
+                    for step, made in zip(item.step, item.time, strict=True):
+                        self._step(item.run, step, made)
+                continue
             if type(item) is StepBlock:
                 step, made = item.step[-1], item.time[-1]
                 if item.step[0] < step and item.time[0] < made:  # the block's own pace
@@ -60,16 +66,20 @@ class ActionDesk:
                     self._pace[item.run] = pace if old is None else old + PACE_WEIGHT * (pace - old)
             else:
                 step, made = item.step, item.time
-            prev = highest.get(item.run)
-            if prev is None or step > prev[0]:
-                if prev is None and len(highest) >= MAX_CASES:
-                    self._pace.pop(next(iter(highest)), None)
-                    del highest[next(iter(highest))]
-                highest[item.run] = (step, made)
-                if prev is not None and made > prev[1]:
-                    pace = (made - prev[1]) / (step - prev[0])
-                    old = self._pace.get(item.run)
-                    self._pace[item.run] = pace if old is None else old + PACE_WEIGHT * (pace - old)
+            self._step(item.run, step, made)
+
+    def _step(self, run: str, step: int, made: float) -> None:
+        highest = self._highest
+        prev = highest.get(run)
+        if prev is None or step > prev[0]:
+            if prev is None and len(highest) >= MAX_CASES:
+                self._pace.pop(next(iter(highest)), None)
+                del highest[next(iter(highest))]
+            highest[run] = (step, made)
+            if prev is not None and made > prev[1]:
+                pace = (made - prev[1]) / (step - prev[0])
+                old = self._pace.get(run)
+                self._pace[run] = pace if old is None else old + PACE_WEIGHT * (pace - old)
 
     def started(self, run: str) -> None:
         """A rank of ``run`` (re)started: its step count may begin again."""
@@ -92,7 +102,7 @@ class ActionDesk:
         health: Health,
         changes: Iterable[IncidentChange],
         events: Iterable[EventRecord],
-        steps: Iterable[StepRecord | StepBlock],
+        steps: Iterable[StepRecord | StepBlock | RanksBlock],
         send: Send,
         inc_of: Callable[[str, int], int],
     ) -> list[dict[str, Any]]:

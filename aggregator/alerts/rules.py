@@ -4,7 +4,10 @@ Pure: ``now`` is passed in. ``AlertEngine.evaluate`` keeps a set of *conditions*
 run, rank, metric) and returns only transitions: an alert that starts firing, or one that
 resolves. When more than ``group_ranks`` ranks of one run trip the same rule on the same metric
 (all ranks lost when the head node's network drops, NaN everywhere), they are published as one
-run-level alert (``rank=None``) instead of thousands.
+run-level alert (``rank=None``) instead of thousands, and only the groups that changed are
+published again (``conds.py``). The health rules look again only at the ranks whose state
+changed (``health_changed``) in a run of more than ``FULL_PASS_RANKS`` ranks: a pass costs what
+changed, not one condition per lost rank.
 
 An Alert's words for people (its one line, a message's title) are the sinks' part:
 ``sinks/words.py``, which reads Alerts and their dict form alike.
@@ -14,34 +17,33 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rankwatch.aggregator.alerts.conds import GROUP_LISTED, Conds, Group, cond_key, group_words
+from rankwatch.aggregator.alerts.conds import Cond as _Cond
 from rankwatch.aggregator.alerts.config import (
     OPS,
-    SEVERITIES,
     AlertConfig,
     PlateauRule,
     ThresholdRule,
     ThroughputRule,
 )
+from rankwatch.aggregator.alerts.grouping import RankedGroup
+from rankwatch.aggregator.alerts.healthrules import FULL_PASS_RANKS, HealthRules
 from rankwatch.aggregator.divergence.detector import (
     Divergence,
     DivergenceConfig,
     QuietSteps,
     StepResult,
     StepStats,
-    step_lag,
 )
-from rankwatch.aggregator.health import RankHealth, RankState, run_state
+from rankwatch.aggregator.health import RankHealth
 from rankwatch.aggregator.telemetry.metrics import RULES as HARDWARE_RULES
 from rankwatch.aggregator.telemetry.outliers import Finding
 
-HEALTH_RULES = {RankState.STALLED: "stalled", RankState.LOST: "lost", RankState.CRASHED: "crashed"}
-GROUP_LISTED = 5  # ranks named in a grouped alert's message
-
-__all__ = ["Alert", "AlertEngine"]
+__all__ = ["FULL_PASS_RANKS", "Alert", "AlertEngine"]
 
 
 @dataclass(frozen=True)
@@ -61,27 +63,6 @@ class Alert:
     ranks: tuple[int, ...] = ()  # the ranks involved, for a grouped alert
 
 
-@dataclass(frozen=True)
-class _Cond:
-    rule: str
-    run: str
-    rank: int | None
-    metric: str | None
-    since_step: int | None
-    since_time: float
-    value: float | None
-    message: str
-    severity: str
-
-    @property
-    def key(self) -> str:
-        return _cond_key(self.rule, self.run, self.rank, self.metric)
-
-
-def _cond_key(rule: str, run: str, rank: int | None, metric: str | None) -> str:
-    return f"{rule}|{run}|{'' if rank is None else rank}|{metric or ''}"
-
-
 class _Series:
     """Per (run, metric) memory of the step-based rules."""
 
@@ -99,7 +80,7 @@ class _Series:
         """``_Cond.key`` of this run's run-level condition (made once: it is asked per step)."""
         key = self._keys.get((rule, metric))
         if key is None:
-            key = self._keys[(rule, metric)] = _cond_key(rule, self.run, None, metric)
+            key = self._keys[(rule, metric)] = cond_key(rule, self.run, None, metric)
         return key
 
 
@@ -136,13 +117,15 @@ def _throughput_cond(s: StepStats, baseline: float, since: int, now: float, seve
     return _Cond("throughput_drop", s.run, None, s.metric, since, now, s.median, msg, severity)
 
 
-class AlertEngine:
+class AlertEngine(HealthRules):
     def __init__(
         self, config: AlertConfig | None = None, divergence: DivergenceConfig | None = None
     ):
         self.config = config or AlertConfig()
         self.divergence = divergence or DivergenceConfig()
-        self._conds: dict[str, _Cond] = {}
+        self._conds = Conds()
+        self._pub_groups: dict[Group, set[str]] = {}  # the published keys of each group
+        self._health_of: dict[str, dict[int, str]] = {}  # run -> rank -> its health rule
         self._series: dict[tuple[str, str], _Series] = {}
         # conditions the step rules set, built when evaluate settles them (_defer)
         self._pending: dict[str, tuple[int | None, Callable[..., _Cond], tuple[Any, ...]]] = {}
@@ -150,6 +133,7 @@ class AlertEngine:
         self._history: deque[Alert] = deque(maxlen=self.config.history_size)
         self._health_seen: Mapping[str, Mapping[int, RankHealth]] | None = None
         self._finished: set[str] = set()  # runs finished in that snapshot
+        self._steps_of = {}
 
     def evaluate(
         self,
@@ -158,10 +142,17 @@ class AlertEngine:
         results: Iterable[StepResult | QuietSteps] = (),
         health: Mapping[str, Mapping[int, RankHealth]] | None = None,
         hardware: Sequence[Finding] | None = None,
+        health_changed: Collection[tuple[str, int]] | None = None,
+        health_evaluated: Collection[tuple[str, int]] | None = None,
     ) -> list[Alert]:
         """Update the conditions; return the alerts that started firing or resolved.
         ``hardware``: every hardware condition that holds now (``telemetry.outliers``); the
-        hardware rules' conditions are replaced by them (None: left as they are)."""
+        hardware rules' conditions are replaced by them (None: left as they are).
+        ``health_changed``: the (run, rank) whose state may differ from the last ``health``
+        given (None: any rank's); a run of more than ``FULL_PASS_RANKS`` ranks is looked at
+        again only in those. ``health_evaluated``: the (run, rank) evaluated again since then,
+        whose last step may have moved (None: any rank's); the straggler rule of such a run
+        updates only those ranks' steps."""
         for res in results:
             if isinstance(res, QuietSteps):  # nothing flagged or resolved: only the step rules
                 if self._watched(res.metric):
@@ -178,7 +169,7 @@ class AlertEngine:
                 # a second, or after a state-changing record): its conditions hold as they are
                 self._drop_finished()
             else:
-                self._health(health, now)
+                self._health(health, now, health_changed, health_evaluated)
                 self._health_seen = health
         return self._publish(now)
 
@@ -193,17 +184,18 @@ class AlertEngine:
 
     def _set(self, cond: _Cond, before: Mapping[str, _Cond] | None = None) -> None:
         if self.config.enabled(cond.rule):
-            old = self._conds.get(cond.key) or (before or {}).get(cond.key)
+            key = cond.key
+            old = self._conds.get(key) or (before or {}).get(key)
             # Keep when it began: a condition that persists is one condition.
             if old is not None:
                 cond = replace(cond, since_step=old.since_step, since_time=old.since_time)
-            self._conds[cond.key] = cond
+            self._conds.put(cond, key)
 
     def _clear(self, rule: str, run: str, rank: int | None, metric: str | None) -> None:
-        self._drop(_cond_key(rule, run, rank, metric))
+        self._drop(cond_key(rule, run, rank, metric))
 
     def _drop(self, key: str) -> None:
-        self._conds.pop(key, None)
+        self._conds.pop(key)
         self._pending.pop(key, None)
 
     def _divergences(self, res: StepResult, now: float) -> None:
@@ -332,42 +324,11 @@ class AlertEngine:
             while len(base) > rule.baseline_steps:
                 base.popleft()
 
-    def _drop_finished(self) -> None:
-        """A finished run has nothing left to alert about."""
-        for run in self._finished:
-            for key in [k for k, c in self._conds.items() if c.run == run]:
-                del self._conds[key]
-
-    def _health(self, health: Mapping[str, Mapping[int, RankHealth]], now: float) -> None:
-        live = {"stalled", "lost", "crashed", "straggler"}
-        before = {k: c for k, c in self._conds.items() if c.rule in live}
-        for key in before:
-            del self._conds[key]  # recomputed from the snapshot below
-        self._finished = {run for run, ranks in health.items()
-                          if run_state(ranks.values()) == "finished"}  # fmt: skip
-        self._drop_finished()
-        for run, ranks in health.items():
-            if run in self._finished:
-                continue
-            for rank, h in ranks.items():
-                rule = HEALTH_RULES.get(h.state)
-                if rule is not None:
-                    msg = f"rank {rank} ({h.host or 'unknown host'}) {h.message}"
-                    sev = self.config.severity_of(rule)
-                    cond = _Cond(rule, run, rank, None, h.last_step, h.since, None, msg, sev)
-                    self._set(cond, before)
-            steps = {
-                rank: h.last_step
-                for rank, h in ranks.items()
-                if h.last_step is not None and h.state in (RankState.ALIVE, RankState.STALLED)
-            }
-            for d in step_lag(run, steps, self.divergence):
-                self._set(self._from_divergence("straggler", d, now), before)
-
     def _hardware(self, findings: Sequence[Finding]) -> None:
-        before = {k: c for k, c in self._conds.items() if c.rule in HARDWARE_RULES}
+        before = {k: c for g in self._conds.groups(HARDWARE_RULES)
+                  for k, c in self._conds.group(g).items()}  # fmt: skip
         for key in before:
-            del self._conds[key]
+            self._conds.pop(key)
         for f in findings:
             sev = self.config.severity_of(f.rule)
             cond = _Cond(f.rule, f.run, f.rank, f.metric, None, f.since_time, f.value, f.message,
@@ -377,48 +338,56 @@ class AlertEngine:
     # --- publishing ------------------------------------------------------------------------
 
     def _publish(self, now: float) -> list[Alert]:
-        groups: dict[tuple[str, str, str | None], list[_Cond]] = {}
-        for cond in self._conds.values():
-            groups.setdefault((cond.rule, cond.run, cond.metric), []).append(cond)
-        wanted: dict[str, Alert] = {}
-        for (rule, run, metric), conds in groups.items():
-            per_rank = [c for c in conds if c.rank is not None]
-            if len(per_rank) > self.config.group_ranks:
-                alert = _group_alert(rule, run, metric, per_rank, now)
-                wanted[alert.key] = alert
-                conds = [c for c in conds if c.rank is None]
-            for c in conds:
-                wanted[c.key] = Alert(
-                    c.key, c.rule, c.severity, "firing", c.run, c.rank, c.metric, c.since_step,
-                    c.since_time, now, c.value, c.message,
-                )  # fmt: skip
+        """The groups that changed, published again: their new and resolved alerts."""
         out: list[Alert] = []
-        for key, alert in wanted.items():
-            old = self._published.get(key)
-            if old is None:
-                out.append(alert)
-                self._published[key] = alert
-            else:  # still firing: keep its first time, refresh the words
-                self._published[key] = replace(alert, time=old.time)
-        for key in [k for k in self._published if k not in wanted]:
-            old = self._published.pop(key)
-            out.append(replace(old, state="resolved", time=now, message=f"resolved: {old.message}"))
+        resolved: list[Alert] = []
+        for group in self._conds.take_dirty():
+            wanted = self._wanted(group, now)
+            for key, alert in wanted.items():
+                old = self._published.get(key)
+                if old is None:
+                    out.append(alert)
+                    self._published[key] = alert
+                else:  # still firing: keep its first time, refresh the words
+                    self._published[key] = replace(alert, time=old.time)
+            for key in self._pub_groups.pop(group, set()) - wanted.keys():
+                old = self._published.pop(key)
+                resolved.append(replace(old, state="resolved", time=now,
+                                        message=f"resolved: {old.message}"))  # fmt: skip
+            if wanted:
+                self._pub_groups[group] = set(wanted)
+        out += resolved
         self._history.extend(out)
         return out
 
+    def _wanted(self, group: Group, now: float) -> dict[str, Alert]:
+        """The alerts one group's conditions make now."""
+        wanted: dict[str, Alert] = {}
+        ranked = self._conds.ranked(group)
+        if ranked is not None and len(ranked) > self.config.group_ranks:
+            alert = _group_alert(*group, ranked, now)
+            wanted[alert.key] = alert
+            run_level = self._conds.get(cond_key(group[0], group[1], None, group[2]))
+            conds = [] if run_level is None else [run_level]
+        else:
+            conds = list(self._conds.group(group).values())
+        for c in conds:
+            wanted[c.key] = Alert(
+                c.key, c.rule, c.severity, "firing", c.run, c.rank, c.metric, c.since_step,
+                c.since_time, now, c.value, c.message,
+            )  # fmt: skip
+        return wanted
 
-def _group_alert(
-    rule: str, run: str, metric: str | None, conds: Sequence[_Cond], now: float
-) -> Alert:
-    conds = sorted(conds, key=lambda c: c.rank if c.rank is not None else -1)
-    ranks = tuple(c.rank for c in conds if c.rank is not None)
-    first = conds[0]
-    listed = "; ".join(c.message for c in conds[:GROUP_LISTED])
-    more = f"; and {len(conds) - GROUP_LISTED} more" if len(conds) > GROUP_LISTED else ""
-    steps = [c.since_step for c in conds if c.since_step is not None]
-    sev = max((c.severity for c in conds), key=SEVERITIES.index)
+
+def _group_alert(rule: str, run: str, metric: str | None, group: RankedGroup, now: float) -> Alert:
+    """One alert for many ranks' conditions, from what ``RankedGroup`` keeps up to date: a pass
+    costs the ranks that changed, not the group's size."""
+    ranks = group.ranks()
+    first = [group.by_rank[r] for r in ranks[:GROUP_LISTED]]
+    since_time = group.since_time()
+    assert since_time is not None  # a group with ranks
     return Alert(
-        f"{rule}|{run}|*|{metric or ''}", rule, sev, "firing", run, None, metric,
-        min(steps) if steps else None, min(c.since_time for c in conds), now, first.value,
-        f"{len(conds)} ranks: {listed}{more}", ranks,
+        f"{rule}|{run}|*|{metric or ''}", rule, group.severity(), "firing", run, None, metric,
+        group.since_step(), since_time, now, first[0].value, group_words(rule, first, ranks),
+        ranks,
     )  # fmt: skip

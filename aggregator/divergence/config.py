@@ -5,8 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
+from rankwatch.aggregator.divergence import ztail
+from rankwatch.aggregator.divergence.budget import small_world_limit, window_alpha
 from rankwatch.aggregator.metrics import KNOWN_METRICS, KnownMetric
 
 DIRECTIONS = ("both", "high", "low", "off")
@@ -54,7 +57,7 @@ class DivergenceConfig:
     z_allowance: float = 1.5  # CUSUM reference: steps with |z| below this remove evidence
     evidence_limit: float = 4.5  # CUSUM limit: flag when the evidence reaches this ...
     evidence_ranks: int = 8  # ... for worlds up to this many ranks; beyond, it grows by ...
-    evidence_per_doubling: float = 0.25  # ... this per doubling of the ranks (limit_for)
+    evidence_per_doubling: float = 0.30  # ... this per doubling of the ranks (limit_for)
     confirm_steps: int = 2  # fewest consecutive steps that can confirm (caps one step's evidence)
     small_n: int = 8  # below this many ranks the median and MAD are shaky: ...
     small_confirm_steps: int = 3  # ... so confirmation takes at least this many steps
@@ -71,9 +74,12 @@ class DivergenceConfig:
     blame_factor: float = 2.0  # a pair names a rank when it moved this much more than the other
     window_steps: int = 5  # the window-sum test beside the CUSUM: its window (0: off) ...
     window_allowance: float = 0.5  # ... each step adds min(max(z - this, 0), limit / 2) ...
-    window_alarms_per_hour: float = 0.06  # ... its limit spends this share of the budget:
-    budget_steps_per_hour: float = 3600.0  # false alarms per run-hour at this step rate ...
-    budget_metrics: int = 5  # ... with this many metrics scored (window_limit)
+    alarms_per_hour: float = 0.1  # the false-alarm budget per run-hour on clean data ...
+    budget_steps_per_hour: float = 3600.0  # ... at this step rate ...
+    budget_metrics: int = 5  # ... with this many metrics scored; the window test's limit
+    # spends what the CUSUM's limits leave of it (budget.py) ...
+    budget_spread: float = 0.1  # ... and small worlds' limits hold it on metrics whose ranks
+    # spread by up to this share of their median (ztail.py: the wider, the heavier z's tail)
     lag_steps: int = 20  # step_lag: a rank this many steps behind the median is a straggler
     lag_mad_factor: float = 5.0  # ... or more, when ranks log asynchronously (x 1.4826 MAD)
     rules: Mapping[str, MetricRule] = field(default_factory=lambda: dict(DEFAULT_RULES))
@@ -101,9 +107,10 @@ class DivergenceConfig:
             "blame_factor": self.blame_factor >= 1,
             "window_steps": self.window_steps == 0 or self.window_steps >= 2,
             "window_allowance": self.window_allowance >= 0,
-            "window_alarms_per_hour": self.window_alarms_per_hour > 0,
+            "alarms_per_hour": self.alarms_per_hour > 0,
             "budget_steps_per_hour": self.budget_steps_per_hour > 0,
             "budget_metrics": self.budget_metrics >= 1,
+            "budget_spread": 0 <= self.budget_spread < 1,
             "lag_steps": self.lag_steps >= 1,
             "lag_mad_factor": self.lag_mad_factor >= 0,
         }
@@ -130,16 +137,45 @@ class DivergenceConfig:
             kwargs[key] = value
         return cls(**kwargs)
 
-    def limit_for(self, n: int) -> float:
-        """The CUSUM limit for a step scored across ``n`` ranks.
+    def grown_limit(self, n: int) -> float:
+        """The CUSUM limit the budget counts at ``n`` ranks, on z ~ N(0, 1).
 
         Every rank is a chance of a false flag, so a world twice as big would raise twice as
-        many false alarms at one limit. +0.25 halves a rank's false-flag rate (the CUSUM's
-        run length grows ~4x per +0.5; docs/divergence.md), so the run as a whole raises about
-        as many false alarms at 4,096 ranks as at 8."""
+        many false alarms at one limit. +0.25 per doubling would halve a rank's rate and hold
+        the run's where it is at 8 ranks (the CUSUM's run length grows ~4x per +0.5); the
+        default grows faster, so the CUSUM spends less of the budget in bigger worlds and the
+        window test, which confirms a shift of a few sigma sooner, gets the rest
+        (budget.py, docs/divergence.md)."""
         if n <= self.evidence_ranks or not self.evidence_per_doubling:
             return self.evidence_limit
         return self.evidence_limit + self.evidence_per_doubling * math.log2(n / self.evidence_ranks)
+
+    def limit_for(self, n: int) -> float:
+        """The CUSUM limit for a step scored across ``n`` ranks: ``grown_limit``, raised in a
+        small world (``ztail.applies``, from ``small_n`` ranks) until the CUSUM, on the law of
+        that world's z, flags a rank no more often than the normal model says it does at
+        ``grown_limit`` (the z of a few ranks has a heavier tail: budget.small_world_limit,
+        docs/divergence.md). Below ``small_n`` a flag takes three steps and the limits stay
+        the grown ones: there the law's rate did not match what was measured."""
+        limit = self._limits.get(n)
+        if limit is None:
+            limit = self._limits[n] = self._limit(n)
+        return limit
+
+    def _limit(self, n: int) -> float:
+        grown = self.grown_limit(n)
+        if n < self.small_n or not ztail.applies(n):
+            return grown
+        error = ztail.scale_error(self.spread_alpha, n)
+        return small_world_limit(
+            grown, self.z_allowance, self.confirm_steps, self.confirm_steps, n,
+            self.spread_pool, self.budget_spread, error,
+        )  # fmt: skip
+
+    @cached_property
+    def _limits(self) -> dict[int, float]:
+        # the limits by world size, derived once per config (limit_for is on the scoring path)
+        return {}
 
     @property
     def quiet_below(self) -> float:
@@ -150,11 +186,9 @@ class DivergenceConfig:
 
     def window_alpha(self, n: int) -> float:
         """The window test's false-flag probability per rank, step and direction in a world of
-        ``n`` ranks: ``window_alarms_per_hour`` spread over every rank, metric and step of an
-        hour, and the two directions."""
-        return self.window_alarms_per_hour / (
-            self.budget_steps_per_hour * max(n, 1) * self.budget_metrics * 2
-        )
+        ``n`` ranks: the budget the CUSUM's limits leave (``budget.window_alarms_per_hour``)
+        spread over every rank, metric and step of an hour, and the two directions."""
+        return window_alpha(self, n)
 
     def rule(self, metric: str) -> MetricRule:
         """The rule for ``metric``, matching ``train/loss`` or ``train.loss`` by ``loss`` too."""

@@ -118,6 +118,26 @@ class DivergenceDetector:
             observe_offset(self.config, st, ost, sv, result.stats, result.new, result.resolved)
         return result
 
+    def update_array(
+        self, run: str, metric: str, step: int, ranks: np.ndarray, values: np.ndarray,
+        world_size: int, complete: bool = True,
+    ) -> StepResult:  # fmt: skip
+        """``update`` of the step whose rank ``ranks[i]`` reported ``values[i]`` (int64 and
+        float64 arrays, ranks distinct): the same verdicts and state; a large world's step is
+        scored from the arrays as they are."""
+        key = (run, metric)
+        st = self._states.get(key)
+        if st is None:
+            st = self._states[key] = MetricState(self.config.rule(metric))
+        large = not st.lists or (ranks.size > 0 and int(ranks.max()) >= PY_MAX_RANKS)
+        if not large or st.rule.offset_steps is not None:
+            values_of = dict(zip(ranks.tolist(), values.tolist(), strict=True))
+            return self.update(StepValues(run, metric, step, values_of, world_size, complete))
+        sv = StepValues(run, metric, step, {}, world_size, complete)
+        result, ignored = score_arrays(self.config, st, sv, (ranks, values))
+        self.ignored_ranks += ignored
+        return result
+
     def update_many(self, groups: Sequence[StepValues | StepGrid]) -> list[StepResult | QuietSteps]:
         """``update`` of each StepValues (a StepGrid: of each of its ``step_values()``): the
         same verdicts, the same state after. Results come per (run, metric) in the order given,
@@ -195,10 +215,12 @@ class DivergenceDetector:
     ) -> list[StepResult] | list[StepResult | QuietSteps]:
         v = values.v[:, :, j]
 
+        ranks = np.array(grid.ranks, np.int64)
+
         def one(i: int) -> StepResult:
-            values = dict(zip(grid.ranks, v[i].tolist(), strict=True))
-            sv = StepValues(key[0], key[1], grid.steps[i], values, grid.world_size, grid.complete)
-            return self.update(sv)
+            return self.update_array(
+                key[0], key[1], grid.steps[i], ranks, v[i], grid.world_size, grid.complete
+            )
 
         st = self._batch_state(key, grid.ranks, len(grid.steps))
         if st is None:

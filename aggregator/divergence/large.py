@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from rankwatch.aggregator.divergence import window
 from rankwatch.aggregator.divergence.config import DivergenceConfig
+from rankwatch.aggregator.divergence.lists import plan_for, quantiles_at
 from rankwatch.aggregator.divergence.lists import rel_list as _rel_lists
 from rankwatch.aggregator.divergence.small import PY_MAX_RANKS, no_stats
 from rankwatch.aggregator.divergence.state import (
@@ -25,17 +26,26 @@ from rankwatch.aggregator.divergence.types import Divergence, RankScores, StepRe
 from rankwatch.aggregator.merge import StepValues
 
 MAX_RANK = 1 << 20  # ranks at or above this are ignored (state arrays are indexed by rank)
-PERCENTILES = (5.0, 25.0, 50.0, 75.0, 95.0)
 
 
-def score_arrays(cfg: DivergenceConfig, st: MetricState, sv: StepValues) -> tuple[StepResult, int]:
+def score_arrays(
+    cfg: DivergenceConfig,
+    st: MetricState,
+    sv: StepValues,
+    columns: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[StepResult, int]:
     """One step scored with numpy, and how many values came from ranks outside
-    0..MAX_RANK-1 (ignored)."""
+    0..MAX_RANK-1 (ignored). ``columns``: the step's (ranks, values) as arrays, in place of
+    ``sv.values`` (a grid's row: no dict to build and read back)."""
     ignored = 0
     st.to_arrays()
-    count = len(sv.values)
-    ranks = np.fromiter(sv.values.keys(), np.int64, count)
-    values = np.fromiter(sv.values.values(), np.float64, count)
+    if columns is None:
+        count = len(sv.values)
+        ranks = np.fromiter(sv.values.keys(), np.int64, count)
+        values = np.fromiter(sv.values.values(), np.float64, count)
+    else:
+        ranks, values = columns
+        count = len(ranks)
     if count and (ranks.min() < 0 or ranks.max() >= MAX_RANK):
         keep = (ranks >= 0) & (ranks < MAX_RANK)
         ignored = int(count - keep.sum())
@@ -143,11 +153,12 @@ def _evidence(
         sides.append((direction, ev, gate))
     windowed = np.zeros((2, ranks.size), bool)  # high, low
     if cfg.window_steps and stats.n >= cfg.small_n:
-        for i, direction, since in window.step_arrays(cfg, st, step, ranks, z, stats.n):
-            hi = direction == "high"
-            if (rel[i] >= hi_ratio) if hi else (rel[i] <= lo_ratio):
-                windowed[0 if hi else 1, i] = True
-                window.mark_start(st, direction, int(ranks[i]), since)
+        bounds = (hi_ratio, lo_ratio)
+        for i, direction, since in window.step_arrays(
+            cfg, st, step, ranks, z, rel, stats.n, bounds
+        ):
+            windowed[0 if direction == "high" else 1, i] = True
+            window.mark_start(st, direction, int(ranks[i]), since)
     if st.active:
         pos = np.full(st.size, -1, np.int64)
         pos[ranks] = np.arange(ranks.size)
@@ -158,7 +169,7 @@ def _evidence(
         (i, direction)
         for direction, ev, gate in sides
         for i in np.flatnonzero(
-            ((ev[ranks] >= limit) | windowed[0 if direction == "high" else 1]) & gate
+            ((ev[ranks] >= limit) & gate) | windowed[0 if direction == "high" else 1]
         ).tolist()
         if (int(ranks[i]), "outlier") not in st.active
     ]
@@ -172,8 +183,19 @@ def _stats(sv: StepValues, v: np.ndarray) -> StepStats:
     n = int(v.size)
     if n == 0:
         return no_stats(sv)
-    p5, p25, med, p75, p95 = (float(x) for x in np.percentile(v, PERCENTILES))
-    mad = float(np.median(np.abs(v - med)))
+    # np.percentile and np.median, without their fixed cost: the order statistics they read,
+    # by one partition each, combined as they combine them (lists.quantiles)
+    plan = plan_for(n)
+    kth = sorted({i for lo, hi, _ in plan for i in (lo, hi)})
+    order = dict(zip(kth, np.partition(v, kth)[kth].tolist(), strict=True))
+    p5, p25, med, p75, p95 = quantiles_at(plan, order)
+    dev = np.abs(v - med)
+    half = n >> 1
+    if n & 1:
+        mad = float(np.partition(dev, half)[half])
+    else:
+        lo, hi = np.partition(dev, (half - 1, half))[half - 1 : half + 1].tolist()
+        mad = (lo + hi) / 2
     return StepStats(
         sv.run, sv.metric, sv.step, n, med, mad, float(v.mean()), float(v.min()), float(v.max()),
         p5, p25, p75, p95,

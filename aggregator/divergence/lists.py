@@ -14,9 +14,10 @@ up to ``PAIRWISE_BLOCK`` values (eight accumulators, then the tail), which is ho
 from __future__ import annotations
 
 import math
+from typing import Any
 
 PAIRWISE_BLOCK = 128  # numpy's PW_BLOCKSIZE: below this its pairwise sum is one unrolled block
-QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)  # PERCENTILES / 100, as numpy divides them
+QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)  # percentiles 5..95 / 100, as numpy divides them
 
 # n -> per quantile (lower index, upper index, gamma); the same for every step of a world.
 _plans: dict[int, list[tuple[int, int, float]]] = {}
@@ -35,9 +36,19 @@ def quantile_plan(n: int) -> list[tuple[int, int, float]]:
     return plan
 
 
+def plan_for(n: int) -> list[tuple[int, int, float]]:
+    """``quantile_plan(n)``, computed once per world size."""
+    return _plans.get(n) or quantile_plan(n)
+
+
 def quantiles(s: list[float]) -> list[float]:
     """p5, p25, p50, p75, p95 of the sorted, non-empty ``s``, as ``np.percentile`` computes."""
-    plan = _plans.get(len(s)) or quantile_plan(len(s))
+    return quantiles_at(plan_for(len(s)), s)
+
+
+def quantiles_at(plan: list[tuple[int, int, float]], s: Any) -> list[float]:
+    """``quantiles`` from the order statistics ``s[i]`` that ``plan`` reads (a sorted list, or
+    a mapping of just those positions)."""
     out = []
     for lo, hi, gamma in plan:
         a, b = s[lo], s[hi]

@@ -13,7 +13,7 @@ mean is 0 with standard deviation ``sigma / sqrt(offset_steps)``, ``sigma`` the 
 standard deviation of their log ratios around their own window means (an offset that lasts
 does not widen it), averaged over the run's steps (an EWMA of weight ``1 / offset_steps``). A
 rank whose mean passes ``OFFSET_Z`` of those standard deviations (raised with the world like
-the CUSUM limit: ``DivergenceConfig.limit_for``) and the rule's ratio gate is flagged, kind
+the CUSUM limit: ``DivergenceConfig.grown_limit``) and the rule's ratio gate is flagged, kind
 ``offset``; it resolves after ``clear_steps`` steps below half of that. A rank flagged as an
 outlier is not flagged again while it is or its window still holds those steps. Pure.
 """
@@ -121,7 +121,7 @@ def observe(
     if ost.seen < w:
         return
     sd = math.sqrt(ost.var / w)
-    limit = OFFSET_Z + cfg.limit_for(len(ranks)) - cfg.evidence_limit
+    limit = OFFSET_Z + cfg.grown_limit(len(ranks)) - cfg.evidence_limit
     # Only the ranks past half the limit can flag; the flagged ones are looked at too, to count
     # their clean steps.
     look = set(np.flatnonzero(np.abs(means) >= limit / 2 * sd).tolist())

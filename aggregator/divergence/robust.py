@@ -24,8 +24,10 @@ rank at 2.0x its real distance be flagged, against 2.65x).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from rankwatch.aggregator.divergence.config import DivergenceConfig, MetricRule
+if TYPE_CHECKING:  # config derives its limits from ztail, which reads this module
+    from rankwatch.aggregator.divergence.config import DivergenceConfig, MetricRule
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
 SLACK_RANKS = 64  # from this many ranks the step's own MAD floor is shrunk by mad_slack

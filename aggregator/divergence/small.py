@@ -184,11 +184,11 @@ def _evidence(
         sides.append((direction, ev, gate))
     windowed: set[tuple[int, str]] = set()
     if cfg.window_steps and n >= cfg.small_n:
-        for i, direction, since in window.step_lists(cfg, st, step, ranks, z, n):
-            if (rel[i] >= hi_ratio) if direction == "high" else (rel[i] <= lo_ratio):
-                windowed.add((i, direction))
-                window.mark_start(st, direction, ranks[i], since)
-                hit = True
+        bounds = (hi_ratio, lo_ratio)
+        for i, direction, since in window.step_lists(cfg, st, step, ranks, z, rel, n, bounds):
+            windowed.add((i, direction))
+            window.mark_start(st, direction, ranks[i], since)
+            hit = True
     if st.active:
         check_active(cfg, st, step, {r: i for i, r in enumerate(ranks)}, z, rel, n, resolved)
     st.calm = not (any(st.ev_hi) or any(st.ev_lo) or st.win_live)
@@ -199,8 +199,7 @@ def _evidence(
         (i, direction)
         for direction, ev, gate in sides
         for i, r in enumerate(ranks)
-        if gate[i]
-        and (ev[r] >= limit or (i, direction) in windowed)
+        if ((gate[i] and ev[r] >= limit) or (i, direction) in windowed)
         and (r, "outlier") not in active
     ]
     if fresh:

@@ -42,6 +42,10 @@ class MetricState:
         # recent first (lists of per-rank lists, or a 2-D array), and their step numbers
         self.win_hi: Any = []
         self.win_lo: Any = []
+        # beside each addition, the rank's ratio past the gate on that step (rel - high gate,
+        # low gate - rel; 0 where nothing was added): the window's ratio gate (window.py)
+        self.gate_hi: Any = []
+        self.gate_lo: Any = []
         self.win_steps: list[int] = []
         self.win_live = False  # lists only: some window holds an addition
         self.calm = True  # lists only: every evidence entry and window is zero
@@ -62,7 +66,7 @@ class MetricState:
             self.start_hi += [0] * pad
             self.start_lo += [0] * pad
             self.own += [math.nan] * pad
-            for row in (*self.win_hi, *self.win_lo):
+            for row in self.window_rows():
                 row += [0.0] * pad
             self.size += pad
             return
@@ -74,8 +78,10 @@ class MetricState:
         self.start_hi = np.concatenate([self.start_hi, np.zeros(pad, np.int64)])
         self.start_lo = np.concatenate([self.start_lo, np.zeros(pad, np.int64)])
         self.own = np.concatenate([self.own, np.full(pad, np.nan)])
-        self.win_hi = np.concatenate([self.win_hi, np.zeros((len(self.win_hi), pad))], axis=1)
-        self.win_lo = np.concatenate([self.win_lo, np.zeros((len(self.win_lo), pad))], axis=1)
+        self.win_hi, self.win_lo, self.gate_hi, self.gate_lo = (
+            np.concatenate([rows, np.zeros((len(rows), pad))], axis=1)
+            for rows in (self.win_hi, self.win_lo, self.gate_hi, self.gate_lo)
+        )
         self.size = size
 
     def to_arrays(self) -> None:
@@ -86,8 +92,14 @@ class MetricState:
             self.start_hi = np.array(self.start_hi, np.int64)
             self.start_lo = np.array(self.start_lo, np.int64)
             self.own = np.array(self.own, np.float64)
-            self.win_hi = np.array(self.win_hi, np.float64).reshape(len(self.win_hi), self.size)
-            self.win_lo = np.array(self.win_lo, np.float64).reshape(len(self.win_lo), self.size)
+            self.win_hi, self.win_lo, self.gate_hi, self.gate_lo = (
+                np.array(rows, np.float64).reshape(len(rows), self.size)
+                for rows in (self.win_hi, self.win_lo, self.gate_hi, self.gate_lo)
+            )
+
+    def window_rows(self) -> tuple[Any, ...]:
+        """Every per-rank row of the window test (additions and their gate margins)."""
+        return (*self.win_hi, *self.win_lo, *self.gate_hi, *self.gate_lo)
 
 
 def gates(rule: MetricRule, n: int) -> tuple[float, float]:
@@ -186,7 +198,7 @@ def tick_clean(
     resolved.append(replace(d, step=step, message=f"{d.message}; {why} at step {step}"))
     if k[1] == "outlier" and k[0] < st.size:
         st.ev_hi[k[0]] = st.ev_lo[k[0]] = 0.0
-        for row in (*st.win_hi, *st.win_lo):  # old window additions must not re-flag it
+        for row in st.window_rows():  # old window additions must not re-flag it
             row[k[0]] = 0.0
 
 

@@ -33,6 +33,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+from rankwatch.aggregator.divergence import ztail
 from rankwatch.aggregator.divergence.config import DivergenceConfig
 from rankwatch.aggregator.divergence.state import MetricState
 
@@ -47,11 +48,8 @@ def window_limit(cfg: DivergenceConfig, n: int) -> tuple[float, float]:
 
 
 def scale_error(cfg: DivergenceConfig, n: int) -> float:
-    """The relative standard deviation of the pooled scale: an EWMA (weight ``spread_alpha``)
-    of ``1.4826 * MAD``, whose relative standard deviation is about 1.2 / sqrt(n) for normal
-    ranks (1.17-1.24 from 8 ranks on, simulated)."""
-    a = cfg.spread_alpha
-    return 1.2 / math.sqrt(max(n, 1)) * math.sqrt(a / (2 - a))
+    """The relative standard deviation of the pooled scale (``ztail.scale_error``)."""
+    return ztail.scale_error(cfg.spread_alpha, n)
 
 
 @lru_cache(maxsize=256)
@@ -113,10 +111,18 @@ Hit = tuple[int, str, int]  # (index into the step's ranks, direction, first ste
 
 
 def step_lists(
-    cfg: DivergenceConfig, st: MetricState, step: int, ranks: list[int], z: list[float], n: int
+    cfg: DivergenceConfig,
+    st: MetricState,
+    step: int,
+    ranks: list[int],
+    z: list[float],
+    rel: list[float],
+    n: int,
+    gate: tuple[float, float],
 ) -> list[Hit]:
     """Add this step to the windows (lists); a ``Hit`` for each rank whose window reached the
-    limit on this step (the ratio gate is the caller's)."""
+    limit on this step and is past the ratio gate ``gate`` (high, low) on average over the
+    steps that added to it."""
     keep = cfg.window_steps - 1
     h, cap = window_limit(cfg, n)
     a, size, rule = cfg.window_allowance, st.size, st.rule.direction
@@ -124,24 +130,34 @@ def step_lists(
     hits: list[Hit] = []
     live = False
     for direction, sign in (("high", 1.0), ("low", -1.0)):
-        rows = st.win_hi if direction == "high" else st.win_lo
+        hi = direction == "high"
+        rows, margins = (st.win_hi, st.gate_hi) if hi else (st.win_lo, st.gate_lo)
         if len(rows) != keep:
             rows[:] = [[0.0] * size for _ in range(keep)]
+            margins[:] = [[0.0] * size for _ in range(keep)]
         new = [0.0] * size
+        new_margin = [0.0] * size
         if rule in ("both", direction):
+            bound = gate[0] if hi else gate[1]
             for i, (r, zi) in enumerate(zip(ranks, z, strict=True)):
                 u = sign * zi - a
                 if u > 0:
                     if u > cap:
                         u = cap
                     new[r] = u
+                    m = new_margin[r] = _margin(rel[i], bound, hi)
                     total = u
                     for row in rows:
                         total += row[r]
                     if total >= h:
-                        hits.append((i, direction, _since(st, rows, r, step, past)))
+                        for row in margins:
+                            m += row[r]
+                        if m >= 0:
+                            hits.append((i, direction, _since(st, rows, r, step, past)))
         rows.insert(0, new)
         rows.pop()
+        margins.insert(0, new_margin)
+        margins.pop()
         live = live or any(any(row) for row in rows)
     _push_step(st, step, keep)
     st.win_live = live
@@ -149,7 +165,14 @@ def step_lists(
 
 
 def step_arrays(
-    cfg: DivergenceConfig, st: MetricState, step: int, ranks: np.ndarray, z: np.ndarray, n: int
+    cfg: DivergenceConfig,
+    st: MetricState,
+    step: int,
+    ranks: np.ndarray,
+    z: np.ndarray,
+    rel: np.ndarray,
+    n: int,
+    gate: tuple[float, float],
 ) -> list[Hit]:
     """``step_lists`` on numpy arrays: the same floats added in the same order."""
     keep = cfg.window_steps - 1
@@ -157,30 +180,49 @@ def step_arrays(
     a, rule = cfg.window_allowance, st.rule.direction
     past = cfg.z_allowance - a
     hits: list[Hit] = []
+    # every rank of the state, in order (a full step): rows are read as they are, not gathered
+    every = ranks.size == st.size and bool((ranks == np.arange(st.size)).all())
+    at: slice | np.ndarray = slice(None) if every else ranks
     for direction, signed in (("high", z), ("low", -z)):
-        rows = st.win_hi if direction == "high" else st.win_lo
+        hi = direction == "high"
+        rows, margins = (st.win_hi, st.gate_hi) if hi else (st.win_lo, st.gate_lo)
         if rows.shape != (keep, st.size):
-            rows = np.zeros((keep, st.size))
+            rows, margins = np.zeros((keep, st.size)), np.zeros((keep, st.size))
         new = np.zeros(st.size)
+        new_margin = np.zeros(st.size)
         if rule in ("both", direction):
             u = signed - a
             pos = u > 0
             u = np.where(pos, np.minimum(u, cap), 0.0)
             total = u.copy()
             for row in rows:
-                total += row[ranks]
-            new[ranks] = u
-            for i in np.flatnonzero(pos & (total >= h)).tolist():
-                hits.append((i, direction, _since(st, rows, int(ranks[i]), step, past)))
+                total += row[at]
+            new[at] = u
+            margin = np.where(pos, (rel - gate[0]) if hi else (gate[1] - rel), 0.0)
+            new_margin[at] = margin
+            reached = np.flatnonzero(pos & (total >= h))
+            if reached.size:
+                m = margin[reached]
+                for row in margins:
+                    m += row[ranks[reached]]
+                for i in reached[m >= 0].tolist():
+                    hits.append((i, direction, _since(st, rows, int(ranks[i]), step, past)))
         rows[1:] = rows[:-1].copy()
+        margins[1:] = margins[:-1].copy()
         if keep:
             rows[0] = new
-        if direction == "high":
-            st.win_hi = rows
+            margins[0] = new_margin
+        if hi:
+            st.win_hi, st.gate_hi = rows, margins
         else:
-            st.win_lo = rows
+            st.win_lo, st.gate_lo = rows, margins
     _push_step(st, step, keep)
     return hits
+
+
+def _margin(rel: float, bound: float, high: bool) -> float:
+    """How far ``rel`` is past the ratio gate ``bound`` (negative: inside it)."""
+    return rel - bound if high else bound - rel
 
 
 def _push_step(st: MetricState, step: int, keep: int) -> None:

@@ -1,7 +1,8 @@
 """Incidents: one fault, its culprit rank(s), the ranks it reached, and where stalled ranks are.
 
 ``model`` (the values), ``facts`` (evidence from inputs), ``rules`` (culprit rules),
-``grouping`` (which incident evidence belongs to), ``tracker`` (routing and transitions),
+``grouping`` (which incident evidence belongs to), ``tracker`` (routing), ``judging`` (an
+incident's evidence into its value and transitions),
 ``stacks`` (grouping stack samples), ``oneline`` (crash messages in one line). All pure.
 """
 

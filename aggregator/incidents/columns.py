@@ -9,18 +9,22 @@ columns (a list of ranks, of steps, of times ...) they are added and read with `
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left, insort
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress, islice, repeat
 from operator import attrgetter, eq, le
 from typing import Protocol, TypeVar
 
 from rankwatch.aggregator.incidents.rules import Fact, known
+from rankwatch.aggregator.incidents.scan import positions
 
-__all__ = ["Column", "Rows", "by_run", "rows_of"]
+__all__ = ["Column", "Rows", "by_run", "merge_sorted", "rows_of"]
 
 _new = tuple.__new__
 _FIELDS = ("kind", "rank", "step", "time", "metric", "what", "detail", "raw")  # Fact's order
 Text = str | Iterable[str]  # one text for every row, or one per row
+_FEW_MOVED = 8  # keys put into a sorted list one by one; more are merged in one sort
 
 
 class Rows:
@@ -78,15 +82,19 @@ class Rows:
         times, ranks = self.time, self.rank
         if not times:
             return
+        in_rank_order = all(map(le, ranks, islice(ranks, 1, None)))
         if times.count(times[0]) == len(times):  # one time throughout: by rank alone
-            if all(map(le, ranks, islice(ranks, 1, None))):
+            if in_rank_order:
                 return
         elif all(map(le, times, islice(times, 1, None))):
             by_rank = map(le, ranks, islice(ranks, 1, None))
-            if all(compress(by_rank, map(eq, times, islice(times, 1, None)))):
+            if in_rank_order or all(compress(by_rank, map(eq, times, islice(times, 1, None)))):
                 return  # already in order: the common burst
-        order = sorted(range(len(ranks)), key=ranks.__getitem__)
-        order.sort(key=times.__getitem__)
+        # by rank, then by time; most often by rank already (a burst is made from a dict by rank)
+        n = len(ranks)
+        order = list(range(n)) if in_rank_order else sorted(range(n), key=ranks.__getitem__)
+        if times.count(times[0]) < len(times):  # one time throughout: by rank is the order
+            order.sort(key=times.__getitem__)
         self._reorder(order)
 
     def take(self, rows: list[int]) -> Rows:
@@ -118,10 +126,16 @@ class Column:
     """An incident's facts of one kind and metric: one row per rank, the earliest step of a
     rank kept when it reports again."""
 
-    __slots__ = ("at", "detail", "kind", "metric", "rank", "raw", "step", "time", "what")
+    __slots__ = (
+        "_counted", "_first", "_first_counted", "_first_stale", "_min_step", "_moved", "_order",
+        "_placed", "_steps", "at", "detail", "kind", "metric", "rank", "raw", "replaced", "step",
+        "time", "version", "what",
+    )  # fmt: skip
 
     def __init__(self, kind: str, metric: str) -> None:
         self.kind, self.metric = kind, metric
+        self.version = 0  # bumped when a row is added or replaced: what was read of it is stale
+        self.replaced = 0  # rows replaced (an earlier step of their rank): rows only added else
         self.at: dict[int, int] = {}  # rank -> row
         self.rank: list[int] = []
         self.step: list[int | None] = []
@@ -129,6 +143,19 @@ class Column:
         self.what: list[str] = []
         self.detail: list[str] = []
         self.raw: list[str] = []
+        # Kept as rows come, so that a judgement reads them without a pass over every row: a
+        # fault at 100,000 ranks is judged again each time a hundred more of its ranks report.
+        # Rows [0, _counted) are in the counts and the lowest step, rows [0, _first_counted) in
+        # the first (time, rank); the rows after are taken in when it is read (a burst's rows
+        # at once, in C).
+        self._counted = self._first_counted = 0
+        self._steps: Counter[int | None] = Counter()  # step -> rows at it
+        self._min_step: int | None = None  # a row's step only ever moves down
+        self._first: tuple[float, int] | None = None  # the least (time, rank)
+        self._first_stale = False  # the first row's time moved: found again when read
+        self._order: list[tuple[float, int]] = []  # (time, rank) of rows [0, _placed), sorted
+        self._placed = 0
+        self._moved: dict[int, tuple[float, int]] = {}  # row replaced since -> its key in _order
 
     def __len__(self) -> int:
         return len(self.rank)
@@ -144,13 +171,15 @@ class Column:
         if len(at) < start + n:  # a rank's evidence again (a verdict and its alert)
             self.at = dict(zip(self.rank, range(start), strict=True))
             return self._add_each(rows, room)
+        if n:
+            self.version += 1
         for name in ("rank", "step", "time", "what", "detail", "raw"):
             column = getattr(rows, name)
             getattr(self, name).extend(column if n == len(rows) else column[:n])
         return n, len(rows) - n
 
     def _add_each(self, rows: Rows, room: int) -> tuple[int, int]:
-        added = dropped = 0
+        added = dropped = replaced = 0
         for i, rank in enumerate(rows.rank):
             row = self.at.get(rank)
             step = rows.step[i]
@@ -164,8 +193,16 @@ class Column:
                     getattr(self, name).append(getattr(rows, name)[i])
                 added += 1
             elif step is not None and ((old := self.step[row]) is None or step < old):
+                was = (self.time[row], rank)
+                if row < self._placed and row not in self._moved:
+                    self._moved[row] = was
                 for name in ("step", "time", "what", "detail", "raw"):  # the earlier step says more
                     getattr(self, name)[row] = getattr(rows, name)[i]
+                self._recount(row, old, step, was, (self.time[row], rank))
+                replaced += 1
+        if added or replaced:
+            self.version += 1
+        self.replaced += replaced
         return added, dropped
 
     def fact(self, row: int) -> Fact:
@@ -185,25 +222,111 @@ class Column:
         row = self.at.get(fact.rank)
         return row is not None and self.time[row] == fact.time and self.step[row] == fact.step
 
+    def _recount(
+        self, row: int, old: int | None, step: int, was: tuple[float, int], now: tuple[float, int]
+    ) -> None:
+        """Row ``row``'s step moved from ``old`` to ``step``, its key from ``was`` to ``now``."""
+        if row < self._counted:
+            steps = self._steps
+            steps[old] -= 1
+            if not steps[old]:
+                del steps[old]
+            steps[step] += 1
+            if self._min_step is None or step < self._min_step:
+                self._min_step = step
+        if row < self._first_counted:
+            if self._first is not None and now < self._first:
+                self._first = now
+            elif was == self._first and now != was:
+                self._first_stale = True
+
+    def _count(self) -> None:
+        """Bring the counts and the lowest step up to the rows held."""
+        start, n = self._counted, len(self.rank)
+        if start < n:
+            steps = self.step[start:] if start else self.step
+            self._steps.update(steps)
+            low = min(known(steps), default=None)
+            if low is not None and (self._min_step is None or low < self._min_step):
+                self._min_step = low
+            self._counted = n
+
+    def _count_first(self) -> None:
+        """Bring the first key up to the rows held."""
+        start, n = self._first_counted, len(self.rank)
+        if start < n and not self._first_stale:
+            first = self._first_of(start)
+            if self._first is None or first < self._first:
+                self._first = first
+        self._first_counted = n
+        if self._first_stale:
+            self._first, self._first_stale = (self._first_of(0) if n else None), False
+
+    def _first_of(self, start: int) -> tuple[float, int]:
+        """The least (time, rank) of rows ``start`` on: the least time, then its least rank."""
+        times = self.time[start:] if start else self.time
+        ranks = self.rank[start:] if start else self.rank
+        low = min(times)
+        return low, min(map(ranks.__getitem__, positions(times, low)))
+
     def earliest(self) -> Fact | None:
         """The first by (time, rank)."""
-        if not self.rank:
-            return None
-        first = min(self.time)
-        rows = list(compress(range(len(self.rank)), map(eq, self.time, repeat(first))))
-        return self.fact(min(rows, key=self.rank.__getitem__))
+        self._count_first()
+        return None if self._first is None else self.get(self._first[1])
+
+    def by_time(self) -> list[tuple[float, int]]:
+        """(time, rank) of every row, ascending (the caller does not change it). Kept as rows
+        come: the new ones merged in, a moved one taken out and put back."""
+        n = len(self.rank)
+        if self._placed == n and not self._moved:
+            return self._order
+        order, time, rank = self._order, self.time, self.rank
+        for key in self._moved.values():
+            at = bisect_left(order, key)
+            if at == len(order) or order[at] != key:  # a time that is not a number: sort anew
+                self._order, self._placed, self._moved = [], 0, {}
+                return self.by_time()
+            del order[at]
+        rows = [*self._moved, *range(self._placed, n)]
+        new = sorted(zip(map(time.__getitem__, rows), map(rank.__getitem__, rows), strict=True))
+        merge_sorted(order, new)
+        self._placed, self._moved = n, {}
+        return order
 
     def min_step(self) -> int | None:
-        return min(known(self.step), default=None)
+        self._count()
+        return self._min_step
+
+    def step_counts(self) -> Mapping[int | None, int]:
+        """Step -> how many rows hold it (the caller does not change it)."""
+        self._count()
+        return self._steps
 
     def steps(self) -> set[int]:
-        return set(known(self.step))
+        return set(known(self.step_counts()))
 
     def ranks_at(self, step: int | None) -> list[int]:
-        return list(compress(self.rank, map(eq, self.step, repeat(step))))
+        return list(map(self.rank.__getitem__, self.rows_at(step)))
 
     def rows_at(self, step: int | None) -> list[int]:
-        return list(compress(range(len(self.rank)), map(eq, self.step, repeat(step))))
+        return positions(self.step, step, self.step_counts().get(step, 0))
+
+
+def merge_sorted(into: list[_Key], new: list[_Key]) -> None:
+    """``new`` (ascending) merged into ``into`` (ascending, changed): most often appended (the
+    new are later or higher than the rest), a few put in place, more in one sort of the two
+    runs (merged in C)."""
+    if not into or (new and new[0] >= into[-1]):
+        into += new
+    elif len(new) <= _FEW_MOVED:
+        for key in new:
+            insort(into, key)
+    else:
+        into += new
+        into.sort()
+
+
+_Key = TypeVar("_Key", int, tuple[float, int])
 
 
 def by_run(items: list[_Item]) -> list[tuple[str, list[_Item]]]:

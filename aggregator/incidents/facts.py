@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from itertools import compress, islice, repeat
-from operator import attrgetter, eq, not_
+from operator import attrgetter, eq
 
 from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.divergence.types import Divergence
@@ -22,13 +22,14 @@ from rankwatch.aggregator.incidents.oneline import (
     one_line,
 )
 from rankwatch.aggregator.incidents.rules import Fact
+from rankwatch.aggregator.incidents.scan import positions
 from rankwatch.aggregator.metrics import KNOWN_METRICS
 
 KILL_WORDS = ("sigterm", "sigkill", "terminated", "killed", "signal 9", "signal 15")
 
 __all__ = [
     "KILL_WORDS", "alert_items", "divergence_fact", "divergence_facts", "divergence_kind",
-    "health_fact", "health_facts",
+    "health_columns", "health_fact", "health_facts",
 ]  # fmt: skip
 
 _new = tuple.__new__
@@ -110,36 +111,49 @@ def health_facts(
     big ones, goes column by column, in C. The tracker puts the rows in (time, rank) order, so
     their order here matters only for a rank that comes twice: then they keep the burst's.
     ``ranks``: their ranks, when the caller has them already."""
-    states = set(map(_STATE, hs))
-    if states <= _NO_FACT:
+    states = list(map(_STATE, hs))
+    if set(states) <= _NO_FACT:
         return list(hs)
-    if len(states) == 1:
-        parts = [(states.pop(), hs)]
-        whole = ranks
-    elif len(set(map(_RANK, hs))) < len(hs):
+    return health_columns(hs, rows, ranks if ranks is not None else list(map(_RANK, hs)), states)
+
+
+def health_columns(
+    hs: list[RankHealth], rows: Rows, ranks: list[int], states: list[RankState]
+) -> list[RankHealth]:
+    """``health_facts`` of a burst whose ranks and states are in hand (``HealthChanges``)."""
+    kinds = set(states)
+    if kinds <= _NO_FACT:
+        return list(hs)
+    if len(kinds) == 1:
+        parts = [(kinds.pop(), hs, ranks)]
+    elif len(set(ranks)) < len(hs):
         return _one_by_one(hs, rows)
     else:
-        parts = [(k, [h for h in hs if h.state is k]) for k in states]
-        whole = None
+        parts = []
+        for k in kinds:
+            mask = list(map(eq, states, repeat(k)))
+            parts.append((k, list(compress(hs, mask)), list(compress(ranks, mask))))
     rest: list[RankHealth] = []
-    for state, part in parts:
+    for state, part, every in parts:
         if state is _STALLED:
-            every = whole if whole is not None else list(map(_RANK, part))
             rows.extend(rules.STALLED, every, map(_STEP, part), map(_AT, part),
                         detail=map(_MESSAGE, part))  # fmt: skip
         elif state is _CRASHED:
-            messages = list(map(_MESSAGE, part))
-            collective = collective_failures(messages)
-            peers = list(compress(part, collective))
-            own = list(compress(part, map(not_, collective))) if len(peers) < len(part) else []
-            peer_ranks = whole if whole is not None and not own else list(map(_RANK, peers))
+            texts = list(map(_MESSAGE, part))
+            collective = collective_failures(texts)
+            mine = positions(collective, False)  # not collective failures: most often a few
+            own = list(map(part.__getitem__, mine))
+            # the peers: every column of the burst less the few rows of its own crashes
+            peer_ranks, peer_steps = list(every), list(map(_STEP, part))
+            peer_times, raw = list(map(_AT, part)), texts
+            for row in reversed(mine):
+                del peer_ranks[row], peer_steps[row], peer_times[row], raw[row]
             if own and not set(map(_RANK, own)).isdisjoint(peer_ranks):
                 rest += _one_by_one(part, rows)  # a rank twice, both ways: as they came
                 continue
             for h in own:  # first: the culprit's crash is most often earliest, rows in order
                 rows.add(_crash_fact(h))
-            rows.extend(rules.COLLECTIVE, peer_ranks, map(_STEP, peers), map(_AT, peers),
-                        raw=messages if not own else map(_MESSAGE, peers))  # fmt: skip
+            rows.extend(rules.COLLECTIVE, peer_ranks, peer_steps, peer_times, raw=raw)
         elif state in _NO_FACT:
             rest += part
         else:

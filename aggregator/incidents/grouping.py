@@ -19,11 +19,21 @@ from rankwatch.aggregator.incidents import rules
 from rankwatch.aggregator.incidents.columns import Column, Rows
 from rankwatch.aggregator.incidents.model import Incident
 from rankwatch.aggregator.incidents.rules import Fact, known
+from rankwatch.aggregator.incidents.split import RankSplit
 from rankwatch.aggregator.incidents.stacks import StackGroup
 
 __all__ = [
-    "Open", "all_explained", "explains", "forget", "is_open", "members_only", "recover", "store",
+    "GroupKey", "Open", "Span", "all_explained", "explains", "forget", "is_open", "members_only",
+    "recover", "store",
 ]  # fmt: skip
+
+
+# A timeline group: (kind, metric, step, what); what is "" where a fact's line is made from
+# the rest. Its span: (column version, culprits left out, its ranks ascending, their ranges,
+# the column's rows and replacements when read), kept while the column and the culprits stay
+# as they were, and brought up to date by the rows added since while no row was replaced.
+GroupKey = tuple[str, str, int | None, str]
+Span = tuple[int, frozenset[int], list[int], tuple[tuple[int, int], ...], int, int]
 
 
 @dataclass
@@ -50,8 +60,10 @@ class Open:
     epoch: int = 0  # bumped when ``memo`` is cleared
     groups: tuple[int, list[StackGroup]] | None = None  # (stacks version, groups) last used
     early: list[Fact] = field(default_factory=list)  # the earliest facts, by time (bounded)
+    spans: dict[GroupKey, Span] = field(default_factory=dict)  # the timeline's groups, as read
     value: Incident | None = None  # as last announced
     verdict: rules.Verdict | None = None
+    split: RankSplit = field(default_factory=RankSplit)  # its affected and terminated, kept
 
 
 def explains(inc: Open, fact: Fact, spread_steps: int) -> bool:

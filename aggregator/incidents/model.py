@@ -10,18 +10,42 @@ CAUSES = ("nonfinite", "divergence", "hang", "crash", "lost", "slow")
 # acted: not the tracker's, the service's: the commands sent about it settled (actions/news.py)
 CHANGES = ("opened", "updated", "resolved", "acted")
 
-__all__ = ["CAUSES", "CHANGES", "Evidence", "Incident", "IncidentChange"]
+__all__ = [
+    "CAUSES", "CHANGES", "RANGES_MAX", "Evidence", "Incident", "IncidentChange", "evidence_dict",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Evidence:
+    """One item of a timeline: one rank's evidence, or the same evidence of ``count`` ranks
+    (the same kind, metric and step, and the same words where it has its own: 4,095 peers
+    failing in a collective at one step are one item, not 4,095)."""
+
     step: int | None
-    time: float  # record time where known, else the aggregator's
-    rank: int
+    time: float  # record time where known, else the aggregator's; a group's earliest
+    rank: int  # a group's: the rank of its earliest
     what: str  # for people: "loss non-finite", "crashed: RuntimeError: ...", "stalled at 19"
+    count: int = 1  # ranks it stands for
+    # a group's ranks as (first, last) ranges, ascending, the first RANGES_MAX of them (they
+    # cover fewer than ``count`` ranks when there are more); () for one rank
+    ranks: tuple[tuple[int, int], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["ranks"] = [list(span) for span in self.ranks]
+        return out
+
+
+RANGES_MAX = 32  # rank ranges an evidence group lists
+
+
+def evidence_dict(item: Mapping[str, Any]) -> dict[str, Any]:
+    """A timeline item as ``Evidence.as_dict`` has it, from a stored incident of any age (those
+    stored before groups have one rank each and no ``count`` or ``ranks``)."""
+    out = dict(item)
+    out.setdefault("count", 1)
+    out.setdefault("ranks", [])
+    return out
 
 
 @dataclass(frozen=True)
@@ -52,6 +76,21 @@ class Incident:
             out[key] = list(out[key])
         out["timeline"] = [e.as_dict() for e in self.timeline]
         return out
+
+    @classmethod
+    def from_dict(cls, body: Mapping[str, Any]) -> Incident:
+        """``as_dict()`` back (a stored incident; keys it does not have are ignored)."""
+        raw = {f.name: body[f.name] for f in fields(cls) if f.name in body}
+        for key in ("culprits", "affected", "terminated"):
+            raw[key] = tuple(raw.get(key) or ())
+        raw["timeline"] = tuple(map(_evidence, raw.get("timeline") or ()))
+        return cls(**raw)
+
+
+def _evidence(item: Mapping[str, Any]) -> Evidence:
+    e = evidence_dict(item)
+    spans = tuple((int(lo), int(hi)) for lo, hi in e["ranks"])
+    return Evidence(e["step"], e["time"], e["rank"], e["what"], e["count"], spans)
 
 
 @dataclass(frozen=True)

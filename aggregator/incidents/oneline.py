@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import contains, ne, not_
+from operator import contains, eq, getitem, ne, not_
 
 ONE_LINE_MAX = 160  # characters of the one-line form, ellipsis included
 PATH_PARTS_KEPT = 1  # trailing parts of a long slashed name kept after ".../"
@@ -50,6 +50,8 @@ COLLECTIVE_WORDS = (
 _MPI = re.compile(r"\bmpi\b")  # not "compiler"
 COLLECTIVE_SCAN_CHARS = 1024  # the head of a message says what failed; a C++ stack follows
 COLLECTIVE_QUICK_CHARS = 200  # scanned first: a burst of peers' failures is decided there
+SAME_PLACE_MIN = 32  # undecided messages worth checking at one message's place of its word
+SAME_PLACE_TRIED = 4  # messages whose place is tried before the rest are searched
 # How the collectives are usually spelt in the wording above: each of these, lower-cased, is in
 # COLLECTIVE_WORDS (a test checks), so finding one as it is says what the lower-case search would.
 _FORMS = ("AllReduce", "NCCL", "HCCL", "gloo", "timeout", "Timeout", "timed out", "ALLREDUCE")
@@ -85,10 +87,18 @@ def collective_failures(messages: Sequence[str]) -> list[bool]:
     """``is_collective_failure`` of each message, for a burst of them: each word is looked for
     in every message still undecided at once (``map`` in C), not message by message."""
     texts = messages
+    # A burst of peers' failures is mostly one message but for a rank number or a pid: the word
+    # one of them holds is looked for at the same place in the others (a compare of a few
+    # characters, not a search of the head).
+    out, todo = _mark_same_place(texts)
     # Most failures name the collective in their first line, as a collective is usually written:
     # found so (str.find within the head), a message needs no lower-case copy. Then the head of
     # the rest in lower case, then their whole head.
-    out, undecided = _mark_forms(texts)
+    rest_texts = texts if len(todo) == len(texts) else [texts[i] for i in todo]
+    found, left = _mark_forms(rest_texts)
+    for i in compress(todo, found):
+        out[i] = True
+    undecided = [todo[k] for k in left]
     heads = [texts[i][:COLLECTIVE_QUICK_CHARS].lower() for i in undecided]
     rest, todo = _mark_words([False] * len(undecided), heads)
     for i in compress(undecided, rest):
@@ -105,6 +115,39 @@ def collective_failures(messages: Sequence[str]) -> list[bool]:
         if not out[i] and _TRACEBACK in texts[i]:
             out[i] = _collective_words(one_line(texts[i]))
     return out
+
+
+def _mark_same_place(texts: Sequence[str]) -> tuple[list[bool], list[int]]:
+    """Messages holding a usual spelling (``_FORMS``) at the place where one message of the
+    burst holds it, within the quick head, and the indices of the others, in order. A few
+    messages are tried: a burst whose wording moves from message to message is left to the
+    search."""
+    out = [False] * len(texts)
+    todo = list(range(len(texts)))
+    passed: list[int] = []  # tried, holding no usual spelling: for the search
+    for _ in range(SAME_PLACE_TRIED):
+        if len(todo) < SAME_PLACE_MIN:
+            break
+        first = texts[todo[0]]
+        found = [(at, form) for form in _FORMS
+                 if (at := first.find(form, 0, COLLECTIVE_QUICK_CHARS)) >= 0]  # fmt: skip
+        if not found:
+            passed.append(todo[0])
+            todo = todo[1:]
+            continue
+        at, form = min(found)
+        whole = len(todo) == len(texts)
+        rest = texts if whole else [texts[i] for i in todo]
+        # ``text[at:at + len(form)] == form`` is ``text.startswith(form, at)``; a slice taken
+        # and compared in C costs less per message than a method call with its arguments.
+        hits = list(map(eq, map(getitem, rest, repeat(slice(at, at + len(form)))), repeat(form)))
+        if whole:
+            out = hits  # nothing marked yet: the hits are the answer so far
+        else:
+            for i in compress(todo, hits):
+                out[i] = True
+        todo = [] if hits.count(True) == len(hits) else list(compress(todo, map(not_, hits)))
+    return out, passed + todo  # each passed one came before those left
 
 
 def _mark_forms(texts: Sequence[str]) -> tuple[list[bool], list[int]]:

@@ -5,15 +5,17 @@ culprits, affected and terminated ranks and one sentence. Pure; order of arrival
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
-from itertools import compress
-from operator import is_not, itemgetter, not_
+from itertools import compress, islice, repeat
+from operator import attrgetter, eq, is_not, itemgetter, not_
 from typing import TYPE_CHECKING, NamedTuple, TypeVar, cast
 
 from rankwatch.aggregator.health import RankHealth, RankState
 from rankwatch.aggregator.incidents.oneline import one_line
+from rankwatch.aggregator.incidents.scan import positions
 from rankwatch.aggregator.incidents.stacks import StackGroup, odd_ones_out, summary_line
 
 if TYPE_CHECKING:
@@ -62,6 +64,8 @@ def known(values: Iterable[_T | None]) -> Iterator[_T]:
 # needs, and makes a ``Fact`` only of the few rows it names.
 Evidence = Mapping[str, Mapping[str, "Column"]]
 Groups = Callable[[], list[StackGroup]]  # the run's stall stacks, grouped; asked for lazily
+# (evidence, culprits) -> (affected, terminated): ``split_ranks``, or one that keeps it
+Split = Callable[[Evidence, tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]]
 
 
 @dataclass(frozen=True)
@@ -84,10 +88,10 @@ def judge(
     health: Mapping[int, RankHealth],
     groups: Groups,
     world: int = 0,
-    members: set[int] | None = None,
+    split: Split | None = None,
 ) -> Verdict:
-    """``world``: the run's world size (0: the ranks ``health`` knows). ``members``: the ranks
-    with evidence in it, when the caller keeps them."""
+    """``world``: the run's world size (0: the ranks ``health`` knows). ``split``: what
+    ``split_ranks`` gives, when the caller keeps it (``split.RankSplit``)."""
     nonfinite = _columns(evidence, NONFINITE)
     roots = sorted(_values(evidence, CRASHED), key=BY_TIME)
     nf0 = _earliest(nonfinite)
@@ -98,10 +102,8 @@ def judge(
     elif COLLECTIVE in evidence or STALLED in evidence:
         cause, culprits, basis, step = _hang(evidence, health, groups)
     elif LOST in evidence or KILLED in evidence:
-        lost = sorted(_values(evidence, LOST) or _values(evidence, KILLED), key=BY_TIME)
-        first = lost[0].time
-        culprits = _ordered(f for f in lost if f.time - first <= LOST_BURST_S)
-        cause, basis, step = "lost", "went silent first", lost[0].step
+        culprits, step = _lost(_columns(evidence, LOST) or _columns(evidence, KILLED))
+        cause, basis = "lost", "went silent first"
         if len(culprits) > 1 and len(culprits) >= (world or len(health)):
             # Every rank at once is the job, its network or the path to this head node, not a
             # card: naming them all culprits would paint the whole run red.
@@ -114,21 +116,25 @@ def judge(
         slow = sorted(_values(evidence, STRAGGLER), key=BY_TIME)
         cause, basis = "slow", "slower than the others"
         culprits, step = _ordered(slow), (slow[0].step if slow else None)
-    culprit_set = set(culprits)
-    bad: set[int] = set()
-    silent: set[int] = set()
-    if members is not None and LOST not in evidence and KILLED not in evidence:
-        bad = set(members)  # a copy, its hashes held: cheaper than a set made from the columns
-    else:
-        for kind, columns in evidence.items():
-            for column in columns.values():
-                (silent if kind in (LOST, KILLED) else bad).update(column.at)
-    bad -= culprit_set
-    terminated = tuple(sorted(silent - culprit_set - bad))
-    affected = tuple(sorted(bad))
+    affected, terminated = (split or split_ranks)(evidence, culprits)
     own = facts_of_ranks(evidence, culprits[:OWN_RANKS])
     summary = _summary(cause, culprits, affected, terminated, evidence, health, basis, step, own)
     return Verdict(cause, culprits, affected, terminated, basis, summary, step, own)
+
+
+def split_ranks(
+    evidence: Evidence, culprits: tuple[int, ...]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(affected, terminated): the ranks other than the culprits with evidence of a kind other
+    than silence, and those only lost or killed, each ascending."""
+    bad: set[int] = set()
+    silent: set[int] = set()
+    for kind, columns in evidence.items():
+        for column in columns.values():
+            (silent if kind in (LOST, KILLED) else bad).update(column.at)
+    mine = set(culprits)
+    bad -= mine
+    return tuple(sorted(bad)), tuple(sorted(silent - mine - bad))
 
 
 def _columns(evidence: Evidence, kind: str) -> list[Column]:
@@ -170,6 +176,31 @@ def facts_of_ranks(evidence: Evidence, ranks: Iterable[int]) -> list[Fact]:
 LOST_BURST_S = 10.0  # ranks silent within this of the first are one loss (a switch, a node)
 
 
+def first_silent(facts: Iterable[Fact]) -> tuple[tuple[int, ...], int | None]:
+    """The ranks of ``facts`` (losses or kills) silent within ``LOST_BURST_S`` of the first,
+    in time order, and the first one's step."""
+    lost = sorted(facts, key=BY_TIME)
+    first = lost[0].time
+    return _ordered(f for f in lost if f.time - first <= LOST_BURST_S), lost[0].step
+
+
+def _lost(columns: list[Column]) -> tuple[tuple[int, ...], int | None]:
+    """``first_silent`` of the columns' facts. Health brings one column per kind (no metric):
+    its time order is kept as ranks come, so the burst is a bisection, not a sort of every
+    silent rank's fact."""
+    if len(columns) != 1:
+        return first_silent(f for c in columns for f in c.facts())
+    (column,) = columns
+    order = column.by_time()
+    first = order[0][0]
+    # ``time - first`` grows along the order: the burst ends where it first passes the limit
+    end = bisect_left(order, True, key=lambda key: key[0] - first > LOST_BURST_S)
+    return tuple(map(_SECOND, islice(order, end))), column.step[column.at[order[0][1]]]
+
+
+_SECOND = itemgetter(1)
+
+
 def _ordered(facts: Iterable[Fact]) -> tuple[int, ...]:
     seen: dict[int, None] = {}
     for f in facts:
@@ -187,7 +218,10 @@ def _nonfinite(columns: list[Column], world: int) -> tuple[str, tuple[int, ...],
     # A value taken after the collective (a reduced gradient norm) is non-finite on every rank
     # at the fault step; the metric with the fewest non-finite ranks there names the card.
     metric, (column, rows) = min(per_metric.items(), key=lambda kv: (len(kv[1][1]), kv[0]))
-    culprits = _ordered(sorted(map(column.fact, rows), key=BY_TIME))
+    # by (time, rank): ``BY_TIME`` within one column, whose ranks are distinct (in C, no facts)
+    times, ranks = map(column.time.__getitem__, rows), map(column.rank.__getitem__, rows)
+    by_time = zip(times, ranks, strict=True)
+    culprits = tuple(map(_SECOND, sorted(by_time)))
     if len(culprits) > 1 and len(culprits) >= world:
         basis = f"every rank non-finite at step {s0} at once ({metric}): no single culprit"
     else:
@@ -232,13 +266,9 @@ def _hang(
         if step is None:
             step = _stop_step(odd, health, peers_step)
         return "hang", odd, f"stacks: {summary_line(grouped)}", step
-    failed = _ranks(collective)
-    waited_for = [
-        r
-        for r in health.keys() - failed  # a set difference in C: the few left are looked at
-        if not ((h := health[r]).state is RankState.FINISHED and "normal" in h.message)
-    ]
     first_failure = _earliest(collective)
+    failed = _ranks(collective) if first_failure is not None else set()
+    waited_for = _waited_for(health, failed) if first_failure is not None else []
     if first_failure is not None and waited_for and len(waited_for) <= len(failed):
         culprits = tuple(sorted(waited_for, key=lambda r: _progress_key(r, health)))
         cause, named = "hang", set(culprits)
@@ -256,16 +286,49 @@ def _hang(
             first_failure.step,
         )
     candidates = _ranks(stalled) | {f.rank for f in silent}
-    ranked = sorted(candidates, key=lambda r: _progress_key(r, health))
-    if not ranked:
+    if not candidates:
         return "hang", (), "no candidate", step
-    best = _progress_key(ranked[0], health)
-    culprits = tuple(r for r in ranked if _progress_key(r, health)[:2] == best[:2])
+    culprits = least_progress(candidates, health)
     if len(culprits) == len(candidates) and len(culprits) > 1:
         basis = "every rank stopped at the same step at the same time: no stacks to tell them apart"
     else:
         basis = "least progress (no stacks)"
     return "hang", culprits, basis, step
+
+
+def _waited_for(health: Mapping[int, RankHealth], failed: set[int]) -> list[int]:
+    """The ranks not failed in a collective and not finished normally, while they are no more
+    than the failed ones (past that the caller has no use for them: a longer list is cut)."""
+    out: list[int] = []
+    most = len(failed)
+    for r in health.keys() - failed:  # a set difference in C: the few left are looked at
+        h = health[r]
+        if not (h.state is RankState.FINISHED and "normal" in h.message):
+            out.append(r)
+            if len(out) > most:
+                break
+    return out
+
+
+def least_progress(candidates: set[int], health: Mapping[int, RankHealth]) -> tuple[int, ...]:
+    """The candidates least far (``_progress_key``'s least: the lowest last step, then the
+    earliest last progress), ascending. A stall of 50,000 ranks is read in C, column by column,
+    not with a key made per rank."""
+    ranks = list(candidates)
+    if candidates <= health.keys():
+        hs = list(map(health.__getitem__, ranks))
+        steps = list(map(_LAST_STEP, hs))
+        if None not in steps:  # else a rank before its first step: one by one
+            rows = positions(steps, min(steps))
+            progress = list(map(_LAST_PROGRESS, map(hs.__getitem__, rows)))
+            least = map(eq, progress, repeat(min(progress)))
+            return tuple(sorted(compress(map(ranks.__getitem__, rows), least)))
+    ranked = sorted(ranks, key=lambda r: _progress_key(r, health))
+    best = _progress_key(ranked[0], health)[:2]
+    return tuple(r for r in ranked if _progress_key(r, health)[:2] == best)
+
+
+_LAST_STEP, _LAST_PROGRESS = attrgetter("last_step"), attrgetter("last_progress")
 
 
 def _progress_key(rank: int, health: Mapping[int, RankHealth]) -> tuple[float, float, int]:
@@ -325,9 +388,19 @@ def _first_step_of_others(columns: list[Column], culprits: set[int]) -> int | No
     """The earliest step at which a rank other than the culprits is non-finite."""
     lows = []
     for c in columns:
+        counts = c.step_counts()
+        steps = sorted(known(counts))
+        mine = [c.step[row] for r in culprits if (row := c.at.get(r)) is not None]
+        if len(steps) <= _FEW_STEPS and len(mine) <= _FEW_STEPS:
+            # a few steps and culprits (the common case): the column counts its steps
+            lows.append(next((s for s in steps if counts[s] > mine.count(s)), None))
+            continue
         others = map(culprits.__contains__, c.rank)
         lows.append(min(known(compress(c.step, map(not_, others))), default=None))
     return min(known(lows), default=None)
+
+
+_FEW_STEPS = 16
 
 
 def _who(ranks: tuple[int, ...], health: Mapping[int, RankHealth]) -> str:

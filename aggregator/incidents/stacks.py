@@ -9,14 +9,14 @@ which checks and bounds what arrives. Pure.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import attrgetter, eq
+from operator import attrgetter
 from typing import Any
 
 from rankwatch.agent.wire.stacks import MAX_FRAMES, WHERES, Frame
 from rankwatch.agent.wire.stacks import StackSample as WireSample
+from rankwatch.aggregator.incidents.scan import positions
 
 RANKS_LISTED = 8  # ranks named in a group's line before "+N more"
 _PICKED_MAX = 8  # distinct stacks picked out in C; more are grouped sample by sample
@@ -86,11 +86,19 @@ class StackGroup:
         return self.sample.frames[0]
 
 
-def group_stacks(samples: Iterable[StackSample], *, one_per_rank: bool = False) -> list[StackGroup]:
+def group_stacks(
+    samples: Iterable[StackSample],
+    *,
+    one_per_rank: bool = False,
+    ranks: Sequence[int] | None = None,
+) -> list[StackGroup]:
     """The latest sample of each rank, grouped by signature; the largest group first (then the
     one holding the lowest rank), so the odd ones out come last. ``one_per_rank``: the caller
-    knows no rank comes twice."""
+    knows no rank comes twice. ``ranks``: the samples' ranks in their order, when the caller
+    holds them (a dict by rank): no pass over the samples for them."""
     every = list(samples)
+    if ranks is not None and len(ranks) != len(every):
+        raise ValueError(f"group_stacks: {len(ranks)} ranks for {len(every)} samples")
     if not one_per_rank and len(set(map(_RANK, every))) < len(every):
         latest: dict[int, StackSample] = {}
         for s in every:
@@ -98,26 +106,45 @@ def group_stacks(samples: Iterable[StackSample], *, one_per_rank: bool = False) 
             if old is None or s.time >= old.time:
                 latest[s.rank] = s
         every = list(latest.values())
+        ranks = None
     # A stall at 4,096 ranks is a few distinct stacks: each picked out in C, not rank by rank.
     sigs = list(map(_SIGNATURE, every))
     distinct = dict.fromkeys(sigs)
-    by_sig: dict[tuple[str, str], list[StackSample]] = {}
+    # (signature, where) -> its samples and, when the caller gave them, their ranks
+    by_sig: dict[tuple[str, str], tuple[list[StackSample], list[int] | None]] = {}
     if len(distinct) <= _PICKED_MAX:
+        # the odd ones out are few: found by index; the largest group is what is left
+        counts = {sig: sigs.count(sig) for sig in distinct}
+        largest = max(counts, key=counts.__getitem__, default=None)
+        picked = {sig: positions(sigs, sig) for sig in distinct if sig != largest}
+        rest = sorted((row for rows in picked.values() for row in rows), reverse=True)
         for sig in distinct:
-            same = list(compress(every, map(eq, sigs, repeat(sig))))
+            if sig == largest:
+                same = list(every)
+                same_ranks = list(ranks) if ranks is not None else None
+                for row in rest:
+                    del same[row]
+                    if same_ranks is not None:
+                        del same_ranks[row]
+            else:
+                same = list(map(every.__getitem__, picked[sig]))
+                same_ranks = None if ranks is None else list(map(ranks.__getitem__, picked[sig]))
             wheres = dict.fromkeys(map(_WHERE, same))
             if len(wheres) == 1:
-                by_sig[(sig, same[0].where)] = same
+                by_sig[(sig, same[0].where)] = (same, same_ranks)
             else:
                 for where in wheres:
-                    by_sig[(sig, where)] = [s for s in same if s.where == where]
+                    by_sig[(sig, where)] = ([s for s in same if s.where == where], None)
     else:
         for s in every:
-            by_sig.setdefault((s.signature, s.where), []).append(s)
+            by_sig.setdefault((s.signature, s.where), ([], None))[0].append(s)
     groups = []
-    for (sig, where), members in by_sig.items():
-        members.sort(key=_RANK)
-        groups.append(StackGroup(sig, where, tuple(map(_RANK, members)), members[0]))
+    for (sig, where), (members, held) in by_sig.items():
+        member_ranks = held if held is not None else list(map(_RANK, members))
+        if member_ranks != sorted(member_ranks):
+            members.sort(key=_RANK)
+            member_ranks = sorted(member_ranks)
+        groups.append(StackGroup(sig, where, tuple(member_ranks), members[0]))
     groups.sort(key=lambda g: (-len(g.ranks), g.ranks[0]))
     return groups
 

@@ -7,28 +7,29 @@ incident transitions: ``opened``, ``updated`` (culprits or cause changed), ``res
 Evidence joins an open incident of its run when the incident explains it (see ``_explains``):
 the rank is already part of it, it is non-finite within ``spread_steps`` of the first non-finite
 step, it is a collective failure, a stall or a kill after a fault. Anything else opens a second
-incident. Each touched incident is judged again from all its evidence (``rules.judge``), once
-per ``observe`` call: call it once per loop pass with everything new, not once per record.
+incident. Each touched incident is judged again (``judging.Judge``), once per ``observe``
+call: call it once per loop pass with everything new, not once per record.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from itertools import compress, repeat
-from operator import attrgetter, ge, itemgetter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import cast
 
 from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.divergence.types import Divergence
-from rankwatch.aggregator.health import RankHealth
+from rankwatch.aggregator.health import HealthChanges, RankHealth
 from rankwatch.aggregator.incidents import rules
 from rankwatch.aggregator.incidents.columns import Column, Rows, by_run, rows_of
 from rankwatch.aggregator.incidents.facts import (
     alert_items,
     divergence_facts,
     divergence_kind,
+    health_columns,
     health_facts,
 )
 from rankwatch.aggregator.incidents.grouping import (
@@ -37,20 +38,18 @@ from rankwatch.aggregator.incidents.grouping import (
     all_explained,
     explains,
     forget,
-    is_open,
     members_only,
     recover,
     store,
 )
+from rankwatch.aggregator.incidents.judging import HISTORY_MAX, Judge, Run
 from rankwatch.aggregator.incidents.model import Incident, IncidentChange
 from rankwatch.aggregator.incidents.rules import Fact
-from rankwatch.aggregator.incidents.stacks import StackGroup, StackSample, group_stacks
-from rankwatch.aggregator.incidents.timeline import Lines, timeline
+from rankwatch.aggregator.incidents.stacks import StackSample
 
 DEFAULT_WINDOW_S = 120.0  # evidence this long after an incident's last is a new fault
 DEFAULT_SPREAD_STEPS = 1  # non-finite this many steps after the first is propagation
 TIMELINE_MAX = 64  # evidence items an Incident value carries (all are kept inside)
-HISTORY_MAX = 256  # closed incidents kept per run, the oldest dropped first
 OPEN_MAX = 64  # open incidents per run; past it the oldest is closed as it stands
 EVIDENCE_MAX = 65_536  # evidence items held per incident (4,096 ranks x 16 metrics)
 BULK_MIN = 32  # facts left in a burst worth checking whether all go where the last went (in C)
@@ -60,7 +59,7 @@ HealthInput = RankHealth | tuple[RankHealth, str]
 DEFAULT_ANNOUNCE_QUIET_S = 1.0
 DEFAULT_ANNOUNCE_HOLD_S = 1.5
 
-__all__ = ["IncidentConfig", "IncidentTracker"]
+__all__ = ["EVIDENCE_MAX", "HISTORY_MAX", "IncidentConfig", "IncidentTracker"]
 
 
 @dataclass(frozen=True)
@@ -84,27 +83,21 @@ class IncidentConfig:
             raise ValueError(f"incidents.timeline_max must be >= 1, got {self.timeline_max!r}")
 
 
-@dataclass
-class _Run:
-    count: int = 0
-    open: list[Open] = field(default_factory=list)
-    history: list[Incident] = field(default_factory=list)
-    health: dict[int, RankHealth] = field(default_factory=dict)
-    stacks: dict[int, StackSample] = field(default_factory=dict)
-    stacks_version: int = 0  # bumped when ``stacks`` changes
-    world: int = 0  # the largest world size its ranks reported
-
-
 class IncidentTracker:
-    def __init__(self, config: IncidentConfig | None = None) -> None:
+    def __init__(
+        self, config: IncidentConfig | None = None, numbered: Callable[[str], int] | None = None
+    ) -> None:
+        """``numbered(run)``: how many incidents of ``run`` were numbered before this tracker
+        (an earlier `serve` on the same store), so that a new one does not take an old id."""
         self.config = config or IncidentConfig()
-        self._runs: dict[str, _Run] = {}
+        self._numbered = numbered
+        self._runs: dict[str, Run] = {}
         self.refused_stacks = 0  # samples for a rank the run has never reported
         self.evicted = 0  # open incidents closed unresolved to stay within OPEN_MAX
         self.dropped_evidence = 0  # evidence not held past EVIDENCE_MAX (still routed)
         # early facts kept per incident: enough to fill a timeline besides the culprits' own
         self._early_max = 2 * self.config.timeline_max
-        self._lines = Lines()  # crash messages' one lines, for the next judgements
+        self._judge = Judge(self.config.window_s, self.config.timeline_max, self._early_max)
 
     def observe(
         self,
@@ -120,29 +113,18 @@ class IncidentTracker:
         """Everything new since the last call -> incident transitions.
 
         ``times``: (run, rank, step) -> record time, to order divergences of the same step
-        (without it, ``now`` is their time). ``health``: ``HealthTracker.changes()`` items or
-        bare ``RankHealth`` values.
+        (without it, ``now`` is their time). ``health``: ``HealthTracker.changes()`` (its
+        ranks and states read as columns when it is of one run), its items, or bare
+        ``RankHealth`` values.
         """
         facts: dict[str, Rows] = {}  # per run
         recoveries: list[tuple[str, int, tuple[str, str] | None]] = []
         # A burst is handled column by column (attributes, facts, dict and set updates in C):
         # at 4,096 ranks a Python statement per event is most of the cost.
-        given = list(health)
-        types = set(map(type, given))
-        if types == {tuple}:  # HealthTracker.changes(): (health, old state)
-            hs = list(map(_FIRST, cast("list[tuple[RankHealth, str]]", given)))
-        elif any(issubclass(t, tuple) for t in types):
-            hs = [h[0] if isinstance(h, tuple) else h for h in given]
-        else:
-            hs = cast("list[RankHealth]", given)
-        for name, part in by_run(hs):
-            run = self._run(name)
-            ranks = list(map(_RANK, part))
-            run.health.update(zip(ranks, part, strict=True))
-            run.world = max(run.world, max(map(_WORLD, part)))
-            rest = health_facts(part, rows_of(facts, name), ranks)
+        for name, rest in self._health_facts(health, facts):
             # the rest are ranks well again (RECOVERED): their stalls are over
             recoveries += zip(repeat(name), map(_RANK, rest), repeat(None))
+            run = self._run(name)
             if run.stacks and rest:
                 gone = [r for r in map(_RANK, rest) if run.stacks.pop(r, None) is not None]
                 run.stacks_version += bool(gone)  # where they were no longer matters
@@ -151,11 +133,11 @@ class IncidentTracker:
         for d in resolved:
             recoveries.append((d.run, d.rank, (divergence_kind(d.kind, d.metric), d.metric)))
         self._take_alerts(alerts, facts, recoveries)
-        touched: dict[int, tuple[_Run, Open]] = {}
+        touched: dict[int, tuple[Run, Open]] = {}
         for name, samples in by_run(list(stacks)):
             of = self._runs.get(name)
             ranks = list(map(_RANK, samples))
-            if of is not None and not all(map(of.health.__contains__, ranks)):
+            if of is not None and not of.health.keys() >= set(ranks):
                 samples = [s for s in samples if s.rank in of.health]
                 self.refused_stacks += len(ranks) - len(samples)
                 ranks = list(map(_RANK, samples))
@@ -181,6 +163,36 @@ class IncidentTracker:
         for run, inc in touched.values():
             changes.extend(self._judge(run, inc, now))
         return changes
+
+    def _health_facts(
+        self, health: Iterable[HealthInput], facts: dict[str, Rows]
+    ) -> list[tuple[str, list[RankHealth]]]:
+        """Take in a burst of health values: per run, the values that made no fact.
+        ``HealthChanges`` of one run gives its ranks and states as columns."""
+        if isinstance(health, HealthChanges) and len(health.runs) == 1 and health.in_step():
+            name, ranks = health.runs[0], health.ranks
+            hs = list(map(_FIRST, health))
+            run = self._run(name)
+            run.health.update(zip(ranks, hs, strict=True))
+            run.world = max(run.world, max(map(_WORLD, hs)))
+            rest = health_columns(hs, rows_of(facts, name), ranks, health.states)
+            return [(name, rest)]
+        given = list(health)
+        types = set(map(type, given))
+        if types <= {tuple, HealthChanges}:  # HealthTracker.changes(): (health, old state)
+            hs = list(map(_FIRST, cast("list[tuple[RankHealth, str]]", given)))
+        elif any(issubclass(t, tuple) for t in types):
+            hs = [h[0] if isinstance(h, tuple) else h for h in given]
+        else:
+            hs = cast("list[RankHealth]", given)
+        out = []
+        for name, part in by_run(hs):
+            run = self._run(name)
+            ranks = list(map(_RANK, part))
+            run.health.update(zip(ranks, part, strict=True))
+            run.world = max(run.world, max(map(_WORLD, part)))
+            out.append((name, health_facts(part, rows_of(facts, name), ranks)))
+        return out
 
     def _take_alerts(
         self,
@@ -209,9 +221,7 @@ class IncidentTracker:
                 if recovery is not None:
                     recoveries.append((run_name, recovery[0], recovery[1]))
 
-    def _place(
-        self, run: _Run, name: str, rows: Rows, touched: dict[int, tuple[_Run, Open]]
-    ) -> None:
+    def _place(self, run: Run, name: str, rows: Rows, touched: dict[int, tuple[Run, Open]]) -> None:
         """Route a run's new facts, causes before effects, and add each to its incident."""
         rows.sort()
         window = self.config.window_s
@@ -278,13 +288,14 @@ class IncidentTracker:
             if bulk:
                 bulk, tried = False, (id(inc), inc.epoch)
                 if inc is newest and (
-                    members_only(inc, rows, i + 1, window)
+                    (all_members := members_only(inc, rows, i + 1, window))
                     or all_explained(inc, rows, i + 1, window, self.config.spread_steps)
                 ):
                     # the rest is of one kind, not always the kind of this fact
                     rest = self._batch(run, inc, kinds[i + 1], batches, touched)
                     rest += range(i + 1, n)
-                    if not members.issuperset(ranks[i + 1 :]):  # not all of them in it yet
+                    # not all of them in it yet (``members_only`` has asked already)
+                    if not all_members and not members.issuperset(ranks[i + 1 :]):
                         members.update(ranks[i + 1 :])
                     inc.last = max(inc.last, times[-1])
                     break
@@ -293,11 +304,11 @@ class IncidentTracker:
 
     @staticmethod
     def _batch(
-        run: _Run,
+        run: Run,
         inc: Open,
         kind: str,
         batches: dict[tuple[int, str], tuple[Open, str, list[int]]],
-        touched: dict[int, tuple[_Run, Open]],
+        touched: dict[int, tuple[Run, Open]],
     ) -> list[int]:
         """The rows of a burst going to ``inc`` as ``kind``."""
         held = batches.get((id(inc), kind))
@@ -340,13 +351,15 @@ class IncidentTracker:
 
     # --- internals -------------------------------------------------------------------------
 
-    def _run(self, name: str) -> _Run:
+    def _run(self, name: str) -> Run:
         run = self._runs.get(name)
         if run is None:
-            run = self._runs[name] = _Run()
+            run = self._runs[name] = Run()
+            if self._numbered is not None:
+                run.count = self._numbered(name)
         return run
 
-    def _route(self, run: _Run, name: str, fact: Fact) -> Open:
+    def _route(self, run: Run, name: str, fact: Fact) -> Open:
         window = self.config.window_s
         for inc in reversed(run.open):
             if fact.time - inc.last > window or inc.opened - fact.time > window:
@@ -366,65 +379,14 @@ class IncidentTracker:
             oldest = run.open.pop(0)
             self.evicted += 1
             if oldest.value is not None:
-                self._keep(run, oldest.value)
+                run.keep(oldest.value)
         run.count += 1
         inc = Open(f"{name}#{run.count}", name, fact.time, last=fact.time)
         run.open.append(inc)
         return inc
 
-    def _judge(self, run: _Run, inc: Open, now: float) -> list[IncidentChange]:
-        old = inc.value
-        if not is_open(inc):
-            run.open.remove(inc)
-            if old is None:  # evidence that cleared before it was ever judged
-                return []
-            done = replace(old, state="resolved", resolved=now, updated=now)
-            self._keep(run, done)
-            return [IncidentChange("resolved", done, old)]
-        # its members are the ranks of its evidence while none was left out for want of room
-        members = inc.members if inc.count < EVIDENCE_MAX else None
-        verdict = rules.judge(
-            inc.evidence, run.health, lambda: self._groups(run, inc), run.world, members
-        )
-        if inc.verdict is None or inc.verdict.cause != verdict.cause:
-            forget(inc)
-        inc.verdict = verdict
-        value = self._value(inc, verdict, now)
-        inc.value = value
-        if old is None:
-            return [IncidentChange("opened", value)]
-        if (old.culprits, old.cause) != (value.culprits, value.cause):
-            return [IncidentChange("updated", value, old)]
-        return []
-
-    def _groups(self, run: _Run, inc: Open) -> list[StackGroup]:
-        """The run's stall stacks grouped, from samples of this incident's time (older ones are
-        of another stall); kept until a sample arrives or goes."""
-        held = inc.groups
-        if held is not None and held[0] == run.stacks_version:
-            return held[1]
-        since = inc.opened - self.config.window_s
-        held_samples = list(run.stacks.values())
-        recent = map(ge, map(_SAMPLE_TIME, held_samples), repeat(since))
-        groups = group_stacks(compress(held_samples, recent), one_per_rank=True)  # by rank
-        inc.groups = (run.stacks_version, groups)
-        return groups
-
-    def _value(self, inc: Open, v: rules.Verdict, now: float) -> Incident:
-        shown = timeline(inc, v, self.config.timeline_max, self._early_max, self._lines)
-        return Incident(
-            inc.id, inc.run, v.cause, v.culprits, v.affected, v.terminated, shown,
-            inc.opened, now, None, "firing", v.summary, v.basis, v.step, inc.count,
-        )  # fmt: skip
-
-    def _keep(self, run: _Run, done: Incident) -> None:
-        run.history.append(done)
-        if len(run.history) > HISTORY_MAX:
-            del run.history[0]
-
 
 _RANK, _WORLD = attrgetter("rank"), attrgetter("world_size")
 _FIRST = itemgetter(0)
-_SAMPLE_TIME = attrgetter("time")
 _NONFINITE, _CRASHED = rules.NONFINITE, rules.CRASHED
 _EMPTY: dict[str, Column] = {}

@@ -4,8 +4,13 @@ error).
 
 msgspec decodes a frame of step records and heartbeats straight into typed structs. An agent's
 batch (steps of one rank, one process, one metric set) is checked column by column and becomes
-one ``StepBlock``; any other frame of them (a relay's, many ranks) is checked record by record
-into the same records the schema's decoder makes. Anything the fast path does not take exactly
+one ``StepBlock``. A relay's frame (steps of many ranks of one run, one per rank, one metric
+set, heartbeats among them) is checked column by column too and becomes one ``RanksBlock`` of
+its steps followed by its other records in order, when no rank's other record comes before
+its step there (each rank's records then keep their order; ranks are merged by step and
+health follows each rank on its own, so moving one rank's records past another's changes
+nothing). Any other frame of them is checked record by record into the same records the
+schema's decoder makes. Anything the fast path does not take exactly
 (an event, an unknown field, a value out of range, a string where a number goes, bad msgpack)
 goes to ``records.decode_frame_blocks``, which accepts it or raises the ``DecodeError`` it always
 did. So a frame decodes to the same records either way; only the cost differs
@@ -20,7 +25,7 @@ msgspec would skip such a field unread. Events take the schema's path for the sa
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import final
+from typing import cast, final
 
 import msgspec
 from rankwatch.agent.wire import records
@@ -31,12 +36,14 @@ from rankwatch.agent.wire.records import (
     MAX_RANK,
     SCHEMA_VERSION,
     Heartbeat,
+    RanksBlock,
     Record,
     StepBlock,
     StepRecord,
 )
 
 _INT64_END = 2**63
+Item = Record | StepBlock | RanksBlock
 
 
 @final  # so that ``type(r) is _Step`` (the hot loops) narrows for the type checker
@@ -79,6 +86,9 @@ _decode = msgspec.msgpack.Decoder(_Frame).decode
 _same = attrgetter("run", "rank", "world_size", "host", "pid", "inc")
 _columns = attrgetter("seq", "time", "step", "epoch")
 _metrics = attrgetter("metrics")
+_rank = attrgetter("rank")
+_run_size = attrgetter("run", "world_size")
+_ranks_columns = attrgetter("seq", "time", "host", "pid", "step", "epoch", "inc")
 
 
 def decode_frame_blocks(frame: bytes) -> list[Record | StepBlock]:
@@ -95,6 +105,26 @@ def decode_fast(frame: bytes) -> list[Record | StepBlock] | None:
         return None
     block = _step_block(items) if len(items) >= 2 else None
     return [block] if block is not None else _records(items)
+
+
+def decode_ranks(frame: bytes) -> list[Item] | None:
+    """``decode_fast``, with a relay's frame of many ranks' steps as one ``RanksBlock``
+    followed by the frame's other records (the module docstring): the same records, each
+    rank's in its order."""
+    items = _typed(frame)
+    if items is None:
+        return None
+    block = _step_block(items) if len(items) >= 2 else None
+    if block is not None:
+        return [block]
+    ranks = _ranks_block(items) if len(items) >= 2 else None
+    return ranks if ranks is not None else cast("list[Item] | None", _records(items))
+
+
+def decode_frame_ranks(frame: bytes) -> list[Item]:
+    """``decode_frame_blocks`` with ``decode_ranks``'s blocks (what the receiver takes)."""
+    out = decode_ranks(frame)
+    return cast("list[Item]", records.decode_frame_blocks(frame)) if out is None else out
 
 
 def _typed(frame: bytes) -> list[_Step | _Beat] | None:
@@ -140,6 +170,55 @@ def _step_block(steps: list[_Step | _Beat]) -> StepBlock | None:
         run, rank, world_size, host, pid, list(seq), list(time_), list(step), list(epoch), values,
         inc,
     )  # fmt: skip
+
+
+def _ranks_block(items: list[_Step | _Beat]) -> list[Item] | None:
+    """The steps as one RanksBlock, then the other records (checked one by one), or None when
+    they are not valid steps of distinct ranks of one run with one world size and one metric
+    set, or when a rank's other record comes before its step."""
+    steps = [r for r in items if type(r) is _Step]
+    if len(steps) < 2:
+        return None
+    first = steps[0]
+    run, world_size = first.run, first.world_size
+    ranks = list(map(_rank, steps))
+    if len(set(ranks)) != len(ranks) or set(map(_run_size, steps)) != {(run, world_size)}:
+        return None
+    seq, time_, hosts, pids, step, epoch, incs = map(
+        list, zip(*map(_ranks_columns, steps), strict=True)
+    )
+    # msgpack ints reach 2**64 - 1: the schema's are 64-bit signed
+    if not (
+        0 < len(run) <= MAX_NAME_CHARS
+        and 1 <= world_size < _INT64_END
+        and min(ranks) >= 0
+        and max(ranks) <= MAX_RANK
+        and min(seq) >= 1
+        and max(seq) < _INT64_END
+        and max(step) < _INT64_END
+        and min(pids) >= 0
+        and max(pids) < _INT64_END
+        and min(incs) >= 0
+        and max(incs) < _INT64_END
+        and max(map(len, hosts)) <= MAX_NAME_CHARS
+        and all(e is None or e < _INT64_END for e in epoch)
+    ):
+        return None
+    values = _values(first.metrics, list(map(_metrics, steps)))
+    if values is None:
+        return None
+    block = RanksBlock(run, world_size, ranks, seq, time_, hosts, pids, step, epoch, values, incs)
+    if len(steps) == len(items):
+        return [block]
+    before: set[int] = set()  # ranks of the run with a record that is no step so far
+    for r in items:
+        if type(r) is not _Step:
+            if r.run == run:
+                before.add(r.rank)
+        elif r.rank in before:
+            return None  # that rank's step would move ahead of its earlier record
+    others = _records([r for r in items if type(r) is not _Step])
+    return None if others is None else [block, *others]
 
 
 def _records(items: list[_Step | _Beat]) -> list[Record | StepBlock] | None:

@@ -11,9 +11,10 @@ other threads (it copies each dict in one C-level call before iterating it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
-from rankwatch.agent.wire.records import Record, StepBlock
+from rankwatch.agent.wire.records import RanksBlock
 
 MAX_SENDERS = 4096  # per-identity counters kept; DEALERs get a new identity on each reconnect
 MAX_RETIRED = 4096  # labels of evicted identities kept apart; the rest share OTHER_SENDERS
@@ -51,16 +52,23 @@ class Peers:
 
     def saw(self, identity: bytes, stats: SenderStats, batch: list[Any]) -> None:
         """Valid records came from ``identity``: name it, and route their ranks to it."""
+        first = batch[0]
+        ranks = type(first) is RanksBlock  # a relay's frame of many ranks
         if stats.run is None:
-            self._learn(identity, stats, batch[0])
-        if stats.relayed or batch[-1].rank != stats.rank:
+            self._learn(identity, stats, first.run, first.ranks[0] if ranks else first.rank)
+        if ranks or stats.relayed or batch[-1].rank != stats.rank:
             # A relay: every rank behind it is reached through this one identity.
             stats.relayed = True
             routes = self.routes
             for rec in batch:
-                key = (rec.run, rec.rank)
-                if routes.get(key) != identity:
-                    self._route(key, identity, stats)
+                keys = (
+                    zip(repeat(rec.run), rec.ranks)
+                    if type(rec) is RanksBlock
+                    else [(rec.run, rec.rank)]
+                )
+                for key in keys:
+                    if routes.get(key) != identity:
+                        self._route(key, identity, stats)
 
     def identity_of(self, run: str, rank: int) -> bytes | None:
         return self.routes.get((run, rank))
@@ -97,11 +105,11 @@ class Peers:
         for reason, count in stats.bad.items():
             kept.bad[reason] = kept.bad.get(reason, 0) + count
 
-    def _learn(self, identity: bytes, stats: SenderStats, rec: Record | StepBlock) -> None:
-        stats.run, stats.rank = rec.run, rec.rank
-        stats.label = f"{rec.run}/{rec.rank}"
-        if self.routes.get((rec.run, rec.rank)) != identity:
-            self._route((rec.run, rec.rank), identity, stats)
+    def _learn(self, identity: bytes, stats: SenderStats, run: str, rank: int) -> None:
+        stats.run, stats.rank = run, rank
+        stats.label = f"{run}/{rank}"
+        if self.routes.get((run, rank)) != identity:
+            self._route((run, rank), identity, stats)
 
     def _route(self, key: tuple[str, int], identity: bytes, stats: SenderStats) -> None:
         """Route resends for ``key`` to ``identity`` (newest last), within both bounds."""

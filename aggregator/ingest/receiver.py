@@ -34,14 +34,14 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import zmq
 from rankwatch.agent.wire import records
 from rankwatch.agent.wire.addresses import DEFAULT_INGEST_PORT
 from rankwatch.agent.wire.curve import MONITOR_EVENTS, CurveGate, ServerContext, read_monitor
-from rankwatch.agent.wire.records import DecodeError, Record, StepBlock
+from rankwatch.agent.wire.records import DecodeError, RanksBlock, Record, StepBlock
 from rankwatch.aggregator.ingest import frames
 from rankwatch.aggregator.ingest.backlog import Backlog
 from rankwatch.aggregator.ingest.peers import Peers, SenderStats
@@ -67,6 +67,7 @@ PEER_BUFFER_BYTES = 64 * 1024 * 1024
 RCVHWM_MESSAGES = PEER_BUFFER_BYTES // records.MAX_FRAME_BYTES
 MAX_LOGGED = 10_000  # (sender, reason) pairs already logged, to log each once
 LINGER_MS = 0  # control messages are best effort: never hang on close
+Item = Record | StepBlock | RanksBlock
 
 
 class Receiver:
@@ -145,12 +146,12 @@ class Receiver:
 
     # --- receiving --------------------------------------------------------------------------
 
-    def recv(self, timeout_ms: int) -> list[Record | StepBlock]:
+    def recv(self, timeout_ms: int) -> list[Item]:
         """Wait up to ``timeout_ms`` for traffic, then decode a bounded share of what waits.
 
         Returns valid records, each peer's in the order it sent them, the peers taken in turn
         (``backlog.py``); a batched frame of one rank's step records comes as one
-        ``StepBlock``.
+        ``StepBlock``, a relay's of many ranks' as one ``RanksBlock`` (``frames.py``).
         """
         self._flush_control()
         backlog = self._backlog
@@ -161,7 +162,7 @@ class Receiver:
             self._pull()
         else:
             self._empty_at = time.time()
-        out: list[Record | StepBlock] = []
+        out: list[Item] = []
         taken = backlog.take(MAX_BATCH_BYTES, MAX_BATCH_FRAMES)
         while not taken and len(backlog):  # credit grows each round: a few rounds at most
             taken = backlog.take(MAX_BATCH_BYTES, MAX_BATCH_FRAMES)
@@ -225,12 +226,12 @@ class Receiver:
             if pulled >= MAX_PULL_BYTES:
                 return
 
-    def _take(self, identity: bytes, item: bytes | _Rest, out: list[Record | StepBlock]) -> int:
+    def _take(self, identity: bytes, item: bytes | _Rest, out: list[Item]) -> int:
         """Decode one frame of ``identity`` (or the next part of one) into ``out``; the number
         of valid records."""
         stats = self.peers.get(identity)
         if isinstance(item, _Rest):
-            batch: list[Record] | list[Record | StepBlock] = self._salvage(stats, identity, item)
+            batch: list[Record] | list[Item] = self._salvage(stats, identity, item)
         else:
             stats.messages += 1
             self.totals["messages"] += 1
@@ -238,15 +239,18 @@ class Receiver:
         if not batch:
             return 0
         self.peers.saw(identity, stats, batch)
-        size = len(batch[0]) if type(batch[0]) is StepBlock else len(batch)
+        first = batch[0]
+        size = len(batch)
+        if type(first) is StepBlock or type(first) is RanksBlock:  # a frame's block is first
+            size += len(first) - 1
         stats.records += size
         out.extend(batch)
         return size
 
     def _decode(
         self, stats: SenderStats, identity: bytes, frame: bytes
-    ) -> list[Record] | list[Record | StepBlock]:
-        fast = frames.decode_fast(frame)
+    ) -> list[Record] | list[Item]:
+        fast = frames.decode_ranks(frame)
         if fast is not None:
             return fast
         try:
@@ -259,7 +263,7 @@ class Receiver:
                 self._bad(stats, exc.reason, str(exc))
             return []
         try:
-            return records.decode_maps_blocks(raws)
+            return cast("list[Item]", records.decode_maps_blocks(raws))
         except DecodeError:  # a bad record ("field"): keep the others
             return self._salvage(stats, identity, _Rest(raws, 0, len(frame), self._stamp))
 

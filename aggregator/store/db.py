@@ -21,17 +21,19 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from pathlib import Path
 from typing import Any, NoReturn
 
 import duckdb
 import numpy as np
-from rankwatch.agent.wire.records import StepBlock, StepRecord
-from rankwatch.aggregator.store import band, reads, rollup, write
+from rankwatch.agent.wire.records import RanksBlock, StepBlock, StepRecord
+from rankwatch.aggregator.store import band, openbuckets, reads, rollup, seen, write
 from rankwatch.aggregator.store import commands as stored_commands
 from rankwatch.aggregator.store import incidents as stored_incidents
 from rankwatch.aggregator.store import stacks as stored_stacks
-from rankwatch.aggregator.store.buffer import Batch, Item
+from rankwatch.aggregator.store.buffer import Batch
+from rankwatch.aggregator.store.parts import Item
 from rankwatch.aggregator.store.rows import Mirror
 from rankwatch.aggregator.store.schema import (
     MEMORY_LIMIT,
@@ -97,8 +99,16 @@ class Store(reads.Reads, TelemetryReads):
         self._due = band.Schedule()  # runs whose band may move (under _buf_lock)
         self._band_runs = BAND_RUNS
         self._n = {"set_aside_records": 0, "band_errors": 0, "band_runs_skipped": 0}
+        self._gate = openbuckets.Gate()
         try:
             create(self._writer, path)
+            if not openbuckets.saved(self._writer):  # the last process did not close the store
+                script = [
+                    "BEGIN TRANSACTION",
+                    *openbuckets.recover_sql(),
+                    *openbuckets.mark_sql("saved"),
+                ]
+                rollup.run_script(self._writer, [*script, "COMMIT"])
             self._mirror = Mirror.load(self._writer)
             # the flush's numpy columns are found by name in the frame that made them, also
             # when rollup.run_script executes the statement one frame down: see write.py
@@ -121,8 +131,18 @@ class Store(reads.Reads, TelemetryReads):
             # Only step records count as arrival for the band: a hung rank goes on sending
             # heartbeats, and must not hold every later step's band back (unsettled steps are
             # banded from raw rows at each query: a chart would grow slower with every step).
-            senders = {(rec.run, rec.rank, _has_steps(rec)) for rec in records}
+            senders = {(rec.run, rec.rank, _has_steps(rec)) for rec in records
+                       if type(rec) is not RanksBlock}  # fmt: skip
             buf_ranks = self._buf_ranks
+            for rec in records:
+                if type(rec) is RanksBlock and len(rec):  # a relay's frame: its ranks stepped
+                    buf_ranks.update(zip(repeat(rec.run), rec.ranks))
+                    runs = self._arrival.get(rec.run)
+                    if runs is None:
+                        runs = self._arrival[rec.run] = {}
+                        self._run_first[rec.run] = now
+                    runs.update(dict.fromkeys(rec.ranks, now))
+                    self._due.dirty.add(rec.run)
             for run, rank, stepped in senders:
                 buf_ranks.add((run, rank))
                 runs = self._arrival.get(run)
@@ -256,9 +276,14 @@ class Store(reads.Reads, TelemetryReads):
     def _insert(self, batch: Batch) -> None:
         with self._state_lock:
             mirror = self._mirror.copy()
-        write.insert(self._writer, mirror, batch)
-        with self._state_lock:
-            self._mirror = mirror
+
+        def commit(script: list[str]) -> None:
+            with self._gate.exclusive():
+                rollup.run_script(self._writer, [*script, "COMMIT"])
+                with self._state_lock:
+                    self._mirror = mirror
+
+        write.insert(self._writer, mirror, batch, commit)
 
     def _fail(self, unwritten: list[Batch], exc: Exception) -> NoReturn:
         """Put what was not written back in front of the buffer, and raise."""
@@ -353,6 +378,10 @@ class Store(reads.Reads, TelemetryReads):
         self._flush_lock.release()
         try:
             self.flush()
+            if not self._mirror.opens.saved:
+                openbuckets.save(self._writer, self._mirror.opens)
+            if self._mirror.seen.logged != len(self._mirror.seen):
+                seen.save(self._writer, self._mirror.seen)
         finally:
             self._closed = True
             self._reads.close()

@@ -21,7 +21,7 @@ from typing import Any
 import duckdb
 import numpy as np
 from rankwatch.agent.wire.records import Record
-from rankwatch.aggregator.store import columns, rollup
+from rankwatch.aggregator.store import columns, lives, openbuckets, rollup
 from rankwatch.aggregator.store import commands as stored_commands
 from rankwatch.aggregator.store import incidents as stored_incidents
 from rankwatch.aggregator.store import stacks as stored_stacks
@@ -134,7 +134,13 @@ def plan(
     return level, lo, hi, where, {"run": run, "metric": metric}
 
 
-def series_columns(cur: duckdb.DuckDBPyConnection, plan: Plan, max_points: int) -> SeriesColumns:
+def series_columns(
+    cur: duckdb.DuckDBPyConnection,
+    plan: Plan,
+    max_points: int,
+    opens: Sequence[openbuckets.Columns],
+) -> SeriesColumns:
+    """``opens``: the open buckets of the plan's keys per level (``OpenBuckets.rows``)."""
     level, lo, hi, where, params = plan
     # cur.sql(): DuckDB's relation path converts to numpy about twice as fast as
     # execute()'s result (bench/overlay_query.py), and the conversion is most of a big
@@ -149,16 +155,16 @@ def series_columns(cur: duckdb.DuckDBPyConnection, plan: Plan, max_points: int) 
         out = SeriesColumns.from_rows(res["key"], res["step"], res["value"])
     else:
         width = rollup.LEVELS[level]
+        live_0, live_1, live_2 = opens  # found by name by DuckDB (a replacement scan)
+        sql = rollup.bucket_sql("series", level, where, lo // width, hi // width, opens="live_")
         # no ``b`` column: a bucket's minimum's step orders buckets just as well
         res = rollup.sort_buckets(
             cur.sql(
-                "SELECT key, mn, mn_step, mx, mx_step FROM ("
-                + rollup.bucket_sql("series", level, where, lo // width, hi // width)
-                + ")",
-                params=params,
+                f"SELECT key, mn, mn_step, mx, mx_step FROM ({sql})", params=params
             ).fetchnumpy(),
             "mn_step",
         )
+        del live_0, live_1, live_2
         out = columns.bucket_columns(
             res["key"], res["mn"], res["mn_step"], res["mx"], res["mx_step"], lo, hi
         )
@@ -233,6 +239,7 @@ class Reads:
     _state_lock: threading.Lock
     _mirror: Mirror
     _closed: bool
+    _gate: openbuckets.Gate
 
     def _check_open(self) -> None:
         if self._closed:
@@ -260,6 +267,18 @@ class Reads:
         with self._query() as cur:
             return events(cur, run)
 
+    def rank_columns(self, run: str) -> dict[str, np.ndarray]:
+        """``ranks()`` as columns in rank order (NULLs masked), with each rank's last start,
+        end or crash event (``life``): a run of 100,000 ranks without a dict per rank."""
+        with self._query() as cur:
+            return lives.rank_columns(cur, run)
+
+    def rank_lives(self, run: str) -> list[tuple[bool, str | None, int]]:
+        """(ended, last start/end/crash event, ranks) of ``run``: its ranks counted by what
+        their final state is made of, in the order of each kind's first rank."""
+        with self._query() as cur:
+            return lives.rank_lives(cur, run)
+
     def incidents(self, run: str) -> list[dict[str, Any]]:
         """The latest judgement of every incident of ``run`` the store holds, oldest first."""
         with self._query() as cur:
@@ -284,9 +303,10 @@ class Reads:
     def seen_seqs(self) -> list[tuple[str, int, int, int, int]]:
         """Every flushed (run, rank, inc, seq) as merged inclusive intervals
         (run, rank, inc, lo, hi)."""
-        with self._query() as cur:
-            sql = "SELECT run, rank, inc, lo, hi FROM seqs ORDER BY run, rank, inc, lo"
-            return cur.execute(sql).fetchall()
+        self._check_open()
+        with self._state_lock:
+            held = self._mirror.seen
+        return held.rows()
 
     def records(self, run: str) -> Iterator[Record]:
         """Every stored record of ``run`` rebuilt as a dataclass, ordered by (rank, seq)."""
@@ -320,8 +340,12 @@ class Reads:
         plan = self._plan(run, metric, ranks, start, end, max_points, 2)
         if plan is None:
             return SeriesColumns.empty()
-        with self._query() as cur:
-            return series_columns(cur, plan, max_points)
+        with self._gate.shared():  # the open buckets and the closed rows of one flush
+            with self._state_lock:
+                held = self._mirror.opens
+            opens = [held.rows(i, run, metric, ranks) for i in range(len(rollup.LEVELS))]
+            with self._query() as cur:
+                return series_columns(cur, plan, max_points, opens)
 
     def band(
         self,

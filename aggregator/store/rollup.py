@@ -42,13 +42,21 @@ _SCHEMA = (
 # Aggregate of raw long rows into buckets / of partial buckets into coarser ones. DuckDB orders
 # NaN above every number, so a bucket holding a NaN reports it as its maximum: the NaN survives
 # downsampling just like a spike does.
-_RAW_AGG = (
+RAW_AGG = (
     "count(*) AS n, sum(value) AS s, min(value) AS mn, arg_min(step, value) AS mn_step, "
     "max(value) AS mx, arg_max(step, value) AS mx_step, min(step) AS lo, max(step) AS hi"
 )
-_MERGE_AGG = (
+MERGE_AGG = (
     "sum(u.n) AS n, sum(u.s) AS s, min(u.mn) AS mn, arg_min(u.mn_step, u.mn) AS mn_step, "
     "max(u.mx) AS mx, arg_max(u.mx_step, u.mx) AS mx_step, min(u.lo) AS lo, max(u.hi) AS hi"
+)
+
+
+# Bucket rows scanned from numpy columns (the series' open buckets in memory, openbuckets.py):
+# DuckDB reads NaN there as NULL, and a bucket's sum, minimum or maximum is NULL only so.
+NUMPY_BUCKET = (
+    "key, b, n, coalesce(s, 'nan'::DOUBLE) AS s, coalesce(mn, 'nan'::DOUBLE) AS mn, mn_step, "
+    "coalesce(mx, 'nan'::DOUBLE) AS mx, mx_step, lo, hi"
 )
 
 
@@ -70,7 +78,7 @@ def raw_part(source_sql: str, names: str | None = None) -> str:
     buffer); they are grouped as ints and turned into names per bucket, not per row."""
     group = f"run, metric, key, step // {LEVELS[0]}"
     buckets = (
-        f"SELECT {group} AS b, {_RAW_AGG} FROM ({source_sql}) WHERE value IS NOT NULL "
+        f"SELECT {group} AS b, {RAW_AGG} FROM ({source_sql}) WHERE value IS NOT NULL "
         f"GROUP BY {group}"
     )
     if names is None:
@@ -105,7 +113,7 @@ def fold(
             WITH p AS MATERIALIZED ({part}),
             u AS (SELECT {COLUMNS}, false AS old FROM p
                   UNION ALL SELECT o.*, true FROM {open_t} o SEMI JOIN p ON {key}),
-            g AS (SELECT u.run, u.metric, u.key, u.b, {_MERGE_AGG}, bool_or(u.old) AS old
+            g AS (SELECT u.run, u.metric, u.key, u.b, {MERGE_AGG}, bool_or(u.old) AS old
                   FROM u GROUP BY u.run, u.metric, u.key, u.b)
             SELECT {COLUMNS}, b = max(b) OVER k AS is_open,
                    coalesce(b < max(CASE WHEN old THEN b END) OVER k, false) AS late
@@ -123,7 +131,7 @@ def fold(
         if late:
             script += [
                 f"CREATE OR REPLACE TEMP TABLE rw_late AS SELECT {COLUMNS} FROM {comb} WHERE late",
-                *_merge_late(closed_t),
+                *merge_late(closed_t),
             ]
         if closed > late:
             script.append(
@@ -134,7 +142,7 @@ def fold(
             break
         # Deltas (not merged totals) go up, so a coarser bucket counts each row once.
         part = (
-            f"SELECT u.run, u.metric, u.key, u.b // {FANOUT} AS b, {_MERGE_AGG} FROM {comb} u "
+            f"SELECT u.run, u.metric, u.key, u.b // {FANOUT} AS b, {MERGE_AGG} FROM {comb} u "
             f"WHERE NOT u.is_open GROUP BY u.run, u.metric, u.key, u.b // {FANOUT}"
         )
     return script
@@ -161,11 +169,11 @@ def literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def _merge_late(closed_t: str) -> list[str]:
+def merge_late(closed_t: str) -> list[str]:
     match = "c.run = l.run AND c.metric = l.metric AND c.key = l.key AND c.b = l.b"
     return [
         f"""CREATE OR REPLACE TEMP TABLE rw_merged AS
-        SELECT u.run, u.metric, u.key, u.b, {_MERGE_AGG} FROM (
+        SELECT u.run, u.metric, u.key, u.b, {MERGE_AGG} FROM (
             SELECT * FROM rw_late
             UNION ALL SELECT c.* FROM {closed_t} c SEMI JOIN rw_late l ON {match}
         ) u GROUP BY u.run, u.metric, u.key, u.b""",
@@ -261,11 +269,19 @@ def choose_level(
 
 
 def bucket_sql(
-    src: str, level: int, where: str, b_lo: int, b_hi: int, tail_sql: str | None = None
+    src: str,
+    level: int,
+    where: str,
+    b_lo: int,
+    b_hi: int,
+    tail_sql: str | None = None,
+    opens: str | None = None,
 ) -> str:
     """SQL for one row per (key, b) of level ``level`` in [b_lo, b_hi]: closed rows as they are
     stored (read without aggregation) plus the merged open rows of all finer levels and an
-    optional raw tail. Rows come unsorted (``sort_buckets``).
+    optional raw tail. Rows come unsorted (``sort_buckets``). ``opens``: the open rows are
+    not in the tables but in relations ``<opens><level index>`` already cut to ``where``
+    (the series' open buckets in memory: openbuckets.py).
 
     ``where`` filters on run/metric/key with named parameters (``$run``...) bound by the caller;
     ``tail_sql`` yields bucket rows of this level (key, b and the aggregates) not yet in any
@@ -273,16 +289,21 @@ def bucket_sql(
     """
     width = LEVELS[level]
     cols = "key, b, n, s, mn, mn_step, mx, mx_step, lo, hi"
-    opens = [
-        f"SELECT key, b // {width // finer} AS b, n, s, mn, mn_step, mx, mx_step, lo, hi "
+    froms = [
         f"FROM {table(src, finer, True)} WHERE {where}"
-        for finer in LEVELS[: level + 1]
+        if opens is None
+        else f"FROM (SELECT {NUMPY_BUCKET} FROM {opens}{i})"
+        for i, finer in enumerate(LEVELS[: level + 1])
+    ]
+    parts = [
+        f"SELECT key, b // {width // finer} AS b, n, s, mn, mn_step, mx, mx_step, lo, hi {frm}"
+        for finer, frm in zip(LEVELS, froms, strict=False)  # froms: the levels <= level
     ]
     if tail_sql is not None:
-        opens.append(f"SELECT key, b, n, s, mn, mn_step, mx, mx_step, lo, hi FROM ({tail_sql})")
+        parts.append(f"SELECT key, b, n, s, mn, mn_step, mx, mx_step, lo, hi FROM ({tail_sql})")
     return (
         f"SELECT {cols} FROM {table(src, width)} WHERE {where} AND b BETWEEN {b_lo} AND {b_hi} "
-        f"UNION ALL SELECT u.key, u.b, {_MERGE_AGG} FROM ({' UNION ALL '.join(opens)}) u "
+        f"UNION ALL SELECT u.key, u.b, {MERGE_AGG} FROM ({' UNION ALL '.join(parts)}) u "
         f"WHERE u.b BETWEEN {b_lo} AND {b_hi} GROUP BY u.key, u.b"
     )
 

@@ -1,6 +1,6 @@
 """The store's row layout and bookkeeping: table definitions, records rebuilt from rows, and
 the in-memory summaries (``Mirror``) that runs(), query planning and the band frontier read.
-The write buffer is ``buffer.py``. Only the store uses them."""
+The write buffer is ``buffer.py``, its columns ``parts.py``. Only the store uses them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from typing import Any
 import duckdb
 import numpy as np
 from rankwatch.agent.wire.records import EventRecord, Heartbeat, Record, StepRecord
-from rankwatch.aggregator.store import commands, incidents, rollup, stacks, telemetry
+from rankwatch.aggregator.store import commands, incidents, openbuckets, rollup, stacks, telemetry
+from rankwatch.aggregator.store.seen import SeenSeqs
+from rankwatch.aggregator.store.seen import load as load_seen
 
 # Column kinds: "c" a repeated string (run, metric, host...) as an int32 code into the part's
 # name table (NULL_CODE: NULL), "s" free text as Python objects (event info), "i" int,
@@ -65,7 +67,7 @@ TABLES = (
     ),
     "rank_meta (run VARCHAR, rank BIGINT, seq BIGINT, world_size BIGINT, host VARCHAR, "
     "pid BIGINT, inc BIGINT DEFAULT 0)",  # change log: world_size/host/pid from this seq on
-    # seen seqs per (run, rank, inc)
+    # seen seqs per (run, rank, inc): a log of intervals that may overlap (seen.py)
     "seqs (run VARCHAR, rank BIGINT, lo BIGINT, hi BIGINT, inc BIGINT DEFAULT 0)",
     "band (run VARCHAR, metric VARCHAR, step BIGINT, n BIGINT, nonfinite BIGINT, "
     "median DOUBLE, p5 DOUBLE, p95 DOUBLE, vmin DOUBLE, vmax DOUBLE)",
@@ -86,30 +88,6 @@ ADD_INC = ";".join(
     f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS inc BIGINT DEFAULT 0"
     for t in ("steps", "events", "heartbeats", "ranks", "rank_meta", "seqs")
 )
-
-# Seen (run, rank, inc, seq) as merged intervals, in one statement: this flush's spans as intervals
-# (a rank's spans usually make one unbroken run: min/max/sum, no sort; records are new, so a
-# repeated span start is the only overlap looked for), then gaps-and-islands over the spans of
-# the other ranks plus the touched ranks' old intervals.
-SEQ_MERGE = """
-CREATE OR REPLACE TEMP TABLE rw_seq AS
-WITH sg AS MATERIALIZED (SELECT run, rank, inc, min(seq) AS lo, max(hi) AS hi, sum(n) AS n,
-    count(*) = count(DISTINCT seq) AS distinct_starts FROM buf_recs GROUP BY run, rank, inc),
-si AS (SELECT run, rank, inc, lo, hi FROM sg WHERE hi - lo = n - 1 AND distinct_starts
-    UNION ALL
-    SELECT r.run, r.rank, r.inc, r.seq, r.hi FROM buf_recs r SEMI JOIN
-        (SELECT run, rank, inc FROM sg WHERE hi - lo <> n - 1 OR NOT distinct_starts) g
-        ON r.run = g.run AND r.rank = g.rank AND r.inc = g.inc),
-u AS (SELECT * FROM si
-      UNION ALL SELECT s.run, s.rank, s.inc, s.lo, s.hi FROM seqs s SEMI JOIN sg k
-      ON s.run = k.run AND s.rank = k.rank),
-w AS (SELECT *, max(hi) OVER (PARTITION BY run, rank, inc ORDER BY lo, hi
-      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_hi FROM u),
-g AS (SELECT *, sum(CASE WHEN prev_hi IS NULL OR lo - 1 > prev_hi THEN 1 ELSE 0 END)
-      OVER (PARTITION BY run, rank, inc ORDER BY lo, hi ROWS UNBOUNDED PRECEDING) AS island
-      FROM w)
-SELECT run, rank, min(lo) AS lo, max(hi) AS hi, inc FROM g GROUP BY run, rank, inc, island
-"""
 
 # Where a rank's world_size/host/pid start (its first record, a restart elsewhere): the first
 # seq of each identity in this flush, in seq order (hash aggregate, no window over the batch).
@@ -283,6 +261,10 @@ class Mirror:
     # never change (merge_ranks replaces them), so a summary holds while its dict is the same
     # object. Shared by copies; ``runs()`` at 100,000 ranks is otherwise a pass over every rank.
     summaries: dict[str, tuple[dict[int, RankRow], dict[str, Any]]] = field(default_factory=dict)
+    opens: openbuckets.OpenBuckets = field(
+        default_factory=openbuckets.OpenBuckets
+    )  # the series' open buckets
+    seen: SeenSeqs = field(default_factory=SeenSeqs)  # the merged seq intervals (seen.py)
 
     @classmethod
     def load(cls, cur: duckdb.DuckDBPyConnection) -> Mirror:
@@ -293,6 +275,8 @@ class Mirror:
         m.tele, m.tele_done = telemetry.load(cur)
         for run, metric, step in cur.execute("SELECT * FROM band_late").fetchall():
             m.late[(run, metric)] = step
+        m.opens = openbuckets.load(cur)  # current on disk here (Store recovers them first)
+        m.seen = load_seen(cur)
         # The coarsest level plus every open bucket covers each stored value exactly once.
         union = " UNION ALL ".join(
             f"SELECT run, metric, key, n, lo, hi FROM {t}"
@@ -310,7 +294,8 @@ class Mirror:
     def copy(self) -> Mirror:
         """Shallow: merge_ranks replaces the per-run dicts it changes instead of mutating."""
         return Mirror(dict(self.ranks), dict(self.stats), dict(self.band), dict(self.late),
-                      dict(self.tele), dict(self.tele_done), self.summaries)  # fmt: skip
+                      dict(self.tele), dict(self.tele_done), self.summaries,
+                      self.opens, self.seen)  # fmt: skip
 
     def identity(self, run: str, rank: int) -> tuple[Any, Any, Any, int] | None:
         row = self.ranks.get(run, {}).get(rank)

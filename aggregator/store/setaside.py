@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 from rankwatch.agent.wire.records import Record, StepRecord, to_json_line, unblock
-from rankwatch.aggregator.store.buffer import Batch, Part
+from rankwatch.aggregator.store.buffer import Batch
+from rankwatch.aggregator.store.parts import Part
 
 SET_ASIDE_DIR = "set_aside"  # beside the store file
 

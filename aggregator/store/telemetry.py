@@ -1,6 +1,6 @@
 """Telemetry in the store: hardware samples beside the step series, indexed by time.
 
-Rows come from the flush's buffer like every other record's (``buffer.py``: a telemetry
+Rows come from the flush's buffer like every other record's (``parts.py``: a telemetry
 record is one ``recs`` row, so its seq is stored and deduped like the others, one
 ``telemetry`` row per value and one ``telemetry_labels`` row per label). Labels are kept where
 they change only: this flush's labels are compared with the latest stored per (run, rank,

@@ -1,7 +1,8 @@
 """The store's write path: one flush's batch into the tables, in one transaction.
 
 The batch's numpy columns are scanned by DuckDB where they lie (found by name), the
-bookkeeping (seq intervals, rank summaries, rank_meta) is done in SQL over the batch, and the
+bookkeeping (rank summaries, rank_meta) is done in SQL over the batch, the seq intervals are
+merged in memory and logged (``seen.py``), and the
 series rollups are folded in (``rollup.fold``). The band settles in its own
 transaction after this one (``band.py``): a band that cannot be settled never keeps records
 from being stored.
@@ -10,20 +11,21 @@ from being stored.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import duckdb
 import numpy as np
-from rankwatch.aggregator.store import rollup, telemetry
+from rankwatch.aggregator.store import openbuckets, rollup, seen, telemetry
 from rankwatch.aggregator.store.buffer import Batch
-from rankwatch.aggregator.store.buffer import columns as buffer_columns
+from rankwatch.aggregator.store.parts import columns as buffer_columns
 from rankwatch.aggregator.store.rows import (
     BUFFERED,
     META_BATCH,
     NULL_CODE,
     RANK_BATCH,
     RANK_FIELDS,
-    SEQ_MERGE,
     Mirror,
     select_sql,
 )
@@ -32,9 +34,16 @@ from rankwatch.aggregator.store.rows import (
 _NAMES = "(SELECT names FROM buf_names)"
 
 
-def insert(cur: duckdb.DuckDBPyConnection, mirror: Mirror, batch: Batch) -> None:
+def insert(
+    cur: duckdb.DuckDBPyConnection,
+    mirror: Mirror,
+    batch: Batch,
+    commit: Callable[[list[str]], None],
+) -> None:
     """Write ``batch`` on the writer cursor in one transaction and fold it into ``mirror``
-    (a copy, swapped in by the caller after this returns): all of it or, on an error, none."""
+    (a copy): all of it or, on an error, none. ``commit`` runs the last statements with the
+    COMMIT and swaps ``mirror`` in (the caller's, so readers never see one without the
+    other)."""
     if batch.empty:
         return
     part = batch.to_numpy()
@@ -43,8 +52,8 @@ def insert(cur: duckdb.DuckDBPyConnection, mirror: Mirror, batch: Batch) -> None
         return
     raw["names"] = names_columns(part.names)
     try:
-        script = _insert_batch(cur, mirror, ["BEGIN TRANSACTION"], raw)
-        rollup.run_script(cur, [*script, "COMMIT"])
+        script = _insert_batch(cur, mirror, ["BEGIN TRANSACTION"], raw, part.names)
+        commit(script)
     except BaseException:
         rollback(cur)
         raise
@@ -61,6 +70,7 @@ def _insert_batch(
     mirror: Mirror,
     script: list[str],
     raw: dict[str, dict[str, np.ndarray]],
+    names: list[str],
 ) -> list[str]:
     script = [
         *script,
@@ -69,14 +79,23 @@ def _insert_batch(
           if n in raw),
         *(f"CREATE OR REPLACE TEMP TABLE {t} AS " + select_sql(n, f"raw_{n}")
           for n, t in (("telemetry", "buf_tel"), ("telemetry_labels", "buf_tlab")) if n in raw),
-        SEQ_MERGE,
-        "DELETE FROM seqs USING (SELECT DISTINCT run, rank FROM rw_seq) k "
-        "WHERE seqs.run = k.run AND seqs.rank = k.rank",
-        "INSERT INTO seqs SELECT * FROM rw_seq",
     ]  # fmt: skip
+    # The seq intervals are merged in memory (seen.py); the table logs each flush's spans
+    # (merged among themselves), rewritten merged once it holds twice as many rows.
+    new = seen.batch(mirror.seen, names, raw["recs"])
+    after = mirror.seen.added(new, mirror.seen.logged + len(new[0]))
+    if after.compact_due():
+        raw_seq = seen.columns(after)
+        script += seen.compact_sql("raw_seq")
+        after = dataclasses.replace(after, logged=len(after))
+    else:
+        raw_seq = seen.columns(after, new, names)
+        script.append(seen.CODED_INSERT_SQL.format(src="raw_seq", names="raw_names"))
+    mirror.seen = after
     # buf_steps keeps run and metric as int codes: the statistics and the finest rollup
     # group the codes and look the names up per group, not per row.
     if "steps" in raw:
+        pairs, global_pairs = _pairs(raw["steps"], names, mirror.opens)
         script += [
             "CREATE OR REPLACE TEMP TABLE buf_names AS "
             "SELECT list(CAST(name AS VARCHAR) ORDER BY i) AS names FROM raw_names",
@@ -105,7 +124,7 @@ def _insert_batch(
     raw_telemetry, raw_telemetry_labels = raw.get("telemetry"), raw.get("telemetry_labels")
     sql = ";\n".join([*script, "SELECT " + lists])
     ((meta_rows, rank_rows, stat_rows),) = cur.execute(sql).fetchall()
-    del raw_names, raw_recs, raw_steps, raw_events, raw_heartbeats
+    del raw_names, raw_recs, raw_steps, raw_events, raw_heartbeats, raw_seq
     if raw_telemetry is not None:
         telemetry.write(cur, mirror.tele, mirror.tele_done, raw_telemetry_labels is not None)
     del raw_telemetry, raw_telemetry_labels
@@ -174,13 +193,53 @@ def _insert_batch(
             "AND t.metric = n.metric",
             "INSERT INTO band_late SELECT * FROM rw_late_new",
         ]
-    source = (
-        "SELECT run, metric, CAST(rank AS INTEGER) AS key, step, "
-        f"coalesce(value, 'nan'::DOUBLE) AS value FROM buf_steps WHERE metric <> {NULL_CODE}"
+    # The series' open buckets are in memory (openbuckets.py): grouped by the flush's (run, metric)
+    # pairs, whose names are looked up only for the buckets that close.
+    raw_pairs = pairs
+    script += [
+        "CREATE OR REPLACE TEMP TABLE buf_pairs AS SELECT "
+        f"list({_NAMES}[run + 1] ORDER BY i) AS runs, "
+        f"list({_NAMES}[metric + 1] ORDER BY i) AS metrics FROM raw_pairs",
+    ]
+    if mirror.opens.saved:  # the open tables on disk go stale from this commit on
+        script += openbuckets.mark_sql("live")
+    b = f"step // {rollup.LEVELS[0]}"
+    part = (
+        f"SELECT pair, key, {b} AS b, {rollup.RAW_AGG} FROM (SELECT pair, CAST(rank AS INTEGER) "
+        f"AS key, step, coalesce(value, 'nan'::DOUBLE) AS value FROM buf_steps "
+        f"WHERE metric <> {NULL_CODE}) GROUP BY pair, key, {b}"
     )
-    script = rollup.fold(cur, "series", rollup.raw_part(source, _NAMES), script)
-    del raw_late
+    script, news = openbuckets.fold(cur, mirror.opens, global_pairs, part, script)
+    mirror.opens = mirror.opens.replaced(news, saved=False)
+    del raw_late, raw_pairs
     return script
+
+
+def _pairs(
+    steps: dict[str, np.ndarray], names: list[str], opens: openbuckets.OpenBuckets
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Number the (run, metric) pairs of a flush's step rows: each row's pair goes in the
+    column ``pair`` of ``steps``; returns the pairs' name codes (ordered by ``i``) and their
+    global codes (``opens.code``), sorted, the flush's number of a pair being its position."""
+    run, metric = steps["run"], steps["metric"]
+    valid = metric != NULL_CODE
+    combined = run.astype(np.int64) * (len(names) + 1) + metric
+    uniq, inverse = np.unique(np.where(valid, combined, -1), return_inverse=True)
+    if len(uniq) and uniq[0] == -1:
+        uniq, inverse = uniq[1:], inverse - 1
+    runs, metrics = uniq // (len(names) + 1), uniq % (len(names) + 1)
+    codes = np.array([opens.code(names[r], names[m]) for r, m in zip(runs.tolist(),
+                      metrics.tolist(), strict=True)], dtype=np.int64)  # fmt: skip
+    order = np.argsort(codes)
+    position = np.full(max(1, len(order)), -1, np.int64)
+    position[order] = np.arange(len(order))
+    steps["pair"] = np.where(inverse >= 0, position[np.maximum(inverse, 0)], -1).astype(np.int32)
+    raw_pairs = {
+        "i": np.arange(len(order), dtype=np.int32),
+        "run": runs[order].astype(np.int32),
+        "metric": metrics[order].astype(np.int32),
+    }
+    return raw_pairs, codes[order]
 
 
 def _values(row: dict[str, Any]) -> tuple:

@@ -101,7 +101,7 @@ class TelemetryIntake:
         words = "; ".join(note for _, note in notes)
         run = str(body.get("run", ""))
         timeline = [
-            {"step": None, "time": self.watch.card(run, rank).time, "rank": rank, "what": note}
+            Evidence(None, self.watch.card(run, rank).time, rank, note).as_dict()
             for rank, note in notes
             if rank is not None
         ]

@@ -252,7 +252,11 @@ class HardwareWatch:
         else:
             bad = (z <= -cfg.z_threshold) & (median - x >= m.gap) & (x <= median * m.ratio)
         rl, zl = ranks.tolist(), z.tolist()
-        self.peers[key] = Peers(median, len(x), start, dict(zip(rl, zl, strict=True)))
+        prev = self.peers.get(key)
+        # a bucket of late cards (a rank that connected late) scored after a newer one is not
+        # the run's latest view: the leaders stay the newer bucket's
+        if prev is None or start >= prev.time:
+            self.peers[key] = Peers(median, len(x), start, dict(zip(rl, zl, strict=True)))
         if m.rule is None:
             return  # context only (power): its median, never a flag
         for rank, is_bad, value, zi in zip(rl, bad.tolist(), x.tolist(), zl, strict=True):

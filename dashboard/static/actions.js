@@ -7,6 +7,7 @@
 import { api } from './util.js';
 
 const LIVE = new Set(['alive', 'stalled', 'paused']);
+const OVER = new Set(['finished', 'history']); // run states (GET /api/runs) with no live rank
 const FOLLOW_MS = 1000; // how often the ranks' answers are read after a press ...
 const FOLLOW_FOR_MS = 30000; // ... and for how long
 const WORDS = {
@@ -26,6 +27,21 @@ export function showActions(run) {
   const box = document.getElementById('actions');
   if (box) box.hidden = !run;
   say('', '');
+}
+
+// Whether commands can reach the run: the server takes them only while it has a rank alive,
+// stalled or paused. run: its entry in GET /api/runs; ranks: its rank table, or null where the
+// page holds only a page of it (a run of many ranks), when the run's state alone decides.
+export function runIsLive(run, ranks) {
+  if (!run || OVER.has(run.state)) return false;
+  return !ranks || ranks.length === 0 || ranks.some((r) => LIVE.has(r.state));
+}
+
+// The run's buttons go once it is over; what the last press did stays beside them.
+export function setLive(live) {
+  const box = document.getElementById('actions');
+  if (!box) return;
+  for (const button of box.querySelectorAll('button[data-cmd]')) button.hidden = !live;
 }
 
 function say(text, kind, out = document.getElementById('action-result')) {

@@ -2,8 +2,9 @@
 // State that a link should reproduce (run, selected ranks, zoom, log scale, smoothing, view)
 // lives in the URL hash. Tests read window.rankwatch (charts, state, firstDrawn).
 
-import { bindActions, showActions } from './actions.js';
+import { bindActions, runIsLive, setLive, showActions } from './actions.js';
 import { MetricChart } from './charts.js';
+import { flaggedRanks, spanOf } from './chartset.js';
 import { bindControls, syncControls } from './controls.js';
 import { hardwareView } from './hardware.js';
 import { Heatmap } from './heatmap.js';
@@ -75,8 +76,10 @@ let lastHeatmap = 0;
 const lastCompact = new Map();
 
 const serverNow = () => Date.now() / 1000 + state.serverOffset;
-const incidentUi = incidentView({ state, serverNow, restyle });
 const currentRun = () => state.runs.find((r) => r.run === state.run) || null;
+// A run of many ranks holds one page of its table: its state alone then says.
+const runLive = () => runIsLive(currentRun(), state.big ? null : state.ranks);
+const incidentUi = incidentView({ state, serverNow, restyle, live: runLive });
 const refUi = refView({
   state, charts, showError, scheduleRedraw, picker: $('ref'), onChange: () => writeUrl(state),
 });
@@ -85,21 +88,8 @@ const refUi = refView({
 
 const app = {
   state,
-  highlighted() {
-    const out = new Set();
-    for (const ranks of state.divergent.values()) for (const r of ranks) out.add(r);
-    return out;
-  },
-  extent() {
-    let lo = Infinity;
-    let hi = -Infinity;
-    for (const c of charts.values()) {
-      const [a, b] = c.stepExtent();
-      lo = Math.min(lo, a);
-      hi = Math.max(hi, b);
-    }
-    return hi === lo ? [lo, hi + 1] : [lo, hi];
-  },
+  highlighted: () => flaggedRanks(state.divergent),
+  extent: () => spanOf(charts),
   // A rank's part in the run's incident (culprit, affected, terminated, or null), and the
   // chart style that goes with it: the charts ask these before their divergent colours.
   rankRole: incidents.rankRole,
@@ -526,6 +516,14 @@ function renderPanels() {
   toggle.textContent = state.allRanks ? 'show the ranks that matter' : `show all ${state.ranks.length} ranks`;
   $('rank-table').classList.toggle('all', state.allRanks || state.big);
   $('rank-table').classList.toggle('paged', state.big);
+  markTableScroll();
+}
+
+// A table wider than its box scrolls sideways inside it (the page itself never does): say so,
+// or a phone shows the first columns with nothing telling that more follow.
+function markTableScroll() {
+  const wrap = $('rank-wrap');
+  $('rank-scroll-hint').hidden = wrap.scrollWidth <= wrap.clientWidth + 1;
 }
 
 function renderHeatPicker() {
@@ -546,6 +544,7 @@ function heatMetric() {
 
 function tick() {
   panels.renderFreshness($('freshness'), $('run-state'), currentRun(), serverNow());
+  setLive(runLive());
   panels.renderBanner($('banner'), state.firing, serverNow(), state.ranks);
   incidentUi.tick();
 }
@@ -612,7 +611,7 @@ async function main() {
   nodemap = new NodeMap($('nodemap-canvas'), $('nodemap-legend'), $('nodemap-readout'),
     (cell) => drillNode(cell).catch(showError));
   hardware = hardwareView({ state, toggleRank: app.toggleRank, roleStyle: app.roleStyle, redrawTable: renderPanels });
-  window.addEventListener('resize', debounce(() => nodemap.draw(), 150));
+  window.addEventListener('resize', debounce(() => { nodemap.draw(); markTableScroll(); }, 150));
   incidentUi.bind();
   bindActions(() => state.run);
   bindLayoutControls();

@@ -5,10 +5,15 @@
 // is text (textContent, esc()), never HTML.
 
 import { MetricChart } from './charts.js';
+import { flaggedRanks, spanOf } from './chartset.js';
 import { api, el, esc, fmt, lowerBound } from './util.js';
 
 const RELOAD_MS = 10000; // telemetry is sampled every 10 s by default: charts re-read as often
 const MAX_FINDINGS = 8; // finding lines shown; the rest are counted
+// A node's cards flagged together draw their lines on top of each other: their end labels piled
+// up into one unreadable block at the chart's right edge. The first few are labelled; the node's
+// tile above names every card.
+const MAX_END_LABELS = 3;
 const TABLE_COLUMNS = [
   { key: 'temp', label: 'temp', show: (r) => (r.temp === undefined ? '' : `${Math.round(r.temp)} °C`) },
   { key: 'util', label: 'util', show: (r) => (r.util === undefined ? '' : `${Math.round(r.util)} %`) },
@@ -21,6 +26,11 @@ function memory(r) {
   if (r.mem === undefined) return '';
   const used = `${(r.mem / GIB).toFixed(1)}`;
   return r.mem_total ? `${used} / ${(r.mem_total / GIB).toFixed(0)} GiB` : `${used} GiB`;
+}
+
+// 24-hour, as the time axis and the incident card write it (not the browser's "5:23:22 AM").
+function clock(ms) {
+  return new Date(ms).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit', hour12: false });
 }
 
 function ruleWord(rule) {
@@ -62,10 +72,25 @@ class HardwareChart extends MetricChart {
     return { id: 'events', type: 'line', data: [] };
   }
 
+  rankSeries(rank) {
+    const out = super.rankSeries(rank);
+    const label = out[0].endLabel;
+    if (label.show && this.labelledRanks().indexOf(rank) >= MAX_END_LABELS) out[0].endLabel = { ...label, show: false };
+    return out;
+  }
+
+  // The drawn ranks whose style asks for an end label, in rank order.
+  labelledRanks() {
+    return this.drawnRanks().filter((r) => {
+      const style = this.rankStyle(r);
+      return style.endLabel ?? style.kind !== 'healthy';
+    });
+  }
+
   render() {
     const shown = super.render();
     const [, hi] = this.stepExtent();
-    this.stepTag.textContent = Number.isFinite(hi) ? ` at ${new Date(hi).toLocaleTimeString()}` : '';
+    this.stepTag.textContent = Number.isFinite(hi) ? ` at ${clock(hi)}` : '';
     return shown;
   }
 
@@ -81,7 +106,7 @@ class HardwareChart extends MetricChart {
       if (i < line.steps.length) rows.push([rank, line.values[i]]);
     }
     rows.sort((a, b) => (b[1] ?? -Infinity) - (a[1] ?? -Infinity));
-    const head = `<b>${esc(new Date(t).toLocaleTimeString())}</b>`;
+    const head = `<b>${esc(clock(t))}</b>`;
     const body = rows.slice(0, 12).map(([rank, v]) => `rank ${esc(rank)}: ${esc(fmt(v))}${this.unit ? ` ${esc(this.unit)}` : ''}`);
     if (rows.length > 12) body.push(`… ${rows.length - 12} more`);
     return [head, ...body].join('<br>');
@@ -107,21 +132,8 @@ export function hardwareView({ state, toggleRank: toggle, roleStyle, redrawTable
   };
   const hwApp = {
     state: hwState,
-    highlighted() {
-      const out = new Set();
-      for (const ranks of hwState.divergent.values()) for (const r of ranks) out.add(r);
-      return out;
-    },
-    extent() {
-      let lo = Infinity;
-      let hi = -Infinity;
-      for (const c of charts.values()) {
-        const [a, b] = c.stepExtent();
-        lo = Math.min(lo, a);
-        hi = Math.max(hi, b);
-      }
-      return hi === lo ? [lo, hi + 1] : [lo, hi];
-    },
+    highlighted: () => flaggedRanks(hwState.divergent),
+    extent: () => spanOf(charts),
     rankRole: () => null,
     roleStyle,
     stepEvents: () => [],

@@ -167,15 +167,36 @@ function culpritLine(inc, ranksByNumber) {
   return line;
 }
 
-function stateLine(inc, serverNow) {
-  const firing = inc.state === 'firing';
+// An incident's state in words: one still open when its run ended is not firing now, and no
+// command can reach the run any more.
+function stateOf(inc, live) {
+  if (inc.state !== 'firing') return { cls: 'resolved', words: 'resolved' };
+  return live ? { cls: 'firing', words: 'FIRING' } : { cls: 'ended', words: 'open when the run ended' };
+}
+
+function stateLine(inc, serverNow, live) {
+  const { cls, words } = stateOf(inc, live);
   const line = el('div', { class: 'inc-state' });
-  line.append(el('span', { class: `inc-pill ${firing ? 'firing' : 'resolved'}` }, firing ? 'FIRING' : 'resolved'));
+  line.append(el('span', { class: `inc-pill ${cls}` }, words));
   line.append(el('span', { class: 'inc-when' }, ` opened ${clock(inc.opened)} `), agoSpan(inc.opened, serverNow, '(', ')'));
-  if (!firing && typeof inc.resolved === 'number') {
+  if (cls === 'resolved' && typeof inc.resolved === 'number') {
     line.append(el('span', { class: 'inc-when' }, `, resolved ${clock(inc.resolved)} `), agoSpan(inc.resolved, serverNow, '(', ')'));
   }
   return line;
+}
+
+// Who a timeline item is about: one rank, or a group of ranks alike in it (count, and the
+// ranks as [first, last] ranges, which may list fewer than count). Items stored before groups
+// have no count: one rank each.
+export function evidenceRanks(ev) {
+  const count = Number.isInteger(ev?.count) ? ev.count : 1;
+  if (count <= 1) return { who: `rank ${ev?.rank}`, which: '' };
+  const spans = (Array.isArray(ev.ranks) ? ev.ranks : []).filter(
+    (s) => Array.isArray(s) && s.length === 2 && Number.isInteger(s[0]) && Number.isInteger(s[1]));
+  const listed = spans.map(([a, b]) => (a === b ? String(a) : `${a}-${b}`)).join(', ');
+  const covered = spans.reduce((n, [a, b]) => n + (b - a + 1), 0);
+  const which = listed ? ` (ranks ${listed}${covered < count ? ', …' : ''})` : '';
+  return { who: `${count} ranks`, which };
 }
 
 function timeline(inc) {
@@ -189,24 +210,27 @@ function timeline(inc) {
   for (const ev of shownRows) {
     const tr = el('tr');
     if (culprits.has(ev.rank)) tr.className = 'inc-tl-culprit';
+    const group = evidenceRanks(ev);
     tr.append(
       el('td', {}, ev.step === null || ev.step === undefined ? '–' : `step ${ev.step}`),
       el('td', {}, clock(ev.time)),
-      el('td', {}, `rank ${ev.rank}`),
-      el('td', { class: 'inc-what' }, ev.what ?? ''),
+      el('td', {}, group.who),
+      el('td', { class: 'inc-what' }, (ev.what ?? '') + group.which),
     );
     body.append(tr);
   }
   table.append(body);
   box.append(table);
-  const held = Math.max(inc.evidence_count || 0, rows.length);
+  // a group row stands for its count of pieces
+  const standsFor = rows.reduce((n, ev) => n + (Number.isInteger(ev.count) && ev.count > 1 ? ev.count : 1), 0);
+  const held = Math.max(inc.evidence_count || 0, standsFor);
   if (rows.length > TIMELINE_SHOWN) {
     const more = model.showAllTimeline
       ? 'show the first rows only'
-      : `show all ${rows.length} rows${held > rows.length ? ` (of ${held} kept)` : ''}`;
+      : `show all ${rows.length} rows${held > standsFor ? ` (of ${held} pieces kept)` : ''}`;
     box.append(el('button', { type: 'button', class: 'inc-more', 'data-action': 'timeline' }, more));
-  } else if (held > rows.length) {
-    box.append(el('div', { class: 'inc-note' }, `${held} pieces of evidence kept, ${rows.length} shown`));
+  } else if (held > standsFor) {
+    box.append(el('div', { class: 'inc-note' }, `${held} pieces of evidence kept, ${standsFor} shown`));
   }
   return box;
 }
@@ -267,7 +291,9 @@ function actionLine(a) {
   return `action: ${a.cmd}${at} by ${a.by}${counts ? `: ${counts}` : ''}`;
 }
 
-export function renderIncidentCard(node, ranks, serverNow) {
+// live: whether the run can still take commands (actions.js runIsLive); a run that is over gets
+// no command buttons, and its open incidents read as open when it ended, not as firing.
+export function renderIncidentCard(node, ranks, serverNow, live = true) {
   const inc = shown();
   document.body.classList.toggle('has-incident', !!inc);
   if (!inc) {
@@ -281,14 +307,15 @@ export function renderIncidentCard(node, ranks, serverNow) {
     const e = whereOf(inc, r, byNumber.get(r)) || {};
     return [r, e.host, e.pid, e.message, e.message_line];
   });
-  const key = JSON.stringify([inc, about, model.showAllTimeline]);
+  const key = JSON.stringify([inc, about, model.showAllTimeline, live]);
   if (key === cardKey) {
     refreshAges(node, serverNow);
     return;
   }
   cardKey = key;
   node.hidden = false;
-  node.className = `incident card ${inc.state === 'firing' ? 'firing' : 'resolved'}`;
+  const { cls } = stateOf(inc, live);
+  node.className = `incident card ${cls}`;
   const head = el('div', { class: 'inc-head' });
   head.append(
     el('span', { class: 'inc-label' }, `${CAUSE_WORDS[inc.cause] ?? String(inc.cause)} · ${(inc.culprits || []).length > 1 ? 'culprits' : 'culprit'}`),
@@ -305,9 +332,9 @@ export function renderIncidentCard(node, ranks, serverNow) {
   parts.push(el('div', { class: 'inc-affected' }, spread.join(' · ')));
   const msg = messageOf(inc, byNumber);
   if (msg) parts.push(msg);
-  parts.push(stateLine(inc, serverNow));
+  parts.push(stateLine(inc, serverNow, live));
   for (const a of (inc.actions || []).slice().reverse()) parts.push(el('div', { class: 'inc-action' }, actionLine(a)));
-  if (inc.state === 'firing') parts.push(commandButtons(inc));
+  if (cls === 'firing') parts.push(commandButtons(inc));
   parts.push(el('div', { class: 'inc-basis' }, `${inc.id}${inc.basis ? ` · why this rank: ${inc.basis}` : ''}`));
   if (inc.step !== null && inc.step !== undefined && (inc.culprits || []).length) {
     parts.push(el('button', { type: 'button', class: 'inc-go', 'data-action': 'zoom' }, `show step ${inc.step} on the charts`));
@@ -317,7 +344,7 @@ export function renderIncidentCard(node, ranks, serverNow) {
   node.replaceChildren(main, timeline(inc));
 }
 
-export function renderHistory(node, serverNow) {
+export function renderHistory(node, serverNow, live = true) {
   const list = model.incidents;
   node.hidden = list.length === 0;
   if (!list.length) {
@@ -327,15 +354,17 @@ export function renderHistory(node, serverNow) {
   const open = node.querySelector('details')?.open ?? false;
   const box = el('details', { class: 'inc-history' });
   box.open = open;
-  const firing = list.filter((i) => i.state === 'firing').length;
-  box.append(el('summary', {}, `incidents of this run: ${list.length}${firing ? ` (${firing} firing)` : ''}`));
+  const unresolved = list.filter((i) => i.state === 'firing').length;
+  const words = live ? 'firing' : 'open when the run ended';
+  box.append(el('summary', {}, `incidents of this run: ${list.length}${unresolved ? ` (${unresolved} ${words})` : ''}`));
   const current = shown();
   const ul = el('ul');
   for (const inc of list) {
     const li = el('li', { class: inc === current ? 'current' : '' });
     li.dataset.incident = inc.id;
+    const { cls, words } = stateOf(inc, live);
     li.append(
-      el('span', { class: `inc-pill ${inc.state === 'firing' ? 'firing' : 'resolved'}` }, inc.state === 'firing' ? 'FIRING' : 'resolved'),
+      el('span', { class: `inc-pill ${cls}` }, words),
       el('span', { class: 'inc-when' }, ` ${clock(inc.opened)} `),
       agoSpan(inc.opened, serverNow, '(', ') '),
       el('span', { class: 'inc-text' }, inc.summary ?? inc.id),

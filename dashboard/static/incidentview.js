@@ -1,8 +1,8 @@
 // The incident card, its history and the folded alert lines, wired to the page: the reads,
 // the stream's changes, the clicks. What they show and each rank's role live in incidents.js.
 //
-// ctx: {state, serverNow(), restyle()}: restyle redraws the charts, table and chips after a
-// change of roles.
+// ctx: {state, serverNow(), restyle(), live()}: restyle redraws the charts, table and chips
+// after a change of roles; live says whether the run can still take commands.
 
 import { press } from './actions.js';
 import * as incidents from './incidents.js';
@@ -16,8 +16,8 @@ export function incidentView(ctx) {
   const { state } = ctx;
 
   function render() {
-    incidents.renderIncidentCard($('incident'), state.ranks, ctx.serverNow());
-    incidents.renderHistory($('incident-history'), ctx.serverNow());
+    incidents.renderIncidentCard($('incident'), state.ranks, ctx.serverNow(), ctx.live());
+    incidents.renderHistory($('incident-history'), ctx.serverNow(), ctx.live());
     renderAlertsToggle();
   }
 
@@ -50,8 +50,12 @@ export function incidentView(ctx) {
     render();
   }
 
+  let historyLive = true;
   function tick() {
-    incidents.renderIncidentCard($('incident'), state.ranks, ctx.serverNow()); // rebuilt on change only
+    const live = ctx.live();
+    incidents.renderIncidentCard($('incident'), state.ranks, ctx.serverNow(), live); // rebuilt on change only
+    if (live !== historyLive) incidents.renderHistory($('incident-history'), ctx.serverNow(), live);
+    historyLive = live;
     incidents.refreshAges($('incident-history'), ctx.serverNow());
     renderAlertsToggle();
   }

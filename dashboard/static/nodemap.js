@@ -2,6 +2,9 @@
 // name no host, coloured by its worst rank. 12,500 nodes are one canvas, not 12,500 elements.
 // Tiles whose worst rank is affected or worse get a ring as well: one bad node among
 // thousands must be seen at a glance. Clicking a tile drills down to its ranks.
+// A tile's max |z| is the z now of one metric (the answer's `metric`: the table's "z now"
+// column's), while the incident card quotes the z of the step a divergence was first reported
+// at, maybe of another metric: the readout, the legend and the tooltip say which it is.
 
 import { el } from './util.js';
 
@@ -19,6 +22,25 @@ export const LEVEL_COLORS = {
   crashed: '#6b1010',
   culprit: '#e11d1d',
 };
+
+// A map of blocks of consecutive ranks comes without each tile's name, first and last rank and
+// count (ranktable.compact_cells): they follow from its start, block size and rank count.
+export function expand(resp) {
+  if (resp.by !== 'block' || resp.name || !resp.cells) return resp;
+  const n = resp.cells;
+  const end = resp.start + resp.ranks - 1;
+  const name = new Array(n);
+  const first = new Array(n);
+  const last = new Array(n);
+  const count = new Array(n);
+  for (let i = 0; i < n; i++) {
+    first[i] = resp.start + i * resp.block;
+    last[i] = Math.min(first[i] + resp.block - 1, end);
+    count[i] = last[i] - first[i] + 1;
+    name[i] = `ranks ${first[i]}–${last[i]}`;
+  }
+  return { ...resp, name, first, last, count };
+}
 
 export class NodeMap {
   constructor(canvas, legend, readout, onPick) {
@@ -42,8 +64,12 @@ export class NodeMap {
   }
 
   load(resp) {
-    this.cells = resp;
+    this.cells = expand(resp);
     this.levels = resp.levels;
+    this.metric = String(resp.metric ?? '');
+    const by = resp.by === 'host' ? 'node' : `block of ${resp.block} ranks`;
+    this.canvas.title = `a tile per ${by}, coloured by its worst rank; max |z| now (${this.metric}): `
+      + `its rank furthest from the others on ${this.metric} now, as the table's z now column`;
     if (this.picked !== null && this.picked >= resp.cells) this.picked = null;
     this.draw();
     this.renderLegend();
@@ -168,7 +194,7 @@ export class NodeMap {
     }
     const cell = this.cell(i);
     const span = cell.first === cell.last ? `rank ${cell.first}` : `ranks ${cell.first}–${cell.last}`;
-    const z = cell.z === null ? '' : ` · max |z| ${cell.z.toFixed(1)}`;
+    const z = cell.z === null ? '' : ` · max |z| now (${this.metric}) ${cell.z.toFixed(1)}`;
     const worst = cell.level === 'ok' ? 'every rank ok' : `worst: rank ${cell.worst} ${cell.level}`;
     const lead = i === this.picked ? 'shown in the table: ' : i === this.worstIndex() ? 'worst node: ' : '';
     this.readout.textContent = `${lead}${cell.host ?? cell.name} · ${cell.count} ${cell.count === 1 ? 'rank' : 'ranks'}${cell.host ? ` (${span})` : ''} · ${worst}${z}`;
@@ -186,6 +212,7 @@ export class NodeMap {
       item.append(swatch, `${name} ${count.toLocaleString('en-US')}`);
       return item;
     });
+    items.push(el('span', { class: 'nodemap-key nodemap-metric' }, `max |z| now (${this.metric}) in the line below`));
     this.legend.replaceChildren(...items);
   }
 }

@@ -9,15 +9,19 @@ const STALE_AFTER_S = 30; // "last record" turns red past this while the run is 
 const BANNER_MAX_ALERTS = 3;
 const LEGEND_MAX_CHIPS = 64; // past this the legend lists only the ranks drawn one by one
 
+const runLabel = (r) => `${r.run} (${r.state ?? '?'}, ${r.world_size?.toLocaleString('en-US') ?? '?'} ranks)`;
+
+// The same runs keep their options (an open list stays open); their states change in place.
 export function renderRunPicker(select, runs, current) {
   const names = runs.map((r) => r.run);
-  const have = [...select.options].map((o) => o.value);
-  if (names.length === have.length && names.every((n, i) => n === have[i])) {
+  const have = [...select.options];
+  if (names.length === have.length && names.every((n, i) => n === have[i].value)) {
+    runs.forEach((r, i) => { if (have[i].textContent !== runLabel(r)) have[i].textContent = runLabel(r); });
     select.value = current ?? '';
     return;
   }
   select.replaceChildren(...runs.map((r) => {
-    const opt = el('option', {}, `${r.run} (${r.state ?? '?'}, ${r.world_size?.toLocaleString('en-US') ?? '?'} ranks)`);
+    const opt = el('option', {}, runLabel(r));
     opt.value = r.run;
     return opt;
   }));

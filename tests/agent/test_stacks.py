@@ -298,14 +298,21 @@ def test_watchdog_writes_while_the_main_thread_holds_the_interpreter_lock(tmp_pa
 
     thread = threading.Thread(target=background, daemon=True)
     thread.start()
-    wait_until(lambda: len(ticks) > 3, 5, what="background ticks")
-    with FaultWatchdog(path, timeout_s=0.1):
-        start = time.monotonic()
-        re.match(r"(a+)+$", "a" * 24 + "b")
-        held = time.monotonic() - start
-    wait_until(lambda: notes, 5, what="a sample saying the sampler was held off")
-    stop.set()
-    thread.join(5)
+    try:
+        wait_until(lambda: len(ticks) > 3, 5, what="background ticks")
+        with FaultWatchdog(path, timeout_s=0.1):
+            # each extra "a" doubles the regex's time: grow it until one call holds the lock
+            # well past the sampler's margin, whatever this machine's speed
+            held, n = 0.0, 20
+            while held < 1.0 and n < 32:
+                n += 1
+                start = time.monotonic()
+                re.match(r"(a+)+$", "a" * n + "b")
+                held = time.monotonic() - start
+        wait_until(lambda: notes, 5, what="a sample saying the sampler was held off")
+    finally:
+        stop.set()  # a failed wait must not leave the thread sampling through later tests
+        thread.join(5)
     during = [t for t in ticks if start <= t <= start + held]
     gaps = [b - a for a, b in itertools.pairwise([start, *during, start + held])]
     assert max(gaps) > held / 2  # the Python thread was held off for most of the call

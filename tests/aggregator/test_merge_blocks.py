@@ -12,8 +12,9 @@ import random
 
 import pytest
 from rankwatch.agent.wire.records import Heartbeat, StepBlock, StepRecord, unblock
+from rankwatch.aggregator.dedupe import as_blocks
 from rankwatch.aggregator.feed import points_messages
-from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues, as_blocks
+from rankwatch.aggregator.merge import StepGrid, StepMerger, StepValues
 from rankwatch.aggregator.seqs import SeqTracker
 
 

@@ -105,6 +105,23 @@ def test_refresh_evaluates_only_the_ranks_whose_records_can_change_a_state() -> 
     assert tracker.refresh(fresh, T0 + 2)[1] == set()
 
 
+def test_new_ranks_out_of_order_join_the_table_in_their_place() -> None:
+    """Two relays' new ranks interleaved: each refresh puts them in rank order, and shares the
+    entries it did not evaluate again with the table before."""
+    tracker = HealthTracker()
+    for rank in (0, 1, 8, 9):
+        tracker.observe(step(rank, 1), T0)
+    swept = tracker.snapshot(T0)
+    for rank in (2, 10, 3):
+        tracker.observe(step(rank, 1), T0 + 1)
+    fresh, _ = tracker.refresh(swept, T0 + 1)
+    assert list(fresh["r"]) == [0, 1, 2, 3, 8, 9, 10]
+    tracker.observe(step(4, 1), T0 + 2)
+    later, touched = tracker.refresh(fresh, T0 + 2)
+    assert list(later["r"]) == [0, 1, 2, 3, 4, 8, 9, 10] and touched == {("r", 4)}
+    assert later["r"][2] is fresh["r"][2] and list(fresh["r"]) == [0, 1, 2, 3, 8, 9, 10]
+
+
 def test_gapped_lists_the_sequences_with_a_gap_until_it_closes() -> None:
     seqs = SeqTracker()
     for s in (1, 2, 3):
@@ -132,6 +149,7 @@ def test_a_sweep_of_many_ranks_rolls_over_the_ticks_and_still_finds_a_lost_rank(
     # a sweep timed as free, however loaded the machine is: one every HEALTH_EVERY_S (1 s)
     view = HealthView(tracker, timer=lambda: 0.0)
     view.snapshot(T0)  # the first: every rank
+    assert view.take_evaluated() is None
     evaluated = []
     real = tracker._health
 
@@ -150,6 +168,8 @@ def test_a_sweep_of_many_ranks_rolls_over_the_ticks_and_still_finds_a_lost_rank(
         evaluated.clear()
         snap = view.snapshot(t)
         assert len(evaluated) <= ranks // 4  # a share per tick (0.2 s of 1 s), never all
+        # what the straggler rule updates its steps by
+        assert view.take_evaluated() == {("r", r) for r in evaluated}
         if any(h.rank == 42 and h.state is RankState.LOST for h, _ in view.changes(t, snap)):
             lost_at = t
     # silent from T0: lost after 10 s, found within one rolling sweep (1 s) of that

@@ -3,7 +3,9 @@
 over HTTP with the token, serve killed (SIGKILL) after the rank was told "go" and before it
 reached the step, and serve started again on the same store and ports. The command is shown
 as received and not done; the rank stops once, at the agreed step; its answer lands on the
-stored command; the new serve re-sends nothing and nothing is counted as unknown or replayed."""
+stored command; the new serve re-sends nothing and nothing is counted as unknown or replayed.
+The stop is pressed on the incident of the rank's NaN, so its outcome is one ``[ACTION]``
+message, told by the new serve (which has the incident only in the store)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ RUN = "killed-mid-command"
 TOKEN = "mid-command-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 PAUSE_AT = 5  # the rank logs this many steps, then waits for the test
+OUTCOME = f"rankwatch [ACTION] {RUN}: "  # the console's outcome line (not the desk's log)
 
 
 def free_port() -> int:
@@ -38,7 +41,8 @@ class Serve:
                "--host", "127.0.0.1", "--port", str(port), "--ingest-host", "127.0.0.1",
                "--ingest-port", str(ingest), "--token", TOKEN]  # fmt: skip
         self.url = f"http://127.0.0.1:{port}"
-        self.log = open(data.parent / f"serve-{time.monotonic_ns()}.log", "w")  # noqa: SIM115
+        self.path = data.parent / f"serve-{time.monotonic_ns()}.log"
+        self.log = open(self.path, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         wait("serve answers", lambda: self._healthy(), 30)
 
@@ -98,7 +102,7 @@ class Rank(threading.Thread):
         for step in range(1, 200):
             if step > PAUSE_AT:
                 self.resume.wait(30)
-            self.mon.log(step, loss=1.0 / step)
+            self.mon.log(step, loss=float("nan") if step == PAUSE_AT else 1.0 / step)
             if self.mon.should_stop(step):
                 self.stopped.append(step)
                 break
@@ -125,8 +129,11 @@ def test_serve_killed_after_go_and_before_the_answer(tmp_path: Path) -> None:
     try:
         rank.start()
         wait("the rank's steps", lambda: ranks_at(serve) == PAUSE_AT)
+        (incident,) = wait("the NaN's incident", lambda: serve.get(f"/api/runs/{RUN}/incidents")[
+            "incidents"])  # fmt: skip
         res = httpx.post(f"{serve.url}/api/run/commands", params={"run": RUN}, headers=AUTH,
-                         json={"cmd": "stop", "reason": "test"}, timeout=5)  # fmt: skip
+                         json={"cmd": "stop", "reason": "test", "incident": incident["id"]},
+                         timeout=5)  # fmt: skip
         assert res.status_code == 200, res.text
         stop = res.json()
         assert stop["step"] > PAUSE_AT
@@ -148,6 +155,8 @@ def test_serve_killed_after_go_and_before_the_answer(tmp_path: Path) -> None:
         done = wait("the answer on the new serve", lambda: (
             (c := again.command(stop["id"])) and c["state"] == "done" and c))  # fmt: skip
         assert done["acks"]["0"]["at"] == stop["step"]
+        wait("the outcome message", lambda: OUTCOME in again.path.read_text())
+        assert done["incident"] == incident["id"]
         rank.leave.set()
         rank.join(10)
         assert rank.stopped == [stop["step"]]  # once, at the agreed step
@@ -163,6 +172,10 @@ def test_serve_killed_after_go_and_before_the_answer(tmp_path: Path) -> None:
                 for line in f.read_text().splitlines() if '"command"' in line]  # fmt: skip
         states = [a["info"]["state"] for a in acks if a.get("event") == "command"]
         assert states == ["received", "done"]
+        again.stop()  # tells what it still holds: every message it would send is out
+        (outcome,) = [line for line in again.path.read_text().splitlines() if OUTCOME in line]
+        assert "1/1 acknowledged, done" in outcome, outcome
+        assert OUTCOME not in serve.path.read_text()  # the first serve had nothing to tell
     finally:
         rank.resume.set()
         rank.leave.set()

@@ -397,6 +397,33 @@ def test_runs_over_for_long_leave_the_live_state_but_stay_deduped(agg: Aggregato
     assert agg.add([step(0, 1, 1.0, run="done", world=1)]) == 0
 
 
+def test_runs_over_are_looked_for_once_a_while_not_on_every_tick(tmp_path: Path) -> None:
+    """The look is a pass over a run's ranks until one is alive: with thousands lost it was
+    most of every tick."""
+    from rankwatch.aggregator.health import HealthTracker
+    from rankwatch.aggregator.tick import RETIRE_EVERY_S, retire_runs
+
+    class Ranks(dict):  # type: ignore[type-arg]
+        looked = 0
+
+        def values(self):  # type: ignore[no-untyped-def]
+            Ranks.looked += 1
+            return super().values()
+
+    tracker = HealthTracker()
+    tracker.observe(step(0, 1, 1.0, run="big", world=1), 1000.0)
+    ranks = Ranks(tracker.snapshot(1001.0)["big"])  # alive: one pass over it each look
+    agg = Aggregator(config(tmp_path))
+    try:
+        for t in (1060.0, 1060.2, 1061.0, 1060.0 + RETIRE_EVERY_S - 1):
+            retire_runs(agg, {"big": ranks}, t)
+        assert Ranks.looked == 1
+        retire_runs(agg, {"big": ranks}, 1060.0 + RETIRE_EVERY_S)
+        assert Ranks.looked == 2
+    finally:
+        agg.store.close()
+
+
 def test_tick_sees_a_crash_at_once_and_a_silent_rank_lost_within_a_second(
     tmp_path: Path,
 ) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -90,9 +91,21 @@ def test_incidents_outlive_the_process(tmp_path: Path) -> None:
         assert again.incidents.incidents(RUN) == []
         (stored,) = again.incidents_of(RUN)
         assert (stored["id"], stored["culprits"], stored["cause"]) == (inc.id, [2], "nonfinite")
+        # the 3 ranks that followed the culprit at step 21 are one timeline item
+        assert [(e["rank"], e["step"], e["count"], e["ranks"]) for e in stored["timeline"]] == [
+            (2, 20, 1, []), (0, 21, 3, [[0, 1], [3, 3]]),
+        ]  # fmt: skip
+        # one stored before items had groups: one rank each
+        old = {**stored, "id": f"{RUN}#9", "timeline": [{"step": 20, "time": 1.0, "rank": 2,
+                                                        "what": "loss non-finite"}]}  # fmt: skip
+        again.store.append_incident(old)
+        again.flush_store()
+        (_, was) = sorted(again.incidents_of(RUN), key=lambda i: i["id"])
+        assert was["timeline"] == [{**old["timeline"][0], "count": 1, "ranks": []}]
         client = TestClient(create_app(AggregatorProvider(again)), base_url=BASE_URL)
         body = client.get(f"/api/runs/{RUN}/incidents").json()
-        assert [i["id"] for i in body["incidents"]] == [inc.id]
+        assert [i["id"] for i in body["incidents"]] == [f"{RUN}#9", inc.id]
+        assert body["incidents"][1]["timeline"] == stored["timeline"]
     finally:
         again.stop()
 
@@ -169,6 +182,17 @@ def test_a_restarted_serve_still_says_where_the_incidents_ranks_ran(tmp_path: Pa
         client = TestClient(create_app(AggregatorProvider(again)), base_url=BASE_URL)
         (api,) = client.get(f"/api/runs/{RUN}/incidents").json()["incidents"]
         assert api["hosts"]["1"] == ["node0", 101]
+        # the job relaunched and a new fault: a new incident, numbered after the stored one
+        t0 = time.time()
+        for s in range(7, 13):
+            batch = [replace(step(r, s, math.nan if r == 2 and s >= 9 else 1.0, t0 + s),
+                             pid=200 + r, seq=s - 6) for r in range(4)]  # fmt: skip
+            again.add(batch, imported=False, now=t0 + s)
+            again.tick(now=t0 + s + 0.5)
+        (new,) = again.incidents.incidents(RUN)
+        assert (new.id, new.cause, new.culprits) == (f"{RUN}#2", "nonfinite", (2,))
+        ids = [i["id"] for i in again.incidents_of(RUN)]
+        assert sorted(ids) == [f"{RUN}#1", f"{RUN}#2"]
     finally:
         again.stop()
 

@@ -20,6 +20,7 @@ import zmq
 from rankwatch.agent.wire import records
 from rankwatch.agent.wire.records import StepRecord
 
+from tests import polling
 from tests.cli.running import RANKWATCH, Server, cli, free_port, wait_until
 
 
@@ -99,13 +100,21 @@ AGENT = textwrap.dedent(
     port, log_dir, steps, restarted = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     mon = Monitor(run="survivor", rank=0, world_size=1, addr=f"127.0.0.1:{port}",
                   log_dir=log_dir, heartbeat_s=0.5)
+
+    def wait_for(path):
+        deadline = time.monotonic() + 120
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     for s in range(1, steps + 1):
         if s == steps - 50:  # the last steps go to the restarted aggregator, however slow
-            deadline = time.monotonic() + 60
-            while not os.path.exists(restarted) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_for(restarted)
         mon.log(s, loss=1.0 / s)
         time.sleep(0.02)
+    # close() gives the sender a bounded time and the agent's reconnect backs off to seconds
+    # after a long outage: exiting at once can leave the tail only in the JSONL. Resends also
+    # need a live agent, so it stays until the restarted aggregator holds every step.
+    wait_for(restarted + ".drained")
     mon.close()
     """
 )
@@ -133,10 +142,16 @@ def test_kill_9_then_restart_loses_nothing_and_the_agent_reconnects(
         assert len(before) >= 50  # what was flushed survived the kill
         second = servers(data, ingest_port=port)
         restarted.touch()
-        assert agent.wait(90) == 0
+
+        def drained() -> bool:  # records lost in flight are asked for again (from the JSONL)
+            run = (second.status()["runs"] or [{}])[0]
+            return run.get("last_step") == steps and run["ranks"][0]["gaps"] == []
+
+        polling.wait_until(drained, 90, 0.1, "every step on the restarted serve",
+                           lambda: second.status()["runs"])  # fmt: skip
+        restarted.with_name("restarted.drained").touch()
+        assert agent.wait(30) == 0
         wait_until(lambda: (r := second.status()["runs"]) and r[0]["state"] == "finished")
-        # Records lost in flight are asked for again (resend from the agent's JSONL).
-        wait_until(lambda: second.status()["runs"][0]["ranks"][0]["gaps"] == [], 30)
         assert second.stop() == 0
     finally:
         if agent.poll() is None:

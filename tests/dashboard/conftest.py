@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
+import os
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +22,30 @@ with warnings.catch_warnings():
 
 from rankwatch.agent.wire.records import EventRecord, StepRecord
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
 SHIFTED = FIXTURES / "msrun4_rank2_labels_shifted_from_step20.csv"
 STEP_S = 0.01  # wall-clock seconds between synthetic steps
 # TestClient's own default host ("testserver") is a name the app does not answer to
 BASE_URL = "http://localhost"
+
+# The page tests: real headless Chromium through playwright, skipped where either is missing.
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]  # fmt: skip
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+try:
+    from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+except ImportError:  # pragma: no cover - BROWSER_MARKS skip the page tests
+    sync_playwright = None
+BROWSER_MARKS = [
+    pytest.mark.browser,
+    pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed"),
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}"),
+]
 
 
 class Records:
@@ -124,3 +145,74 @@ def finite_or_str(values: list[Any]) -> list[float]:
     return [
         v if isinstance(v, (int, float)) else {"NaN": math.nan}.get(v, math.inf) for v in values
     ]
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> Path:
+    """Where the page tests leave screenshots and logs for a person to look at."""
+    path = Path(os.environ.get("RANKWATCH_ARTIFACTS", ROOT / "test-artifacts"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser(request: pytest.FixtureRequest) -> Iterator[Browser]:
+    """One Chromium per test module. A module's ``server`` fixture, where the test uses one,
+    is set up first, so the browser (and the streams its pages hold open) closes before the
+    server stops."""
+    if "server" in request.fixturenames:
+        request.getfixturevalue("server")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Watched:
+    """A page with every dialog and page error recorded (an XSS would show up here). Dialogs
+    are dismissed, or accepted where the test presses a button that asks for confirmation."""
+
+    def __init__(self, page: Page, accept_dialogs: bool = False) -> None:
+        self.page = page
+        self.accept_dialogs = accept_dialogs
+        self.dialogs: list[str] = []
+        self.errors: list[str] = []
+        page.on("dialog", self._dialog)
+        page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+
+    def _dialog(self, dialog: Any) -> None:
+        self.dialogs.append(dialog.message)
+        if self.accept_dialogs:
+            dialog.accept()
+        else:
+            dialog.dismiss()
+
+
+@pytest.fixture
+def new_page(browser: Browser) -> Iterator[Callable[..., Watched]]:
+    """``new_page(viewport, accept_dialogs=False)``: a page in a context of its own, at that
+    size; every context the test opened is closed after it."""
+    contexts: list[BrowserContext] = []
+
+    def make(viewport: dict[str, int] = DESKTOP, accept_dialogs: bool = False) -> Watched:
+        context = browser.new_context(viewport=viewport)
+        contexts.append(context)
+        return Watched(context.new_page(), accept_dialogs)
+
+    yield make
+    for context in contexts:
+        context.close()
+
+
+def resize(page: Page, size: dict[str, int]) -> None:
+    """Resize the window and wait for the charts to follow: the page redraws them after a
+    debounced resize event, so a fixed pause can race it on a loaded machine. The page that
+    never fits is left for the caller's own layout check to describe."""
+    from playwright.sync_api import TimeoutError as PageTimeout
+
+    page.set_viewport_size(size)
+    with contextlib.suppress(PageTimeout):  # the caller's check says what is wrong
+        page.wait_for_function(
+            "() => document.documentElement.scrollWidth <= innerWidth", timeout=5_000
+        )
+    page.wait_for_timeout(200)  # past the debounce, so a second redraw has landed too

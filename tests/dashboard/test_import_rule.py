@@ -6,6 +6,7 @@ reaches into the store or the alert engine fails here, not in a review."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import rankwatch.dashboard
@@ -63,3 +64,15 @@ def test_the_check_sees_a_forbidden_import(tmp_path: Path) -> None:
         "rankwatch.aggregator",
         "rankwatch.aggregator.feed",
     ]
+
+
+def test_the_chart_sections_share_one_definition_of_what_their_charts_ask() -> None:
+    """The training charts (app.js) and the hardware charts (hardware.js) answer the charts'
+    ``highlighted()`` and ``extent()`` with chartset.js, not each with a copy of its own."""
+    static = DASHBOARD / "static"
+    for name in ("app.js", "hardware.js"):
+        source = (static / name).read_text()
+        assert "from './chartset.js'" in source, name
+        copies = re.findall(r"^\s*(?:highlighted|extent)\(\)\s*\{", source, re.MULTILINE)
+        assert not copies, f"{name} defines its own {copies}"
+        assert "stepExtent()" not in source.replace("this.stepExtent()", ""), name

@@ -1,46 +1,62 @@
 """The page at 100,000 ranks in real headless Chromium, against a real `rankwatch serve` over a
 real store filled once for the module (``bigrun.py``): band plus the incident's ranks on the
 chart, the node map, the rank table a page at a time (paging, sorting, filtering, drill-down),
-at desktop and phone width. Behaviour only: the speed figures are bench/page_100k.py's."""
+at desktop and phone width (where the table scrolls sideways in its box, every column in
+reach beside its rank). Behaviour only: the speed figures are bench/page_100k.py's."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import pytest
 
 from .bigrun import BigRun, fill
+from .conftest import BROWSER_MARKS, DESKTOP, PHONE, Watched
 from .procs import Server
-from .test_browser import CHROMIUM, CHROMIUM_ARGS, Watched, pytestmark, series
+from .test_browser import series
 
-try:
-    from playwright.sync_api import Browser, Page, sync_playwright
-except ImportError:  # pragma: no cover - test_browser's marks skip the module
-    sync_playwright = None
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
-__all__ = ["pytestmark"]
+pytestmark = BROWSER_MARKS
 
 PAGE_SIZE = 100
 PAGED_RANKS = 1024  # rankpage.js: above this many ranks the table is paged
 # Generous: a shared CI machine under load. How fast the page is, is bench/page_100k.py's.
 READY_TIMEOUT_MS = 120_000
-DESKTOP = {"width": 1280, "height": 800}
-PHONE = {"width": 390, "height": 844}
 
 ROWS_JS = "() => [...document.querySelectorAll('#rank-body tr')].map((r) => Number(r.dataset.rank))"
-
-
-@pytest.fixture(scope="module")
-def artifacts() -> Path:
-    root = Path(__file__).resolve().parents[2]
-    path = root / "test-artifacts"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+# Each column of the rank table scrolled into its box (the box scrolls sideways where the table
+# is wider, as a swipe would): is its header and its first row's cell then inside the box and
+# the screen, clear of the rank column kept at the left, and is that rank column still there?
+COLUMNS_JS = """() => {
+  const wrap = document.getElementById('rank-wrap');
+  const row = document.querySelector('#rank-body tr');
+  const within = (r, lo, hi) => r.width > 0 && r.left >= lo - 0.5 && r.right <= hi + 0.5;
+  const out = [...document.querySelectorAll('#rank-head th')].map((th, i) => {
+    const td = row.children[i];
+    wrap.scrollLeft = Math.max(0, th.offsetLeft + th.offsetWidth - wrap.clientWidth);
+    const box = wrap.getBoundingClientRect();
+    const rank = row.children[0].getBoundingClientRect();
+    const lo = Math.max(box.left, 0, i ? rank.right : 0);
+    const hi = Math.min(box.right, innerWidth);
+    const head = th.getBoundingClientRect();
+    const cell = td.getBoundingClientRect();
+    return {
+      head: th.textContent, cell: td.innerText, rank: row.children[0].innerText,
+      shown: within(head, lo, hi) && within(cell, lo, hi),
+      rankShown: within(rank, Math.max(box.left, 0), hi),
+    };
+  });
+  wrap.scrollLeft = 0;
+  return out;
+}"""
 
 
 @pytest.fixture(scope="module")
@@ -57,18 +73,6 @@ def server(stored: tuple[Path, BigRun, BigRun, float], artifacts: Path) -> Itera
     yield srv
     srv.stop()
     shutil.copy(srv.log_path, artifacts / "page-100k-serve.log")
-
-
-@pytest.fixture(scope="module")
-def browser(server: Server) -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-def _page(browser: Browser, viewport: dict[str, int]) -> Watched:
-    return Watched(browser.new_context(viewport=viewport).new_page())
 
 
 def open_run(w: Watched, server: Server, run: str) -> Page:
@@ -100,12 +104,12 @@ def _click_tile(page: Page, name: str) -> None:
 
 def test_100k_ranks_paged_table_node_map_band(
     server: Server,
-    browser: Browser,
+    new_page: Callable[..., Watched],
     stored: tuple[Path, BigRun, BigRun, float],
     artifacts: Path,
 ) -> None:
     _, big, named, fill_s = stored
-    w = _page(browser, DESKTOP)
+    w = new_page(DESKTOP)
     page = w.page
     started = time.monotonic()
     open_run(w, server, big.run)
@@ -132,6 +136,18 @@ def test_100k_ranks_paged_table_node_map_band(
     block = f"ranks {big.culprit // 8 * 8}–{big.culprit // 8 * 8 + 7}"
     assert page.inner_text("#nodemap-readout").startswith(f"worst node: {block} ·")
     assert f"worst: rank {big.culprit} culprit" in page.inner_text("#nodemap-readout")
+    # the tiles' z is the table's "z now (loss)", named where it is read (the card quotes the z
+    # of the step an alert was first reported at)
+    assert " · max |z| now (loss) " in page.inner_text("#nodemap-readout")
+    assert page.inner_text("#nodemap-legend").endswith("max |z| now (loss) in the line below")
+    title = page.get_attribute("#nodemap-canvas", "title") or ""
+    assert "max |z| now (loss): its rank furthest from the others on loss now" in title
+    assert "z now (loss)" in page.inner_text("#rank-head")
+    # a stored run whose incident was open when it ended: no FIRING, no command on the card
+    card = page.inner_text("#incident")
+    assert "open when the run ended" in card and "FIRING" not in card, card
+    assert page.locator("#incident .inc-cmd, #actions button[data-cmd]:visible").count() == 0
+    assert page.is_hidden("#rank-scroll-hint")  # the table fits: nothing to swipe for
     page.screenshot(path=artifacts / "page-100k-desktop.png", full_page=True)
 
     # Paging, then sorting by a header (twice: the other way round).
@@ -199,6 +215,25 @@ def test_100k_ranks_paged_table_node_map_band(
     width = page.evaluate("() => document.documentElement.scrollWidth")
     page.screenshot(path=artifacts / "page-100k-phone.png", full_page=True)
     assert width <= PHONE["width"], f"the page is {width} px wide on a {PHONE['width']} px phone"
+    # The table is wider than the phone: it scrolls inside its own box, says so, and every
+    # column's content can be brought into view beside the rank it belongs to.
+    page.wait_for_selector("#rank-scroll-hint", state="visible")
+    columns = page.evaluate(COLUMNS_JS)
+    assert [c["head"] for c in columns] == [
+        "rank", "host", "state", "z now (loss)", "last loss", "last step", "last seen"
+    ]  # fmt: skip
+    hidden = [c["head"] for c in columns if not (c["shown"] and c["rankShown"])]
+    assert hidden == [], f"columns out of reach on a phone: {hidden}"
+    assert all(c["rank"].startswith(str(big.culprit)) for c in columns)
+    assert columns[-1]["cell"].endswith(" ago") and columns[5]["cell"] == str(big.steps)
+    # a sideways swipe (the wheel's) scrolls the table, not the page
+    page.locator("#rank-wrap").hover()
+    page.mouse.wheel(PHONE["width"], 0)
+    page.wait_for_function("() => document.getElementById('rank-wrap').scrollLeft > 0")
+    assert page.evaluate("() => [scrollX, document.documentElement.scrollWidth]") == [
+        0, width
+    ]  # fmt: skip
+    page.screenshot(path=artifacts / "page-100k-phone-table.png", full_page=True)
     assert w.errors == [], f"errors on the page: {w.errors}"
     page.context.close()
     timing = {"fill_s": round(fill_s, 2), "usable_s": round(usable_s, 2)}

@@ -10,36 +10,34 @@ without a token."""
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import httpx
 import pytest
 from rankwatch.agent.monitor import Monitor
 
+from .conftest import BROWSER_MARKS, DESKTOP, PHONE, Watched, resize
 from .procs import Server
-from .test_browser import CHROMIUM, CHROMIUM_ARGS, READY_TIMEOUT_MS
+from .test_browser import READY_TIMEOUT_MS
 
-try:
-    from playwright.sync_api import Browser, Page, sync_playwright
-except ImportError:  # pragma: no cover - the skip below says why
-    sync_playwright = None
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed"),
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}"),
-]
+pytestmark = BROWSER_MARKS
 
 TOKEN = "page-actions-token"
 WORLD = 2
 NAN_FROM = 3  # rank 1's loss is NaN from this step on: an open incident, with its card
-SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
+SIZES = {"desktop": DESKTOP, "phone": PHONE}
 CARD_BUTTONS = "#incident button.inc-cmd"
+# No command button shown, on the card or beside the run's name.
+OVER_JS = """() => [...document.querySelectorAll('#incident .inc-cmd, #actions button[data-cmd]')]
+  .every((b) => b.offsetParent === null)"""
 
 
 class Loop(threading.Thread):
@@ -69,33 +67,11 @@ class Loop(threading.Thread):
         self.mon.close()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module")
-def artifacts() -> Path:
-    root = Path(__file__).resolve().parents[2]
-    path = Path(os.environ.get("RANKWATCH_ARTIFACTS", root / "test-artifacts"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def open_page(
-    browser: Browser, server: Server, run: str, token: str | None
+    new_page: Callable[..., Watched], server: Server, run: str, token: str | None
 ) -> tuple[Page, list[str]]:
-    page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
-    dialogs: list[str] = []
-
-    def accept(dialog: object) -> None:
-        dialogs.append(dialog.message)  # type: ignore[attr-defined]
-        dialog.accept()  # type: ignore[attr-defined]
-
-    page.on("dialog", accept)
+    w = new_page(DESKTOP, accept_dialogs=True)  # the confirmations are read, then accepted
+    page, dialogs = w.page, w.dialogs
     query = f"?token={token}" if token else ""
     page.goto(f"{server.url}/{query}#run={quote(run, safe='')}")
     page.wait_for_function("() => window.rankwatch && window.rankwatch.ready",
@@ -115,9 +91,8 @@ def result(page: Page, words: str, where: str = "action-result") -> str:
 def shoot_card(page: Page, artifacts: Path) -> None:
     """The card with its buttons at both sizes: the card no wider than the screen, both buttons
     on it and coloured apart from the card's harmless "show step" button."""
-    for name, (width, height) in SIZES.items():
-        page.set_viewport_size({"width": width, "height": height})
-        page.wait_for_timeout(150)
+    for name, size in SIZES.items():
+        resize(page, size)
         got = page.evaluate(
             """(sel) => ({wide: Math.max(document.getElementById('incident').scrollWidth,
                    document.getElementById('incident').getBoundingClientRect().right),
@@ -134,12 +109,12 @@ def shoot_card(page: Page, artifacts: Path) -> None:
         assert all(b[1] for b in got["buttons"]), (name, got)
         assert all(b[2] != got["harmless"] for b in got["buttons"]), (name, got)
         page.locator("#incident").screenshot(path=str(artifacts / f"actions-card-{name}.png"))
-    page.set_viewport_size({"width": 1280, "height": 800})
+    page.set_viewport_size(DESKTOP)
 
 
 @pytest.mark.parametrize("token", [TOKEN, None], ids=["token", "no-token"])
 def test_stop_from_the_page(
-    browser: Browser, tmp_path: Path, token: str | None, artifacts: Path
+    new_page: Callable[..., Watched], tmp_path: Path, token: str | None, artifacts: Path
 ) -> None:
     server = Server(tmp_path / "data", token=token)
     run = f"page-stop-{'token' if token else 'open'}"
@@ -158,7 +133,7 @@ def test_stop_from_the_page(
         path = f"/api/runs/{quote(run, safe='')}/incidents"
         (incident,) = server.wait_for("the NaN incident", lambda: [
             i for i in get(path)["incidents"] if i["state"] == "firing"])  # fmt: skip
-        page, dialogs = open_page(browser, server, run, token)
+        page, dialogs = open_page(new_page, server, run, token)
         if token is None:
             page.click(f"{CARD_BUTTONS}.stop")
             said = result(page, "refused", "inc-action-result")
@@ -204,6 +179,18 @@ def test_stop_from_the_page(
             arg=f"action: checkpoint at step {ckpt['step']} by page (127.0.0.1): {WORLD} done",
             timeout=10_000,
         )  # fmt: skip
+        # Every rank stopped: the run is over, so neither the card nor the run offers a command
+        # the server would refuse, and the stop's outcome stays beside the run's name.
+        server.wait_for(
+            "the run to finish",
+            lambda: (
+                [r["state"] for r in get("/api/runs")["runs"] if r["run"] == run] == ["finished"]
+            ),
+        )
+        page.wait_for_function(OVER_JS, timeout=10_000)
+        assert "FIRING" not in page.inner_text("#incident")
+        assert page.inner_text("#action-result") == said
+        page.locator("#incident").screenshot(path=str(artifacts / "actions-card-ended.png"))
     finally:
         for loop in loops:
             loop.halt.set()

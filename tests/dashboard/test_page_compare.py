@@ -28,8 +28,6 @@ from playwright.sync_api import Browser, Page
 
 from .test_browser import (  # noqa: F401 - the fixtures, shared with the page's other tests
     READY_TIMEOUT_MS,
-    artifacts,
-    browser,
     open_run,
     pytestmark,
     series,
@@ -116,8 +114,8 @@ def no_overflow(page: Page) -> None:
 
 def test_reference_run_overlay(
     server: Server,  # noqa: F811
-    browser: Browser,  # noqa: F811
-    artifacts: Path,  # noqa: F811
+    browser: Browser,
+    artifacts: Path,
 ) -> None:
     now = time.time()
     feed(server, REF, 1, 60, now - 600, REF_SCALE, data_time=False)

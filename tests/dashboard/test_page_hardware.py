@@ -6,6 +6,7 @@ sizes go to test-artifacts/ (or $RANKWATCH_ARTIFACTS)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -25,8 +26,6 @@ from playwright.sync_api import Browser, Page
 from .test_browser import (  # noqa: F401 - the fixtures, shared with the page's other tests
     READY_TIMEOUT_MS,
     Watched,
-    artifacts,
-    browser,
     open_run,
     pytestmark,
     server,
@@ -101,8 +100,8 @@ def temp_lines(page: Page) -> dict[str, Any]:
 
 def test_hardware_section_at_desktop_and_phone_size(
     server: Server,  # noqa: F811
-    browser: Browser,  # noqa: F811
-    artifacts: Path,  # noqa: F811
+    browser: Browser,
+    artifacts: Path,
 ) -> None:
     feed(server)
 
@@ -126,6 +125,14 @@ def test_hardware_section_at_desktop_and_phone_size(
         assert "gpu/throttle_mask" not in titles and "host/cpu_pct" in titles
         lines = temp_lines(page)
         assert len(lines) == WORLD and all(v["n"] == 12 for v in lines.values())
+        # node1's 8 slow cards share one line on the clock chart: a few end labels, not a pile
+        labels = page.evaluate(
+            "() => window.rankwatch.hardware.charts.get('gpu/sm_clock_mhz').chart.getOption()"
+            ".series.filter((s) => s.endLabel && s.endLabel.show).map((s) => s.id)"
+        )
+        assert labels == ["r:5", "r:8", "r:9"], labels
+        at = page.locator("#hw-charts .hw-chart .step-tag").first.text_content() or ""
+        assert re.fullmatch(r" at \d\d:\d\d:\d\d", at), at  # 24-hour, as the axis
         assert lines["r:5"]["width"] > max(v["width"] for k, v in lines.items() if k != "r:5")
         nodes = page.evaluate(
             "() => [...document.querySelectorAll('.hw-node')].map((n) => [n.dataset.host,"
@@ -167,8 +174,8 @@ def test_hardware_section_at_desktop_and_phone_size(
 
 def test_real_host_telemetry_from_a_monitor_reaches_the_page(
     server: Server,  # noqa: F811
-    browser: Browser,  # noqa: F811
-    artifacts: Path,  # noqa: F811
+    browser: Browser,
+    artifacts: Path,
     tmp_path: Path,
 ) -> None:
     """psutil's values on this machine, sampled by a real Monitor, over ZeroMQ to the serve."""

@@ -9,30 +9,24 @@ $RANKWATCH_ARTIFACTS): incident-desktop.png, incident-phone.png and the others n
 from __future__ import annotations
 
 import math
-import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import pytest
 from rankwatch.aggregator.incidents.model import Evidence, Incident
 from rankwatch.aggregator.incidents.words import dashboard_link
 
+from .conftest import BROWSER_MARKS, DESKTOP, PHONE, Watched, resize
 from .procs import Rank, Server
-from .test_browser import CHROMIUM, CHROMIUM_ARGS, READY_TIMEOUT_MS, SERIES_JS, Watched
+from .test_browser import READY_TIMEOUT_MS, SERIES_JS
 
-try:
-    from playwright.sync_api import Browser, Page, sync_playwright
-except ImportError:  # pragma: no cover - the skip below says why
-    sync_playwright = None
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed"),
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}"),
-]
+pytestmark = BROWSER_MARKS
 
 
 def as_incident(body: dict[str, Any]) -> Incident:
@@ -44,8 +38,6 @@ def as_incident(body: dict[str, Any]) -> Incident:
     return Incident(**keep)
 
 
-DESKTOP = {"width": 1280, "height": 800}
-PHONE = {"width": 390, "height": 844}
 CHART_SHOWN_PX = 120  # this much of the first chart's plot must be on the first screen
 RED = "rgb(220, 38, 38)"  # --bad in style.css
 FAULT_STEP = 20
@@ -73,22 +65,6 @@ ROWS_JS = """() => Object.fromEntries(
     tag: (tr.querySelector('.role-tag') || {}).textContent || null,
     chip: (document.querySelector(`#legend [data-rank="${tr.dataset.rank}"]`) || {}).className,
   }]))"""
-
-
-@pytest.fixture(scope="module")
-def artifacts() -> Path:
-    root = Path(__file__).resolve().parents[2]
-    path = Path(os.environ.get("RANKWATCH_ARTIFACTS", root / "test-artifacts"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 class Serving:
@@ -119,10 +95,6 @@ def serving(tmp_path: Path, artifacts: Path) -> Iterator[Serving]:
     s = Serving(tmp_path / "data", artifacts)
     yield s
     s.stop()
-
-
-def page_at(browser: Browser, viewport: dict[str, int]) -> Watched:
-    return Watched(browser.new_context(viewport=viewport).new_page())
 
 
 def open_run(w: Watched, server: Server, run: str, card: bool = True) -> Page:
@@ -211,8 +183,42 @@ def card_text(page: Page) -> str:
     return page.inner_text("#incident")
 
 
+# A run that is over: the card and history in words, the picker, the command buttons shown.
+OVER_JS = """() => ({card: document.getElementById('incident').innerText,
+  picker: document.getElementById('run').selectedOptions[0].textContent,
+  history: document.getElementById('incident-history').innerText,
+  buttons: [...document.querySelectorAll('#incident .inc-cmd, #actions button[data-cmd]')]
+    .filter((b) => b.offsetParent !== null).map((b) => b.textContent)})"""
+
+
+def check_over(page: Page, server: Server, run: str, where: str) -> None:
+    """An incident still open when its run ended says so (not FIRING), no button offers a
+    command the server would refuse, and the run picker has the run's state now."""
+    (state,) = [r["state"] for r in server.get("/api/runs")["runs"] if r["run"] == run]
+    label = f"{run} ({state},"
+
+    def shows(*words: str) -> None:
+        try:
+            page.wait_for_function(
+                f"([ws, l]) => {{ const g = ({OVER_JS})();"
+                " return ws.some((w) => g.card.includes(w))"
+                " && !g.buttons.length && g.picker.startsWith(l); }",
+                arg=[words, label], timeout=10_000,
+            )  # fmt: skip
+        except Exception:
+            raise AssertionError(f"{where}: {words} {page.evaluate(OVER_JS)}") from None
+
+    # Its alerts may still resolve it after the run ended, at any moment (resolved is final).
+    shows("open when the run ended", "resolved")
+    (inc,) = incidents(server, run)
+    if inc["state"] != "firing":
+        shows("resolved")
+    got = page.evaluate(OVER_JS)
+    assert "FIRING" not in got["card"] and "firing" not in got["history"], (where, got)
+
+
 def test_nan_spread_names_the_culprit_on_desktop_and_phone(
-    serving: Serving, browser: Browser, artifacts: Path, tmp_path: Path
+    serving: Serving, new_page: Callable[..., Watched], artifacts: Path, tmp_path: Path
 ) -> None:
     run = "msrun4-nan"
     server = serving.server
@@ -223,7 +229,7 @@ def test_nan_spread_names_the_culprit_on_desktop_and_phone(
             r["last_step"] for r in server.get("/api/run/ranks", run=run)["ranks"]
         ] == [FAULT_STEP - 6] * 4)  # fmt: skip
         assert incidents(server, run) == []
-        desk = page_at(browser, DESKTOP)
+        desk = new_page(DESKTOP)
         page = open_run(desk, server, run, card=False)
         assert page.locator("#incident").is_hidden()  # a healthy run shows no card
         page.evaluate("() => { window.__sameDocument = true; }")
@@ -241,6 +247,8 @@ def test_nan_spread_names_the_culprit_on_desktop_and_phone(
         assert str(ranks_now[2]["host"]) in text
         assert "3 ranks affected after it: 0, 1, 3" in text
         assert "FIRING" in text and f"step {FAULT_STEP}" in text
+        assert "3 ranks" in page.inner_text("#incident .inc-tl")  # the ranks that followed: one row
+        assert "(ranks 0-1, 3)" in text and "pieces of evidence kept" not in text  # all 4 shown
         # the timeline starts with the culprit's evidence, drawn red
         first = page.locator("#incident .inc-tl tr").first
         assert "rank 2" in first.inner_text() and "inc-tl-culprit" in (
@@ -263,7 +271,7 @@ def test_nan_spread_names_the_culprit_on_desktop_and_phone(
         items = page.locator("#incident-history li").all_inner_texts()
         assert len(items) == 1 and "rank 2" in items[0] and "FIRING" in items[0]
 
-        phone = page_at(browser, PHONE)
+        phone = new_page(PHONE)
         page = open_run(phone, server, run)
         page.wait_for_function(
             "() => window.rankwatch.charts.get('loss').chart.getOption().series"
@@ -292,12 +300,18 @@ def test_nan_spread_names_the_culprit_on_desktop_and_phone(
     )
     page = open_run(desk, server, run)
     assert "rank 2" in card_text(page)
+    check_over(page, server, run, "after the run ended")
     check_colours(page, 2, [0, 1, 3], "after the run ended")
     page.screenshot(path=artifacts / "incident-after-end.png")
+    resize(page, PHONE)
+    check_layout(page, "phone, after the run ended")
+    page.screenshot(path=artifacts / "incident-after-end-phone.png")
+    page.set_viewport_size(DESKTOP)
     phone.page.context.close()
     server = serving.restart()
     page = open_run(desk, server, run)
     assert "rank 2" in card_text(page) and "3 ranks affected" in card_text(page)
+    check_over(page, server, run, "after serve restarted")  # a history run
     where = f"{ranks_now[2]['host']} · pid {ranks_now[2]['pid']}"
     assert where in card_text(page)
     # A server restarted while the job runs on has no entry for a rank that crashed before it
@@ -325,7 +339,7 @@ def test_nan_spread_names_the_culprit_on_desktop_and_phone(
 
 
 def test_phone_table_shows_the_ranks_that_matter_and_markup_stays_text(
-    serving: Serving, browser: Browser, artifacts: Path, tmp_path: Path
+    serving: Serving, new_page: Callable[..., Watched], artifacts: Path, tmp_path: Path
 ) -> None:
     run, world, bad = "eight-ranks", 8, 5
     metric = "<img src=x onerror=alert(1)>"
@@ -340,7 +354,7 @@ def test_phone_table_shows_the_ranks_that_matter_and_markup_stays_text(
                 # step_time given, not measured: the harness logs the ranks one after another
                 agent.log(step, loss=2.0 / step + 0.3, step_time=0.5, **{metric: value})
         server.wait_for("an incident naming rank 5", lambda: culprit_named(server, run, bad))
-        phone = page_at(browser, PHONE)
+        phone = new_page(PHONE)
         page = open_run(phone, server, run)
         check_layout(page, "phone, 8 ranks")
         rows = page.evaluate(ROWS_JS)
@@ -392,10 +406,34 @@ ROLES_JS = """async () => {
 }"""
 
 
+# An incident still open when its run ended, on the card and in the history, with the run live
+# and over; and which runs actions.js counts as live (the server takes commands for those only).
+ENDED_JS = """async () => {
+  const m = await import('/static/incidents.js');
+  const a = await import('/static/actions.js');
+  m.setIncidents([{id: 'r#1', run: 'r', cause: 'nonfinite', culprits: [2], affected: [0],
+    terminated: [], timeline: [], opened: 10, updated: 10, resolved: null, state: 'firing',
+    summary: 's', basis: '', step: 1, evidence_count: 0}]);
+  const shown = (live) => {
+    const card = document.createElement('div');
+    const history = document.createElement('div');
+    m.renderIncidentCard(card, [], 20, live);
+    m.renderHistory(history, 20, live);
+    return [card.className, card.querySelector('.inc-pill').textContent,
+      card.querySelectorAll('.inc-cmd').length, history.textContent];
+  };
+  const runs = [[{state: 'history'}, null], [{state: 'finished'}, []],
+    [{state: 'crashed'}, [{state: 'crashed'}, {state: 'finished'}]],
+    [{state: 'crashed'}, [{state: 'crashed'}, {state: 'alive'}]],
+    [{state: 'running'}, []], [{state: 'stalled'}, null], [null, null]];
+  return {live: shown(true), over: shown(false), runs: runs.map(([r, t]) => a.runIsLive(r, t))};
+}"""
+
+
 def test_rank_roles_follow_the_shown_and_the_firing_incidents(
-    serving: Serving, browser: Browser
+    serving: Serving, new_page: Callable[..., Watched]
 ) -> None:
-    w = page_at(browser, DESKTOP)
+    w = new_page(DESKTOP)
     w.page.goto(serving.server.url)
     out = w.page.evaluate(ROLES_JS)
     assert out["changed"] == {"roles": True} and out["same"] is None
@@ -414,5 +452,11 @@ def test_rank_roles_follow_the_shown_and_the_firing_incidents(
     assert out["allResolved"] == ["r#2", None, None, None, "culprit", "affected", None]
     assert out["selected"] == [None, "culprit"]  # a selected rank keeps blue, unless culprit
     assert out["everyRank"] == [None] * 6
+    got = w.page.evaluate(ENDED_JS)
+    assert got["live"][:3] == ["incident card firing", "FIRING", 2]
+    assert "(1 firing)" in got["live"][3]
+    assert got["over"][:3] == ["incident card ended", "open when the run ended", 0]
+    assert "(1 open when the run ended)" in got["over"][3] and "FIRING" not in got["over"][3]
+    assert got["runs"] == [False, False, False, True, True, True, False]
     assert w.errors == []
     w.page.context.close()

@@ -28,8 +28,6 @@ from playwright.sync_api import Browser, Page
 from .test_browser import (  # noqa: F401 - the fixtures, shared with the page's other tests
     READY_TIMEOUT_MS,
     Watched,
-    artifacts,
-    browser,
     firing,
     open_run,
     pytestmark,
@@ -124,14 +122,14 @@ def heat_ready(page: Page, step: int) -> None:
     )
 
 
-def shoot(page: Page, artifacts: Path, name: str) -> None:  # noqa: F811
+def shoot(page: Page, artifacts: Path, name: str) -> None:
     page.screenshot(path=artifacts / f"{name}.png", full_page=True)
 
 
 def test_heatmap_is_red_only_where_the_detector_flagged(
     server: Server,  # noqa: F811
-    browser: Browser,  # noqa: F811
-    artifacts: Path,  # noqa: F811
+    browser: Browser,
+    artifacts: Path,
 ) -> None:
     Feed(server, "msrun4-clean", CLEAN).steps(1, 60)
     Feed(server, "msrun4-shifted", SHIFTED).steps(1, 60)
@@ -173,8 +171,8 @@ def step_tags(page: Page) -> dict[str, str]:
 
 def test_panels_follow_the_stream_to_one_step_and_name_each_z(
     server: Server,  # noqa: F811
-    browser: Browser,  # noqa: F811
-    artifacts: Path,  # noqa: F811
+    browser: Browser,
+    artifacts: Path,
 ) -> None:
     run = "msrun4-live"
     feed = Feed(server, run, SHIFTED)
@@ -227,8 +225,8 @@ def test_panels_follow_the_stream_to_one_step_and_name_each_z(
 
 def test_nan_storm_is_one_marker_and_a_count(
     server: Server,  # noqa: F811
-    browser: Browser,  # noqa: F811
-    artifacts: Path,  # noqa: F811
+    browser: Browser,
+    artifacts: Path,
 ) -> None:
     run, world = "nan-storm", 8
     seq: dict[int, int] = {}
@@ -281,8 +279,8 @@ AXIS_JS = """(metric) => {
 
 def test_units_zero_based_axes_constants_band_and_rank_errors(
     server: Server,  # noqa: F811
-    browser: Browser,  # noqa: F811
-    artifacts: Path,  # noqa: F811
+    browser: Browser,
+    artifacts: Path,
 ) -> None:
     run = "msrun4-small-faults"
     feed = Feed(server, run, CLEAN)

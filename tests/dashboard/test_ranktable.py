@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from rankwatch.aggregator import history
 from rankwatch.aggregator.provider import AggregatorProvider, z_columns, z_step
 from rankwatch.aggregator.service import Aggregator, ServeConfig
+from rankwatch.aggregator.snapshot import stored_rank_entry
 from rankwatch.dashboard import ranktable
 from rankwatch.dashboard.app import create_app
 
@@ -214,10 +216,29 @@ def stored(tmp_path: Path) -> Iterator[tuple[TestClient, BigRun, Aggregator]]:
         agg.stop()
 
 
-def test_stored_run_table_chart_and_map(stored: tuple[TestClient, BigRun, Aggregator]) -> None:
+def test_stored_run_table_chart_and_map(
+    stored: tuple[TestClient, BigRun, Aggregator], monkeypatch: pytest.MonkeyPatch
+) -> None:
     client, big, agg = stored
     run = {"run": big.run}
+    built: list[int] = []  # the stored ranks whose entries were built
+
+    def counted(row: Any, life: str | None) -> dict[str, Any]:
+        built.append(row["rank"])
+        return stored_rank_entry(row, life)
+
+    monkeypatch.setattr(history, "stored_rank_entry", counted)
+    listed = client.get("/api/runs").json()["runs"]
+    assert {r["run"]: r["ranks"] for r in listed}[big.run] == big.world
+    assert built == []  # the run list counts the ranks, it builds no entry of one
+    status = client.get("/api/status").json()
+    shown = [rank["rank"] for r in status["runs"] for rank in r.get("ranks") or []]
+    assert sorted(built) == sorted(shown)  # status: those it lists (a big run: some of them)
+    (listed_run,) = [r for r in status["runs"] if r["run"] == big.run]
+    assert len(listed_run["ranks"]) == history.MAX_LISTED_RANKS < big.world
+    built.clear()
     body = client.get("/api/run/ranks", params={**run, "page": 1}).json()
+    assert sorted(built) == sorted(r["rank"] for r in body["rows"])  # the page's alone
     assert body["live"] is False and body["total"] == big.world
     assert [r["rank"] for r in body["rows"][:4]] == [big.culprit, big.crashed, *big.affected]
     culprit = body["rows"][0]

@@ -4,33 +4,21 @@ comparison line under a chart's title."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
+from .nodejs import needs_node, run_module
 
-STATIC_DIR = Path(__file__).resolve().parents[2] / "dashboard" / "static"
-NODE = shutil.which("node")
-
-pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
+pytestmark = needs_node
 
 
 def run_js(tmp_path: Path, body: str) -> Any:
-    for name in ("refrun.js", "util.js"):
-        shutil.copy(STATIC_DIR / name, tmp_path / name)
-    (tmp_path / "package.json").write_text('{"type": "module"}')  # the page's files are modules
-    script = tmp_path / "main.js"
-    script.write_text(
-        "import { clipToSteps, compareText, refAt } from './refrun.js';\n"
-        f"console.log(JSON.stringify({body}));\n"
+    return run_module(
+        tmp_path,
+        ("refrun.js", "util.js"),
+        "import { clipToSteps, compareText, refAt } from './refrun.js';",
+        body,
     )
-    assert NODE is not None
-    done = subprocess.run([NODE, str(script)], capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 def test_clip_refat_and_the_comparison_line(tmp_path: Path) -> None:

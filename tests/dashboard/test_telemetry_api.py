@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from rankwatch.agent.wire.records import TelemetryRecord
+from rankwatch.agent.wire.records import MAX_NAME_CHARS, TelemetryRecord
 from rankwatch.aggregator.provider import AggregatorProvider
 from rankwatch.dashboard.app import create_app
 
@@ -74,6 +74,17 @@ def test_one_metric_band_and_outliers(client: TestClient, aggregator: Any) -> No
     assert missing.status_code == 404 and "has no telemetry metric 'gpu/nope'" in missing.text
     bad = client.get("/api/run/telemetry", params={"run": "hw", "start": 5, "end": 1})
     assert bad.status_code == 422
+    # one `metric` parameter for the telemetry, the rank table and the node map: a name longer
+    # than the wire takes is refused by each, saying which parameter
+    long = "m" * (MAX_NAME_CHARS + 1)
+    for path in ("telemetry", "ranks", "nodes"):
+        got = client.get(f"/api/run/{path}", params={"run": "hw", "metric": long, "page": 1})
+        assert got.status_code == 422 and '"metric"' in got.text, (path, got.text)
+    spec = client.get("/openapi.json").json()["paths"]
+    for path in ("telemetry", "ranks", "nodes"):
+        params = spec[f"/api/runs/{{run}}/{path}"]["get"]["parameters"]
+        (schema,) = [p["schema"] for p in params if p["name"] == "metric"]
+        assert schema["anyOf"][0]["maxLength"] == MAX_NAME_CHARS, (path, schema)
 
 
 def test_metrics_speaks_dcgm_and_npu_exporter(client: TestClient, aggregator: Any) -> None:

@@ -340,10 +340,22 @@ def events_by_rank(recs: dict[int, list[records.Record]], kind: str) -> dict[int
 
 
 def canonical(record: records.Record) -> str:
-    """A record as sorted JSON, so NaN compares equal to NaN and map order does not matter."""
+    """A record as sorted JSON, so NaN compares equal to NaN and map order does not matter.
+    A heartbeat's stack sample is left out: the store keeps a rank's latest one aside, not
+    one per heartbeat (``assert_store_matches_jsonl`` checks that one)."""
     line = json.loads(records.to_json_line(record))
     line.pop("v", None)
+    if line.get("kind") == "heartbeat":
+        line.pop("stack", None)
     return json.dumps(line, sort_keys=True)
+
+
+def latest_stacks(written: list[records.Record]) -> str | None:
+    beats = [r for r in written if isinstance(r, records.Heartbeat) and r.stack is not None]
+    if not beats:
+        return None
+    last = max(beats, key=lambda r: r.stack.time if r.stack is not None else 0.0)
+    return json.dumps(json.loads(records.to_json_line(last))["stack"], sort_keys=True)
 
 
 def stored_records(data: Path, run: str) -> dict[int, list[records.Record]]:
@@ -366,6 +378,12 @@ def assert_store_matches_jsonl(
     """Every rank's JSONL equals what the store holds, record by record, keyed by (rank, seq)."""
     stored = stored_records(data, run)
     assert sorted(stored) == sorted(jsonl), "ranks in the store differ from the JSONL files"
+    from rankwatch.aggregator.store.db import Store
+
+    with Store(data) as store:
+        stacks = {rank: json.dumps(s, sort_keys=True) for rank, s in store.stacks(run).items()}
+    want_stacks = {r: s for r, rs in jsonl.items() if (s := latest_stacks(rs)) is not None}
+    assert stacks == want_stacks, "each rank's latest stack sample: the store's != the JSONL's"
     for rank, written in jsonl.items():
         want = {r.seq: canonical(r) for r in written}
         have = {r.seq: canonical(r) for r in stored[rank]}

@@ -31,7 +31,10 @@ def test_a_stop_through_a_relay(tmp_path: Path) -> None:
             with Monitor(RUN, rank, WORLD, f"127.0.0.1:{relay.port}", tmp_path / "logs",
                          accept="stop") as mon:  # fmt: skip
                 for step in range(1, 5000):
-                    collective.wait()
+                    try:
+                        collective.wait()
+                    except threading.BrokenBarrierError:  # the test is over (aborted below)
+                        return
                     mon.log(step, loss=1.0)
                     if mon.should_stop(step):
                         stopped[rank] = step
@@ -65,4 +68,6 @@ def test_a_stop_through_a_relay(tmp_path: Path) -> None:
         finally:
             halt.set()
             collective.abort()
+            for t in threads:
+                t.join(15)
             relay.stop(timeout_s=1.0)

@@ -3,12 +3,13 @@ ranks' answers make one more message: pure, table-driven."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from rankwatch.aggregator.actions.news import ActionNews
 from rankwatch.aggregator.actions.words import incident_action
 from rankwatch.aggregator.alerts.sinks.words import incident_note
-from rankwatch.aggregator.incidents.model import IncidentChange
+from rankwatch.aggregator.incidents.model import Incident, IncidentChange
 from rankwatch.aggregator.incidents.tracker import IncidentTracker
 
 from tests.aggregator.incidents.builders import T0, nan
@@ -112,3 +113,37 @@ def test_an_outcome_queued_with_a_change_rides_on_it() -> None:
     for queued, kind in table:
         (merged,) = merge_changes(queued)
         assert merged.change == kind and merged.actions == cmds, queued
+
+
+def test_an_outcome_after_a_restart_of_serve_is_told_once() -> None:
+    inc = opened_change().incident
+    body = {**inc.as_dict(), "hosts": {"2": ["node2", 7]}}  # as the store keeps it
+    other = replace(inc, culprits=(0,), summary="a new incident of the new serve, same id")
+    waiting = command("s1", "stop", ["received"] * 4, incident=inc.id)
+    told = command("c0", "checkpoint", ["done"] * 4, incident="job#9")  # told before it
+    held = [waiting, told]
+    news = ActionNews()  # the restarted serve's: its tracker holds neither incident
+    news.restore(held, lambda run: [body] if run == "job" else [])
+
+    def take(changed: list[dict[str, Any]], live: Any = None) -> Any:
+        return news.take([], changed, lambda run: held, lambda run, i: live)
+
+    assert take([told], live=other) == ([], [])  # a late answer to a settled one: told before
+    assert take([waiting]) == ([], [])  # still waiting
+    held[0] = command("s1", "stop", ["done"] * 4, incident=inc.id)
+    _, (acted,) = take([held[0]], live=other)
+    assert acted.change == "acted" and acted.incident == inc  # the stored one, not the new
+    assert incident_note(acted).title == "rankwatch [ACTION] job: rank 2 non-finite"
+    assert "4/4 acknowledged, done" in "\n".join(incident_note(acted).lines)
+    assert take(held, live=other) == ([], [])  # once
+
+
+def test_an_incident_read_back_from_its_stored_form_is_the_same() -> None:
+    inc = opened_change().incident
+    assert Incident.from_dict({**inc.as_dict(), "hosts": {}, "notes": []}) == inc
+    body = inc.as_dict()  # as stored before timeline groups: no count, no ranks
+    old = [{k: v for k, v in e.items() if k not in ("count", "ranks")} for e in body["timeline"]]
+    assert Incident.from_dict({**body, "timeline": old}) == inc
+    group = replace(inc.timeline[0], count=3, ranks=((0, 1), (3, 3)))
+    grouped = replace(inc, timeline=(group, *inc.timeline[1:]))
+    assert Incident.from_dict(grouped.as_dict()) == grouped

@@ -301,3 +301,71 @@ def test_step_rules_over_many_steps_per_call_match_one_step_per_call(seed: int) 
         a, b = ([replace(x, time=0.0) for x in e.firing()] for e in (batched, per_step))
         assert a == b, f"seed {seed}, call {call}"
     assert {a.rule for a in per_step.history(1000)} >= {"plateau", "threshold"}
+
+
+# --- a big run: the ranks that changed, one grouped condition ----------------------------------
+
+
+def big_run(n: int, lost: set[int], message: str = "no record for 12 s") -> dict:
+    return {"r": {r: rh(r, RankState.LOST if r in lost else RankState.ALIVE, since=float(r),
+                        message=message) for r in range(n)}}  # fmt: skip
+
+
+def test_a_big_run_is_looked_at_again_only_in_the_ranks_that_changed() -> None:
+    from rankwatch.aggregator.alerts.rules import FULL_PASS_RANKS
+
+    n = FULL_PASS_RANKS + 904
+    eng = engine()
+    lost = set(range(2000))
+    (a,) = eng.evaluate(0.0, health=big_run(n, lost), health_changed={("r", r) for r in lost})
+    assert a.rule == "lost" and a.rank is None and a.ranks == tuple(range(2000))
+    assert a.message.startswith("2,000 ranks lost (ranks 0-1999): rank 0 (node1) no record")
+    # every rank's words changed, none of their states: nothing to look at, nothing published
+    assert eng.evaluate(1.0, health=big_run(n, lost, "later"), health_changed=set()) == []
+    assert eng.firing()[0].message == a.message
+    # one rank back, one more lost: the grouped alert names them, since its first rank's time
+    lost2 = (lost - {5}) | {3000}
+    changed = {("r", 5), ("r", 3000)}
+    assert eng.evaluate(2.0, health=big_run(n, lost2), health_changed=changed) == []
+    (now,) = eng.firing()
+    assert now.ranks == (*range(5), *range(6, 2000), 3000) and now.since_time == 0.0
+    assert "(ranks 0-4, 6-1999, 3000)" in now.message
+    (r,) = eng.evaluate(
+        3.0, health=big_run(n, set()), health_changed=changed | {("r", x) for x in lost}
+    )
+    assert r.state == "resolved" and eng.firing() == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_big_run_given_its_changes_alerts_as_a_pass_over_every_rank(seed: int) -> None:
+    from rankwatch.aggregator.alerts.rules import FULL_PASS_RANKS
+
+    rng = random.Random(seed)
+    n = FULL_PASS_RANKS + 100
+    states = [RankState.ALIVE, RankState.LOST, RankState.STALLED, RankState.CRASHED]
+    now_state = dict.fromkeys(range(n), RankState.ALIVE)
+    group = rng.choice([8, 5000])  # grouped, or one alert per rank
+    full, told = engine(group_ranks=group), engine(group_ranks=group)
+    for call in range(8):
+        changed = set(rng.sample(range(n), rng.choice([0, 1, 7, 300])))
+        if call == 0:
+            changed = set(range(n))
+        for r in changed:
+            now_state[r] = rng.choice(states)
+        health = {"r": {r: rh(r, s, since=float(call)) for r, s in now_state.items()}}
+        a = full.evaluate(float(call), health=health)
+        b = told.evaluate(float(call), health=health, health_changed={("r", r) for r in changed})
+        assert sorted((x.key, x.state, x.ranks) for x in a) == sorted(
+            (x.key, x.state, x.ranks) for x in b
+        )
+        assert [(x.key, x.ranks, x.since_time) for x in full.firing()] == [
+            (x.key, x.ranks, x.since_time) for x in told.firing()
+        ]
+
+
+def test_rank_ranges_name_the_first_ranges_and_say_there_are_more() -> None:
+    from rankwatch.aggregator.alerts.conds import rank_ranges
+
+    assert rank_ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    assert rank_ranges([0, 2, 4, 6], limit=2) == "0, 2, ..."
+    assert rank_ranges([]) == ""

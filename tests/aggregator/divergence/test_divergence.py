@@ -364,7 +364,7 @@ def drift_latency(
 
 
 def test_a_3_sigma_drift_is_flagged_within_5_steps() -> None:
-    # At 1,024 ranks the limit is 6.25 (limit_for), one step more than at 8 ranks: ~70 % within
+    # At 1,024 ranks the limit is 6.60 (limit_for), one step more than at 8 ranks: ~70 % within
     # 5 steps, median 5, for ~100x fewer false alarms than the 8-rank limit would raise here.
     lat = drift_latency(3.0, range(5))
     within5 = sum(x <= 4 for x in lat) / len(lat)
@@ -393,7 +393,9 @@ def test_the_limit_grows_with_the_log_of_the_ranks(
     n: int, per_doubling: float, limit: float
 ) -> None:
     config = DivergenceConfig(evidence_per_doubling=per_doubling)
-    assert config.limit_for(n) == pytest.approx(limit)
+    assert config.grown_limit(n) == pytest.approx(limit)
+    if n == 2 or n >= 64:  # a pair, and big worlds: z is scored on the normal model
+        assert config.limit_for(n) == config.grown_limit(n)
 
 
 @pytest.mark.parametrize(

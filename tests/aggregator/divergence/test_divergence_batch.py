@@ -30,7 +30,8 @@ def state_dump(det: DivergenceDetector) -> list[tuple]:
     out = []
     for key, st in sorted(det._states.items()):
         per_rank = [list(map(repr, x)) for x in (st.ev_hi, st.ev_lo, st.own)]
-        per_rank += [[list(map(repr, row)) for row in w] for w in (st.win_hi, st.win_lo)]
+        windows = (st.win_hi, st.win_lo, st.gate_hi, st.gate_lo)
+        per_rank += [[list(map(repr, row)) for row in w] for w in windows]
         per_rank += [list(st.win_steps), st.win_live]
         out.append((key, repr(st.spread), st.spread_steps, st.last_step, st.calm, st.size,
                     per_rank, list(st.start_hi), list(st.start_lo), sorted(map(repr, st.active)),

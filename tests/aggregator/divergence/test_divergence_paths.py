@@ -104,6 +104,27 @@ def test_lists_and_numpy_agree_on_named_cases(
         assert a == b
 
 
+@pytest.mark.parametrize("seed", range(1, 300, 10))
+@pytest.mark.parametrize("list_limit", [128, 0])
+def test_update_array_is_update(
+    monkeypatch: pytest.MonkeyPatch, seed: int, list_limit: int
+) -> None:
+    # the arrays a grid's row is scored from give the StepValues' verdicts and state, on
+    # either path (list_limit 0: every world is scored with numpy from the arrays as given)
+    from tests.aggregator.divergence.test_divergence_batch import state_dump
+
+    monkeypatch.setattr(divergence, "PY_MAX_RANKS", list_limit)
+    metric, rows = scenario(seed)
+    by_dict, by_array = DivergenceDetector(), DivergenceDetector()
+    for step, row in rows:
+        a = by_dict.update(StepValues("r", metric, step, dict(row), len(row), True))
+        ranks = np.fromiter(row.keys(), np.int64, len(row))
+        values = np.fromiter(row.values(), np.float64, len(row))
+        b = by_array.update_array("r", metric, step, ranks, values, len(row))
+        assert dump(a) == dump(b)
+    assert state_dump(by_dict) == state_dump(by_array)
+
+
 def test_a_world_that_grows_past_the_list_limit_switches_to_numpy_keeping_its_state() -> None:
     det, ref = DivergenceDetector(), DivergenceDetector()
     rows = noisy_rows(8, 30, seed=3) + noisy_rows(200, 10, seed=4)  # rank 199 > PY_MAX_RANKS

@@ -9,10 +9,12 @@ from rankwatch.aggregator.incidents.columns import Column, Rows
 from rankwatch.aggregator.incidents.oneline import (
     _FORMS,
     COLLECTIVE_WORDS,
+    _mark_same_place,
     collective_failures,
     is_collective_failure,
 )
 from rankwatch.aggregator.incidents.rules import NONFINITE, Fact
+from rankwatch.aggregator.incidents.scan import positions
 
 from tests.aggregator.incidents.builders import CRASHES, T0
 
@@ -31,6 +33,33 @@ def test_a_burst_of_messages_is_classified_as_each_alone(seed: int) -> None:
     assert collective_failures(burst) == alone
     assert any(alone) and not all(alone)
     assert collective_failures([]) == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_big_burst_alike_but_for_a_rank_number_is_classified_as_each_alone(seed: int) -> None:
+    # peers' messages differ by a rank number before or after the word, so the word's place
+    # moves with the number's width; a few own crashes and odd ones among them
+    rng = random.Random(seed)
+    burst = [f"[rank{r}]: {text}" for text in TEXTS for r in rng.sample(range(4096), 40)]
+    burst += [f"crashed: {text} (rank {r})" for text in TEXTS for r in range(8, 12)]
+    burst += ["crashed: ValueError: bad label at step 3", "", "x" * 190 + "AllReduce", "gloo"]
+    rng.shuffle(burst)
+    alone = [is_collective_failure(m) for m in burst]
+    assert collective_failures(burst) == alone
+    marked, left = _mark_same_place(burst)
+    assert all(a for a, m in zip(alone, marked, strict=True) if m)  # never marks a wrong one
+    assert left == [i for i, m in enumerate(marked) if not m]
+    # a burst alike but for its rank numbers is decided by comparing one place
+    peers = [f"RuntimeError: Launch kernel failed: AllReduce-op2 (rank {r})" for r in range(99)]
+    assert _mark_same_place(["crashed: ValueError: x", *peers]) == ([False] + [True] * 99, [0])
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 64, 65, 300])
+def test_positions_are_the_indices_holding_a_value(n: int) -> None:
+    values = [None if i % 7 == 3 else 20 + (i % 3 == 0) for i in range(300)]
+    for value in (None, 20, 21, 99):
+        for some in (values[:n], [value] * n):
+            assert positions(some, value) == [i for i, v in enumerate(some) if v == value]
 
 
 def _rows(facts: list[Fact]) -> Rows:

@@ -39,6 +39,17 @@ def test_at_4096_ranks_the_list_is_not_spelled_out() -> None:
     assert odd_ones_out(groups) == (1234,)
 
 
+def test_ranks_given_by_the_caller_group_as_the_samples_say() -> None:
+    # out of rank order, with a second odd one whose signature is the culprit's, elsewhere
+    samples = [*hang(64, 40)[::-1], stack(70, "user", IN_SLEEP)]
+    ranks = [s.rank for s in samples]
+    given = group_stacks(samples, one_per_rank=True, ranks=ranks)
+    assert given == group_stacks(samples)
+    assert [g.ranks[:2] for g in given] == [(0, 1), (40,), (70,)]
+    with pytest.raises(ValueError, match="3 ranks for 65 samples"):
+        group_stacks(samples, one_per_rank=True, ranks=ranks[:3])
+
+
 @pytest.mark.parametrize(
     ("wheres", "odd"),
     [

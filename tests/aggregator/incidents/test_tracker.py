@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.health import RankState
+from rankwatch.aggregator.incidents.timeline import ranges
 from rankwatch.aggregator.incidents.tracker import IncidentConfig, IncidentTracker
 
 from tests.aggregator.incidents.builders import (
@@ -133,6 +134,10 @@ def test_crash_then_peer_failures_then_kills(n: int, seed: int) -> None:
     assert (inc.cause, inc.culprits) == ("crash", (culprit,))
     assert inc.affected == tuple(failing) and inc.terminated == tuple(killed)
     assert "injected fault" in inc.summary and "\n" not in inc.summary
+    # the peers' failures in a collective at step 20 are one item, whatever their wording
+    (peer_failures,) = [e for e in inc.timeline if e.count == len(failing) and e.rank != culprit]
+    assert peer_failures.step == 20 and peer_failures.what.startswith("crashed: ")
+    assert peer_failures.ranks == (ranges(list(failing)) if len(failing) > 1 else ())
 
 
 @pytest.mark.parametrize("split", [False, True])
@@ -203,6 +208,13 @@ def test_hang_named_by_stacks_then_peers_time_out(n: int, seed: int) -> None:
     inc = only(t)
     assert (inc.cause, inc.culprits, inc.affected) == ("hang", (culprit,), others(n, culprit))
     assert inc.terminated == () and not [c for c in changes if c.change != "opened"]
+    # the culprit's stall and loss, then the peers' stalls and their timeouts: an item each
+    peers = ranges(list(others(n, culprit))) if n > 2 else ()
+    assert [(e.rank, e.count) for e in inc.timeline[:2]] == [(culprit, 1), (culprit, 1)]
+    assert [(e.what, e.count, e.ranks) for e in inc.timeline[2:]] == [
+        ("stalled at step 19", n - 1, peers),
+        ("crashed: RuntimeError: Launch kernel failed, name:.../AllReduce-op2", n - 1, peers),
+    ]
 
 
 @pytest.mark.parametrize("n", [2, 4, 4096])
@@ -393,13 +405,18 @@ def test_a_healthy_rank_recovering_does_not_blur_the_culprit(seed: int) -> None:
     assert (second.cause, second.culprits, second.state) == ("nonfinite", (culprit,), "firing")
 
 
-def test_timeline_is_bounded_and_starts_with_the_culprit() -> None:
+def test_timeline_starts_with_the_culprit_and_holds_a_burst_as_one_item() -> None:
     t = IncidentTracker(IncidentConfig(timeline_max=10))
     deliver(t, world(4096))
     t.observe(T0 + 100, divergences=[nan(r, 21) for r in others(4096, 77)] + [nan(77, 20)])
     inc = only(t)
-    assert len(inc.timeline) == 10 and inc.evidence_count == 4096
-    assert inc.timeline[0].rank == 77 and inc.timeline[0].what == "loss non-finite"
+    assert inc.evidence_count == 4096
+    culprit, peers = inc.timeline  # the 4,095 alike but for their rank: one item
+    what = "loss non-finite"
+    assert (culprit.rank, culprit.step, culprit.what, culprit.count) == (77, 20, what, 1)
+    assert (peers.rank, peers.step, peers.what, peers.count) == (0, 21, what, 4095)
+    assert peers.ranks == ((0, 76), (78, 4095)) and culprit.ranks == ()
+    assert inc.as_dict()["timeline"][1]["ranks"] == [[0, 76], [78, 4095]]
     assert inc.summary == "rank 77 (node-9, pid 1077) went non-finite first (loss at step 20); " \
         "4095 ranks followed from step 21"  # fmt: skip
     assert inc.as_dict()["culprits"] == [77]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from rankwatch.agent.stacks import Frame, StackSample
 from rankwatch.agent.wire.records import EventRecord, Heartbeat, StepRecord
-from rankwatch.aggregator.health import HealthTracker
+from rankwatch.aggregator.health import HealthChanges, HealthTracker
 from rankwatch.aggregator.incidents.stacks import StackSample as WireSample
 from rankwatch.aggregator.incidents.tracker import IncidentTracker
 
@@ -27,6 +27,7 @@ class Job:
     def __init__(self) -> None:
         self.health = HealthTracker()
         self.incidents = IncidentTracker()
+        self.items = IncidentTracker()  # fed the same items as a plain list: read per value
         self.seq = {r: 0 for r in range(N)}
         self.changes: list = []
 
@@ -49,7 +50,12 @@ class Job:
 
     def tick(self, t: float, stacks: list[WireSample] = ()) -> None:
         now = T + t
-        self.changes += self.incidents.observe(now, health=self.health.changes(now), stacks=stacks)
+        changed = self.health.changes(now)
+        assert isinstance(changed, HealthChanges) and changed.in_step()
+        new = self.incidents.observe(now, health=changed, stacks=stacks)
+        assert self.items.observe(now, health=list(changed), stacks=stacks) == new
+        assert self.items.incidents(RUN) == self.incidents.incidents(RUN)
+        self.changes += new
 
     def only(self):
         (inc,) = self.incidents.incidents(RUN)
@@ -117,3 +123,23 @@ def test_msrun_crash_rank_1_raises_peers_fail_launcher_terminates() -> None:
     assert (inc.cause, inc.culprits, inc.affected, inc.terminated) == ("crash", (1,), (0, 2), (3,))
     assert inc.summary.startswith("rank 1 (node1, pid 101) crashed first (RuntimeError: injected")
     assert [c.change for c in job.changes] == ["opened"]
+
+
+def test_changes_columns_are_its_items_and_read_the_same_as_them() -> None:
+    job = Job()
+    run_until_step_19(job)
+    for t in range(20, 51):  # rank 3 falls silent: lost; the others stall
+        for r in (0, 1, 2):
+            job.heartbeat(r, 19, float(t))
+    job.event(0, "crash", 19, 50.5, exc_type="builtins.RuntimeError", message="bad batch")
+    job.event(1, "crash", 19, 50.6, exc_type="builtins.RuntimeError", message=PEER_FAILURE)
+    changed = job.health.changes(T + 51.0)
+    assert len({h.state for h, _ in changed}) == 3  # crashed, stalled, lost in one burst
+    assert changed.ranks == [h.rank for h, _ in changed] == [0, 1, 2, 3]
+    assert changed.states == [h.state for h, _ in changed] and changed.runs == [RUN]
+    new = job.incidents.observe(T + 51.0, health=changed)
+    assert job.items.observe(T + 51.0, health=list(changed)) == new
+    assert job.items.incidents(RUN) == job.incidents.incidents(RUN)
+    assert ("crash", (0,)) in {(i.cause, i.culprits) for i in job.incidents.incidents(RUN)}
+    changed.append(changed[0])  # extended past ``add``: its columns no longer say it all
+    assert not changed.in_step()

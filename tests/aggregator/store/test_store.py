@@ -203,7 +203,12 @@ def test_concurrent_queries_during_ingest(tmp_path: Path) -> None:
         def reader() -> None:
             try:
                 while not stop.is_set():
-                    s.series("r", "loss", max_points=100)
+                    for rank, points in s.series("r", "loss", max_points=100).items():
+                        # value = step: each bucket is drawn at its first and last step, so
+                        # a bucket read twice (closed, and open from another flush) or not at
+                        # all breaks the chain 0, w-1, w, 2w-1, ...
+                        steps = np.asarray(points["step"])
+                        assert steps[0] == 0 and (np.diff(steps)[1::2] == 1).all(), (rank, steps)
                     s.band("r", "loss", max_points=100)
                     s.runs()
             except BaseException as exc:  # reported below
@@ -259,7 +264,18 @@ def test_kill_9_mid_ingest_keeps_every_flushed_record(tmp_path: Path) -> None:
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
+    # the series' open buckets were in memory only: the open tables on disk say they are stale
+    con = duckdb.connect(str(path))
+    assert con.execute("SELECT value FROM meta WHERE key = 'series_open'").fetchone() == ("live",)
+    con.close()
     with Store(path) as s:
+        # ... and were rebuilt from the committed rows: as a store given the same rows has them
+        (_, _, _, _, hi), *_ = s.seen_seqs()
+        with Store(tmp_path / "same.duckdb") as same:
+            same.append([StepRecord("r", rank, q, 1.0, 4, "h", 1, q, None, {"loss": q * 0.5})
+                         for q in range(1, hi + 1) for rank in range(4)])  # fmt: skip
+            same.flush()
+            assert s._mirror.opens.as_rows() == same._mirror.opens.as_rows()
         (run, rank, inc, lo, hi), *_ = s.seen_seqs()
         assert (run, rank, inc, lo) == ("r", 0, 0, 1) and hi >= flushed
         assert len(s.seen_seqs()) == 4  # one unbroken interval per rank

@@ -162,7 +162,8 @@ def test_short_lived_threads_leave_no_cursor_behind(tmp_path: Path) -> None:
         s.append(one_record_runs(3))
         s.flush()
         for _ in range(10):
-            threads = [threading.Thread(target=s.seen_seqs) for _ in range(50)]
+            # a read that runs SQL (seen_seqs is in memory now)
+            threads = [threading.Thread(target=s.heartbeats, args=("r",)) for _ in range(50)]
             for t in threads:
                 t.start()
             for t in threads:

@@ -231,3 +231,25 @@ def test_too_few_ranks_are_not_scored_and_forget_drops_a_run() -> None:
 def test_config_errors_name_the_setting(raw: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         HardwareConfig.from_dict(raw)
+
+
+def test_late_cards_scored_after_a_newer_bucket_leave_the_leaders_to_the_newer_one() -> None:
+    # 12 ranks with rank 5 hot, then rank 8-11's samples of an old bucket arriving late (their
+    # sockets connected last): scored on their own, they must not stand for the run's peers
+    def hot(rank: int, i: int, rnd: random.Random) -> dict[str, float]:
+        return {**clean(rank, i, rnd), **({"gpu/temp_c": 94.0} if rank == 5 else {})}
+
+    watch = HardwareWatch(HardwareConfig())
+    feed(watch, 6, ranks=8, values=hot)
+    assert any(d["rank"] == 5 and d["word"] == "hottest" for d in leaders(watch, "r"))
+    newest = watch.peers[("r", "gpu/temp_c")].time
+    rnd = random.Random(2)
+    late = [
+        Rec("r", r, 1000.0 + 10 * i + 0.5, "node1", "gpu", f"gpu:{r}", clean(r, i, rnd))
+        for i in range(3)
+        for r in range(8, 12)
+    ]
+    watch.add(late)
+    watch.evaluate()
+    assert watch.peers[("r", "gpu/temp_c")].time == newest
+    assert any(d["rank"] == 5 and d["word"] == "hottest" for d in leaders(watch, "r"))
