@@ -160,17 +160,32 @@ def watch_job(
     times: dict[int, dict[int, float]] = {}
     for rank, recs in read_jsonl(Path(env["RANKWATCH_LOG_DIR"]) / run).items():
         times[rank] = {r.step: r.time for r in recs if isinstance(r, records.StepRecord)}
-    console = [
-        line.split(" rankwatch ", 1)[-1]
-        for line in serve.log.read_text(errors="replace").splitlines()
-        if f"] {run}: " in line
-        and any(w in line for w in ("[INCIDENT]", "[UPDATED]", "[RESOLVED]"))
-    ]
+    console = announced(serve, run, len(incidents))
     log_dir = Path(env["RANKWATCH_LOG_DIR"])
     job = Job(run, code, incidents, watcher, times, states, log, console, serve, log_dir, flags)
     (tmp_path / "seen.json").write_text(json.dumps({"states": states, "incidents": incidents}))
     print(job.describe())
     return job
+
+
+def announced(serve: Serve, run: str, incidents: int, wait_s: float = 10.0) -> list[str]:
+    """serve's console lines about ``run``, once it has told each of its ``incidents`` opened.
+
+    The API has an incident the moment it opens; its console line waits until the culprit and
+    cause were quiet for a second (``AnnounceHold``), so a job that ends fast is settled
+    before the line is printed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        lines = [
+            line.split(" rankwatch ", 1)[-1]
+            for line in serve.log.read_text(errors="replace").splitlines()
+            if f"] {run}: " in line
+            and any(w in line for w in ("[INCIDENT]", "[UPDATED]", "[RESOLVED]"))
+        ]
+        told = sum(line.startswith("[INCIDENT]") for line in lines)
+        if told >= incidents or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.2)
 
 
 def run_fault(
