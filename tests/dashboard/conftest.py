@@ -37,6 +37,35 @@ CHROMIUM_ARGS = [
 ]  # fmt: skip
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
+
+# Each column of the rank table scrolled into its box (the box scrolls sideways where the table
+# is wider, as a swipe would): is its header and its first row's cell then inside the box and
+# the screen, clear of the rank column kept at the left, and is that rank column still there?
+# (The first row shown: a phone's table hides the ranks that do not matter.)
+TABLE_COLUMNS_JS = """() => {
+  const wrap = document.getElementById('rank-wrap');
+  const rows = [...document.querySelectorAll('#rank-body tr')];
+  const row = rows.find((r) => r.getClientRects().length);
+  const within = (r, lo, hi) => r.width > 0 && r.left >= lo - 0.5 && r.right <= hi + 0.5;
+  const out = [...document.querySelectorAll('#rank-head th')].map((th, i) => {
+    const td = row.children[i];
+    wrap.scrollLeft = Math.max(0, th.offsetLeft + th.offsetWidth - wrap.clientWidth);
+    const box = wrap.getBoundingClientRect();
+    const rank = row.children[0].getBoundingClientRect();
+    const lo = Math.max(box.left, 0, i ? rank.right : 0);
+    const hi = Math.min(box.right, innerWidth);
+    const head = th.getBoundingClientRect();
+    const cell = td.getBoundingClientRect();
+    return {
+      head: th.textContent, cell: td.innerText, rank: row.children[0].innerText,
+      shown: within(head, lo, hi) && within(cell, lo, hi),
+      rankShown: within(rank, Math.max(box.left, 0), hi),
+    };
+  });
+  wrap.scrollLeft = 0;
+  return out;
+}"""
+
 try:
     from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 except ImportError:  # pragma: no cover - BROWSER_MARKS skip the page tests

@@ -17,7 +17,7 @@ from urllib.parse import quote
 import pytest
 
 from .bigrun import BigRun, fill
-from .conftest import BROWSER_MARKS, DESKTOP, PHONE, Watched
+from .conftest import BROWSER_MARKS, DESKTOP, PHONE, TABLE_COLUMNS_JS, Watched
 from .procs import Server
 from .test_browser import series
 
@@ -32,31 +32,6 @@ PAGED_RANKS = 1024  # rankpage.js: above this many ranks the table is paged
 READY_TIMEOUT_MS = 120_000
 
 ROWS_JS = "() => [...document.querySelectorAll('#rank-body tr')].map((r) => Number(r.dataset.rank))"
-# Each column of the rank table scrolled into its box (the box scrolls sideways where the table
-# is wider, as a swipe would): is its header and its first row's cell then inside the box and
-# the screen, clear of the rank column kept at the left, and is that rank column still there?
-COLUMNS_JS = """() => {
-  const wrap = document.getElementById('rank-wrap');
-  const row = document.querySelector('#rank-body tr');
-  const within = (r, lo, hi) => r.width > 0 && r.left >= lo - 0.5 && r.right <= hi + 0.5;
-  const out = [...document.querySelectorAll('#rank-head th')].map((th, i) => {
-    const td = row.children[i];
-    wrap.scrollLeft = Math.max(0, th.offsetLeft + th.offsetWidth - wrap.clientWidth);
-    const box = wrap.getBoundingClientRect();
-    const rank = row.children[0].getBoundingClientRect();
-    const lo = Math.max(box.left, 0, i ? rank.right : 0);
-    const hi = Math.min(box.right, innerWidth);
-    const head = th.getBoundingClientRect();
-    const cell = td.getBoundingClientRect();
-    return {
-      head: th.textContent, cell: td.innerText, rank: row.children[0].innerText,
-      shown: within(head, lo, hi) && within(cell, lo, hi),
-      rankShown: within(rank, Math.max(box.left, 0), hi),
-    };
-  });
-  wrap.scrollLeft = 0;
-  return out;
-}"""
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +193,7 @@ def test_100k_ranks_paged_table_node_map_band(
     # The table is wider than the phone: it scrolls inside its own box, says so, and every
     # column's content can be brought into view beside the rank it belongs to.
     page.wait_for_selector("#rank-scroll-hint", state="visible")
-    columns = page.evaluate(COLUMNS_JS)
+    columns = page.evaluate(TABLE_COLUMNS_JS)
     assert [c["head"] for c in columns] == [
         "rank", "host", "state", "z now (loss)", "last loss", "last step", "last seen"
     ]  # fmt: skip

@@ -19,7 +19,7 @@ import pytest
 from rankwatch.aggregator.incidents.model import Evidence, Incident
 from rankwatch.aggregator.incidents.words import dashboard_link
 
-from .conftest import BROWSER_MARKS, DESKTOP, PHONE, Watched, resize
+from .conftest import BROWSER_MARKS, DESKTOP, PHONE, TABLE_COLUMNS_JS, Watched, resize
 from .procs import Rank, Server
 from .test_browser import READY_TIMEOUT_MS, SERIES_JS
 
@@ -361,6 +361,20 @@ def test_phone_table_shows_the_ranks_that_matter_and_markup_stays_text(
         shown = sorted(int(r) for r, row in rows.items() if row["shown"])
         assert shown == [bad], f"the phone table shows {shown}"
         assert rows[str(bad)]["color"] == RED
+        # Every column is in reach beside the rank (the box scrolls sideways): a straggler's
+        # throughput and a silent rank's last seen are what its incident is about.
+        page.wait_for_selector("#rank-scroll-hint", state="visible")
+        columns = page.evaluate(TABLE_COLUMNS_JS)
+        heads = [c["head"] for c in columns]
+        assert {"peak z (loss)", "throughput", "last seen"} <= set(heads), heads
+        hidden = [c["head"] for c in columns if not (c["shown"] and c["rankShown"])]
+        assert hidden == [], f"columns out of reach on a phone: {hidden}"
+        assert all(c["rank"].startswith(str(bad)) for c in columns), columns
+        assert columns[-1]["cell"].endswith(" ago"), columns[-1]
+        wrap = page.locator("#rank-wrap")
+        wrap.evaluate("(w) => { w.scrollLeft = w.scrollWidth; }")
+        wrap.screenshot(path=artifacts / "incident-phone-8-ranks-table-scrolled.png")
+        wrap.evaluate("(w) => { w.scrollLeft = 0; }")
         toggle = page.locator("#all-ranks")
         assert toggle.inner_text() == f"show all {world} ranks"
         toggle.click()
