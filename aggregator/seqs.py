@@ -73,6 +73,11 @@ class SeqTracker:
         # run -> (rank, inc) whose seqs have a gap now: the resend sweep and a big run's
         # summary visit these, not every rank.
         self._gapped: dict[str, set[tuple[int, int]]] = {}
+        # (run, rank, inc) -> its first missing seq, while it has a gap; and the sequences
+        # whose first missing seq changed (a gap opened, moved or closed) since ``take_moved``:
+        # what the resender looks at, so its work follows the gaps that change, not the gaps
+        self._first: dict[tuple[str, int, int], int] = {}
+        self._moved: set[tuple[str, int, int]] = set()
         self.given_up = 0  # gaps fused away because a rank had more than max_intervals
 
     def accept(self, run: str, rank: int, seq: int, inc: int = 0) -> bool:
@@ -154,10 +159,27 @@ class SeqTracker:
 
     def _note_gaps(self, key: tuple[str, int, int], iv: _Intervals) -> None:
         run, rank, inc = key
+        first = self._first
         if len(iv.los) > 1 or iv.los[0] > 1:
-            self._gapped.setdefault(run, set()).add((rank, inc))
-        elif (gapped := self._gapped.get(run)) is not None:
-            gapped.discard((rank, inc))
+            missing = 1 if iv.los[0] > 1 else iv.his[0] + 1
+            if first.get(key) != missing:
+                first[key] = missing
+                self._moved.add(key)
+                self._gapped.setdefault(run, set()).add((rank, inc))
+        elif first.pop(key, None) is not None:
+            self._moved.add(key)
+            if (gapped := self._gapped.get(run)) is not None:
+                gapped.discard((rank, inc))
+
+    def first_gap(self, run: str, rank: int, inc: int = 0) -> int | None:
+        """The first missing seq of ``(run, rank, inc)``, None when it has no gap."""
+        return self._first.get((run, rank, inc))
+
+    def take_moved(self) -> set[tuple[str, int, int]]:
+        """(run, rank, inc) whose first missing seq changed since the last call: a gap that
+        opened, a first gap filled (the next one is first now, or none is left)."""
+        moved, self._moved = self._moved, set()
+        return moved
 
     def gapped(self, run: str | None = None) -> list[tuple[str, int, int]]:
         """(run, rank, inc) of every sequence (of ``run``'s) with a gap now, in no order."""
@@ -211,7 +233,9 @@ class SeqTracker:
 
     def forget(self, run: str) -> None:
         self._gapped.pop(run, None)
+        self._moved = {key for key in self._moved if key[0] != run}
         for key in [k for k in self._seen if k[0] == run]:
             del self._seen[key]
+            self._first.pop(key, None)
             self._loaded.discard(key)
             self._incs.pop(key[:2], None)

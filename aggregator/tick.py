@@ -86,6 +86,7 @@ def tick(agg: Aggregator, now: float | None = None) -> list[Alert]:
             for message in agg.telemetry.feed_messages(now):
                 agg.feed.publish(message)
         if agg.config.resend_gaps:
+            agg.resender.wake((h.run, h.rank) for h, _ in changed)
             _request_resends(agg, health, now)
         retire_runs(agg, health, now)
         send = agg.receiver.send_command if agg.receiver is not None else _no_route
