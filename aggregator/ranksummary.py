@@ -13,7 +13,7 @@ counted over every rank, and at most once per health snapshot (``DigestCache``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +93,24 @@ class DigestCache:
         if "metrics" not in memo:
             memo["metrics"] = sorted({m for rank in states for m in values.get((run, rank), ())})
         return memo["metrics"]
+
+    def odd(
+        self,
+        run: str,
+        states: Mapping[int, RankHealth],
+        now: float,
+        key: Hashable,
+        make: Callable[[], tuple[list[int], int]],
+    ) -> tuple[list[int], int]:
+        """``odd_ranks`` of the run's digest, made by ``make`` again when ``key`` (what else it
+        reads: the flagged ranks, which ranks have gaps) changed: at 100,000 lost or gapped
+        ranks it is a sort of them all, and every read of the run asks for it."""
+        memo = self._memo(run, states, now)
+        held = memo.get("odd")
+        if held is None or held[0] != key:
+            held = memo["odd"] = (key, make())
+        listed, odd = held[1]
+        return list(listed), odd
 
     def forget_others(self, runs: Iterable[str]) -> None:
         keep = set(runs)

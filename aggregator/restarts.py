@@ -34,6 +34,7 @@ class Restarts:
         # kept when a run retires from the live state, as the seq tracker keeps its seqs
         self._latest: dict[tuple[str, int], _Life] = {}
         self.restarts = 0  # restart events made
+        self.version = 0  # counts the changes of any rank's newest incarnation (``current``)
 
     def current(self, run: str, rank: int) -> int:
         """The newest incarnation of ``(run, rank)`` (0: none seen, or an agent without one)."""
@@ -80,6 +81,7 @@ class Restarts:
         if life is not None and first_time < life.time:
             return None  # an earlier process's records, arriving late (an import, a resend)
         self._latest[key] = _Life(item.inc, last_step, last_time)
+        self.version += 1
         if life is None and not stored:
             return None  # the rank's first incarnation
         self.restarts += 1

@@ -78,6 +78,7 @@ class SeqTracker:
         # what the resender looks at, so its work follows the gaps that change, not the gaps
         self._first: dict[tuple[str, int, int], int] = {}
         self._moved: set[tuple[str, int, int]] = set()
+        self.gap_version = 0  # counts the changes of which sequences have a gap (``gapped``)
         self.given_up = 0  # gaps fused away because a rank had more than max_intervals
 
     def accept(self, run: str, rank: int, seq: int, inc: int = 0) -> bool:
@@ -162,12 +163,16 @@ class SeqTracker:
         first = self._first
         if len(iv.los) > 1 or iv.los[0] > 1:
             missing = 1 if iv.los[0] > 1 else iv.his[0] + 1
-            if first.get(key) != missing:
+            was = first.get(key)
+            if was != missing:
                 first[key] = missing
                 self._moved.add(key)
-                self._gapped.setdefault(run, set()).add((rank, inc))
+                if was is None:
+                    self._gapped.setdefault(run, set()).add((rank, inc))
+                    self.gap_version += 1
         elif first.pop(key, None) is not None:
             self._moved.add(key)
+            self.gap_version += 1
             if (gapped := self._gapped.get(run)) is not None:
                 gapped.discard((rank, inc))
 
@@ -232,6 +237,7 @@ class SeqTracker:
         return iter(list(self._seen))
 
     def forget(self, run: str) -> None:
+        self.gap_version += 1
         self._gapped.pop(run, None)
         self._moved = {key for key in self._moved if key[0] != run}
         for key in [k for k in self._seen if k[0] == run]:

@@ -235,7 +235,7 @@ def build_snapshot(
             entry["incidents"] = [jsonable(i.as_dict()) for i in known if i.state == "firing"]
             entry["incidents_total"] = len(known)
             if big and (summary or page is not None):
-                listed = _listed(agg, name, states, d, entry, page)
+                listed = _listed(agg, name, states, d, entry, page, now)
                 inputs[name] = agg.rank_inputs_of(name, agg.health.health_of(name, listed, now))
             elif ranks:
                 fresh = agg.health.snapshot(now, name).get(name, EMPTY) if big else states
@@ -287,13 +287,19 @@ def _listed(
     d: RunDigest,
     entry: dict[str, Any],
     page: tuple[int, int] | None,
+    now: float,
 ) -> list[int]:
     """The ranks a summary (or a page) of a big run lists; the summary's fields into
     ``entry``. Under the service's lock."""
-    flagged = {div.rank for div in agg.detector.active(name)}
-    current = agg.restarts.current
-    gapped = [rank for _, rank, inc in agg.seqs.gapped(name) if inc == current(name, rank)]
-    listed, odd = odd_ranks(d, flagged, gapped)
+    flagged = frozenset(div.rank for div in agg.detector.active(name))
+
+    def make() -> tuple[list[int], int]:
+        current = agg.restarts.current
+        gapped = [rank for _, rank, inc in agg.seqs.gapped(name) if inc == current(name, rank)]
+        return odd_ranks(d, flagged, gapped)
+
+    key = (flagged, agg.seqs.gap_version, agg.restarts.version)
+    listed, odd = agg.digests.odd(name, states, now, key, make)
     if page is not None:
         listed = page_ranks(states, *page)
     entry.update(summary_fields(d, odd, page))

@@ -1,7 +1,7 @@
 """What one head node pays per rank for its reads: ``/api/status``, ``/metrics``, the snapshot,
 the tick, and how long each holds the lock that ingest needs.
 
-    python bench/status_cost.py [--ranks 4096,16384,100000] [--steps 3] [--metrics 8]
+    python bench/status_cost.py [--ranks 4096,16384,100000] [--steps 3] [--metrics 8] [--gapped]
 
 A real ``Aggregator`` (real DuckDB store in a temporary folder, no sockets) is fed ``--steps``
 steps of every rank through ``add()``, as the ingest thread would, then each read is timed
@@ -10,6 +10,11 @@ lock is wrapped in a timer, so "lock" is the longest single hold of the service 
 read (what a record arriving meanwhile waits); each read follows a tick, as in a server, and
 "sweep" is one evaluation of every rank's health (which the tick does at most once a second).
 RSS is this process's growth over the fill, per rank. The first size is the baseline of the ratios.
+
+``--gapped``: every rank's first record is missing (as after a restart of the head node that
+lost what was in flight, with no agent to resend it), so every rank is odd; "status_remade" is
+``/api/status`` with the big run's odd ranks made again for each read, as before they were kept
+(``DigestCache.odd``), timed in the same run.
 """
 
 from __future__ import annotations
@@ -72,12 +77,12 @@ def rss_bytes() -> int:
     return 0
 
 
-def fill(agg: Aggregator, ranks: int, steps: int, metrics: int) -> None:
+def fill(agg: Aggregator, ranks: int, steps: int, metrics: int, gapped: bool = False) -> None:
     """``steps`` steps of every rank and one heartbeat each, arriving now; rank 3 is far off
-    on the loss."""
+    on the loss. ``gapped``: each rank's seq 1 never arrives."""
     names = METRIC_NAMES[:metrics]
     seq = 0
-    for step in range(1, steps + 1):
+    for step in range(1 + gapped, steps + 1 + gapped):
         batch: list[Any] = []
         t = time.time()
         for rank in range(ranks):
@@ -110,7 +115,13 @@ def timed(lock: TimedLock, fn: Any, repeat: int, before: Any = None) -> tuple[fl
     return statistics.median(walls), max(holds), out
 
 
-def measure(ranks: int, steps: int, metrics: int, repeat: int) -> dict[str, float]:
+def _remade(run: str, states: Any, now: float, key: Any, make: Any) -> tuple[list[int], int]:
+    return make()  # type: ignore[no-any-return]
+
+
+def measure(
+    ranks: int, steps: int, metrics: int, repeat: int, gapped: bool = False
+) -> dict[str, float]:
     gc.collect()
     rss0 = rss_bytes()
     with tempfile.TemporaryDirectory() as tmp:
@@ -119,7 +130,7 @@ def measure(ranks: int, steps: int, metrics: int, repeat: int) -> dict[str, floa
                           lost_after_s=STEADY_S, min_stall_s=STEADY_S)  # fmt: skip
         agg = Aggregator(cfg)
         lock = agg.lock = TimedLock()  # type: ignore[assignment]
-        fill(agg, ranks, steps, metrics)
+        fill(agg, ranks, steps, metrics, gapped)
         agg.flush_store()
         gc.collect()
         rss = rss_bytes() - rss0
@@ -132,6 +143,12 @@ def measure(ranks: int, steps: int, metrics: int, repeat: int) -> dict[str, floa
             assert resp.status_code == 200, (path, resp.status_code, resp.text[:200])
             out[f"{name}_ms"], out[f"{name}_lock_ms"] = wall, hold
             out[f"{name}_kb"] = len(resp.content) / 1024
+        if gapped:
+            kept = agg.digests.odd
+            agg.digests.odd = _remade  # type: ignore[method-assign]
+            wall, hold, _ = timed(lock, lambda: client.get("/api/status"), repeat, agg.tick)
+            out["status_remade_ms"], out["status_remade_lock_ms"] = wall, hold
+            agg.digests.odd = kept  # type: ignore[method-assign]
         wall, hold, _ = timed(lock, agg.tick, repeat * 5, lambda: time.sleep(0.2))
         out["tick_ms"], out["tick_lock_ms"] = wall, hold
         sweep = time.perf_counter()
@@ -147,13 +164,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--metrics", type=int, default=8, choices=range(1, len(METRIC_NAMES) + 1))
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--gapped", action="store_true", help="every rank's first record missing")
     args = ap.parse_args()
-    rows = [measure(int(n), args.steps, args.metrics, args.repeat) for n in args.ranks.split(",")]
+    rows = [measure(int(n), args.steps, args.metrics, args.repeat, args.gapped)
+            for n in args.ranks.split(",")]  # fmt: skip
     base = rows[0]
-    cols = ("status_ms", "status_lock_ms", "status_kb", "status_run_ms", "status_run_lock_ms",
-            "status_run_kb", "metrics_ms", "metrics_lock_ms", "metrics_kb", "tick_ms",
-            "tick_lock_ms", "sweep_ms", "rss_per_rank_kb")  # fmt: skip
-    print(f"status_cost: {args.steps} steps x {args.metrics} metrics per rank; median of "
+    cols: tuple[str, ...] = (
+        "status_ms", "status_lock_ms", "status_kb", "status_run_ms", "status_run_lock_ms",
+        "status_run_kb", "metrics_ms", "metrics_lock_ms", "metrics_kb", "tick_ms",
+        "tick_lock_ms", "sweep_ms", "rss_per_rank_kb",
+    )  # fmt: skip
+    if args.gapped:
+        cols = ("status_remade_ms", "status_remade_lock_ms", *cols)
+    print(f"status_cost: {args.steps} steps x {args.metrics} metrics per rank"
+          f"{', every rank gapped' if args.gapped else ''}; median of "
           f"{args.repeat} (tick: of {args.repeat * 5}); lock = longest hold")  # fmt: skip
     print(f"{'ranks':>8} " + " ".join(f"{c:>18}" for c in cols))
     for row in rows:

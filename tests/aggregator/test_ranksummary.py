@@ -16,6 +16,7 @@ from rankwatch.aggregator.ranksummary import (
     page_ranks,
     summary_fields,
 )
+from rankwatch.aggregator.restarts import Restarts
 from rankwatch.aggregator.seqs import SeqTracker
 
 T0 = 1_000.0
@@ -175,3 +176,44 @@ def test_a_sweep_of_many_ranks_rolls_over_the_ticks_and_still_finds_a_lost_rank(
     # silent from T0: lost after 10 s, found within one rolling sweep (1 s) of that
     assert lost_at is not None and T0 + 10 < lost_at <= T0 + 10 + 1.0 + 0.2
     assert view.sweeps >= 5 and view.take_swept()
+
+
+def test_the_odd_ranks_are_made_again_only_when_what_they_read_changed() -> None:
+    cache = DigestCache()
+    states = {r: health(r, RankState.LOST if r % 2 else RankState.ALIVE) for r in range(8)}
+    d = cache.get("r", states, T0)
+    made: list[tuple[int, ...]] = []
+
+    def make(flagged: tuple[int, ...] = (), gapped: tuple[int, ...] = ()) -> tuple[list[int], int]:
+        made.append(flagged + gapped)
+        return odd_ranks(d, flagged, gapped)
+
+    assert cache.odd("r", states, T0, ((), 0), make) == ([1, 3, 5, 7], 4)
+    listed, _ = cache.odd("r", states, T0 + 0.5, ((), 0), make)
+    listed.append(99)  # the caller's own list: the memo's is left as it was
+    assert cache.odd("r", states, T0 + 0.5, ((), 0), make) == ([1, 3, 5, 7], 4)
+    assert len(made) == 1
+    # a rank flagged, a gap opened: made again at once, the digest's window notwithstanding
+    assert cache.odd("r", states, T0 + 0.6, ((2,), 0), lambda: make((2,))) == ([1, 2, 3, 5, 7], 5)
+    got = cache.odd("r", states, T0 + 0.7, ((2,), 1), lambda: make((2,), (4,)))
+    assert got == ([1, 2, 3, 4, 5, 7], 6) and len(made) == 3
+
+
+def test_the_gap_and_incarnation_versions_count_what_the_odd_ranks_read() -> None:
+    seqs = SeqTracker()
+    seqs.accept("r", 0, 1)
+    seqs.accept("r", 0, 3)  # a gap opens
+    opened = seqs.gap_version
+    assert opened > 0
+    seqs.accept("r", 0, 5)  # another gap behind the first: the same ranks have gaps
+    seqs.accept("r", 0, 6)
+    assert seqs.gap_version == opened
+    seqs.accept_many("r", 0, [2, 4])  # both filled: no gap left
+    assert seqs.gap_version == opened + 1 and seqs.gapped("r") == []
+    restarts = Restarts()
+    restarts.observe(step(0, 1))
+    first = restarts.version
+    restarts.observe(step(0, 2, step=2))  # the same incarnation going on
+    assert restarts.version == first
+    restarts.observe(dataclasses.replace(step(0, 1, step=3), inc=7))  # a restart
+    assert restarts.version == first + 1 and restarts.current("r", 0) == 7

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -97,3 +98,21 @@ def test_a_big_run_with_nothing_to_say_is_one_line_of_counts() -> None:
         "  ranks: 5,000 alive",
         "  (every rank alive, not divergent, nothing missing; --run big --all lists every rank)",
     ]
+
+
+def test_a_big_runs_odd_ranks_follow_a_gap_at_once(client: TestClient, aggregator: Any) -> None:
+    """The odd ranks are kept between reads (a sort of every odd rank at 100,000): a gap that
+    opens or closes shows in the next read, not a digest's second later."""
+    feed(aggregator)
+
+    def odd() -> list[int]:
+        (run,) = client.get("/api/status").json()["runs"]
+        return [r["rank"] for r in run["ranks"]]
+
+    assert odd() == [LOST, CRASHED, GAPPED]
+    assert odd() == [LOST, CRASHED, GAPPED]  # asked again: the same
+    now = time.time()
+    rec = StepRecord("big", GAPPED, 2, now, RANKS, "node1", 100 + GAPPED, 1, 0, {"loss": 1.0})
+    later = StepRecord("big", 13, 5, now, RANKS, "node1", 113, 3, 0, {"loss": 1.0})  # 3, 4 lost
+    aggregator.add([rec, dataclasses.replace(rec, seq=3), later], imported=False, now=now)
+    assert odd() == [LOST, CRASHED, 13]
