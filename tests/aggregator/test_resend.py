@@ -1,11 +1,11 @@
 """The resender: which gaps are asked for, when, and how often; and that a check's work follows
-what changed (the gaps that moved, the ranks woken, the requests due), not every gap held."""
+what changed (the gaps that moved, the ranks woken, the requests due), not every gap held.
+(That it asks for what a sweep of every gap asked for: tests/bench/test_resend_bench.py, against
+the bench's own copy of the sweep.)"""
 
 from __future__ import annotations
 
 import itertools
-import math
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,54 +143,3 @@ def test_the_newest_incarnation_is_asked_for_its_own_gap() -> None:
     seqs.accept("r", 0, 3, inc=9)
     check(res, seqs, agents, 0.0, health_of("r", [0]), looks)
     assert agents.sent == [(0.0, "r", 0, 2, 9)]
-
-
-def _sweep_reference(
-    asked: dict[tuple[str, int], tuple[tuple[int, int], int, float]],
-    health: Any,
-    now: float,
-    seqs: SeqTracker,
-    request: Any,
-) -> None:
-    """The resender before: every gapped sequence looked at in every check."""
-    due = sorted(
-        (run, rank, inc) for run, rank, inc in seqs.gapped() if rank in health.get(run, ())
-    )
-    keep = {(run, rank) for run, rank, _ in due}
-    for key in [k for k in asked if k not in keep]:
-        del asked[key]
-    for run, rank, inc in due:
-        lo = seqs.gaps(run, rank, limit=1, inc=inc)[0][0]
-        prev, tries, last = asked.get((run, rank), ((0, 0), 0, -math.inf))
-        same = prev == (inc, lo)
-        if same and (tries >= RESEND_MAX_TRIES or now - last < RESEND_RETRY_S):
-            continue
-        if request(run, rank, lo, inc):
-            asked[(run, rank)] = ((inc, lo), tries + 1 if same else 1, now)
-
-
-def test_random_gaps_are_asked_for_as_a_sweep_of_every_gap_asks_for_them() -> None:
-    rng = random.Random(7)
-    ranks = 40
-    health = health_of("r", range(ranks))
-    seqs_new, seqs_old = SeqTracker(), SeqTracker()
-    res, new, old = Resender(), Agents(), Agents()
-    asked: dict[tuple[str, int], tuple[tuple[int, int], int, float]] = {}
-    top = dict.fromkeys(range(ranks), 0)
-    t = 0.0
-    for _ in range(2000):
-        for _ in range(rng.randrange(4)):
-            rank = rng.randrange(ranks)
-            if rng.random() < 0.7:  # the next records, some lost on the way
-                top[rank] += rng.randrange(1, 4)
-                seq = top[rank]
-            else:  # a resent one
-                seq = rng.randrange(1, top[rank] + 2)
-            for seqs in (seqs_new, seqs_old):
-                seqs.accept("r", rank, seq)
-        new.now = old.now = t
-        res.request(health, t, seqs_new, Looks(), new.request)
-        _sweep_reference(asked, health, t, seqs_old, old.request)
-        t += RESEND_CHECK_S
-    assert len(new.sent) > 100
-    assert sorted(new.sent) == sorted(old.sent)
