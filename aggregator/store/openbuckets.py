@@ -156,22 +156,11 @@ def fold(
             f" (SELECT count(*) FILTER (WHERE NOT is_open) FROM {comb}) AS closed "
             f"FROM {comb} WHERE is_open"
         )])).fetchnumpy()  # fmt: skip
-        script = []
         late, closed = (int(got[c][0]) if len(got[c]) else 0 for c in ("late", "closed"))
         news[i] = {"pair": pairs[np.asarray(got["pair"], dtype=np.int64)]} | {
             c: np.asarray(got[c]) for c in COLS
         }
-        if late:
-            script += [
-                f"CREATE OR REPLACE TEMP TABLE rw_late AS SELECT {_PAIR}, {_BUCKET} FROM {comb} "
-                "WHERE late",
-                *rollup.merge_late(closed_t),
-            ]
-        if closed > late:
-            script.append(
-                f"INSERT INTO {closed_t} SELECT {_PAIR}, {_BUCKET} FROM {comb} "
-                "WHERE NOT is_open AND NOT late ORDER BY key, b"
-            )
+        script = rollup.close_sql(comb, closed_t, f"{_PAIR}, {_BUCKET}", late, closed)
         if not closed or i + 1 == len(LEVELS):
             break
         # Deltas (not merged totals) go up, so a coarser bucket counts each row once.

@@ -127,17 +127,7 @@ def fold(
             script,
             f"SELECT count(*) FILTER (WHERE late), count(*) FILTER (WHERE NOT is_open) FROM {comb}",
         )
-        script = []
-        if late:
-            script += [
-                f"CREATE OR REPLACE TEMP TABLE rw_late AS SELECT {COLUMNS} FROM {comb} WHERE late",
-                *merge_late(closed_t),
-            ]
-        if closed > late:
-            script.append(
-                f"INSERT INTO {closed_t} SELECT {COLUMNS} FROM {comb} "
-                "WHERE NOT is_open AND NOT late ORDER BY key, b"
-            )
+        script = close_sql(comb, closed_t, COLUMNS, late, closed)
         if not closed or i + 1 == len(LEVELS):
             break
         # Deltas (not merged totals) go up, so a coarser bucket counts each row once.
@@ -167,6 +157,23 @@ def run_script(cur: duckdb.DuckDBPyConnection, script: Sequence[str]) -> None:
 def literal(value: str) -> str:
     """``value`` as an SQL string literal (joined statements take no parameters)."""
     return "'" + value.replace("'", "''") + "'"
+
+
+def close_sql(comb: str, closed_t: str, cols: str, late: int, closed: int) -> list[str]:
+    """The statements that write a level's closed buckets from its merged table ``comb``
+    (columns ``cols``): late deltas merged into the buckets closed before, the rest inserted."""
+    script: list[str] = []
+    if late:
+        script += [
+            f"CREATE OR REPLACE TEMP TABLE rw_late AS SELECT {cols} FROM {comb} WHERE late",
+            *merge_late(closed_t),
+        ]
+    if closed > late:
+        script.append(
+            f"INSERT INTO {closed_t} SELECT {cols} FROM {comb} "
+            "WHERE NOT is_open AND NOT late ORDER BY key, b"
+        )
+    return script
 
 
 def merge_late(closed_t: str) -> list[str]:
