@@ -111,6 +111,13 @@ def test_hardware_section_at_desktop_and_phone_size(
         return {("hw_hot", 5, ""), ("hw_node", None, "node1")} <= rules
 
     server.wait_for("the hot card and the slow node", found)
+
+    def stored() -> bool:  # the findings are live; the charts read the store, flushed apart
+        got = server.get("/api/run/telemetry", run=RUN, metric="gpu/temp_c")
+        series = got.get("series", {})
+        return len(series) == WORLD and all(len(s["time"]) == 12 for s in series.values())
+
+    server.wait_for("every card's 12 samples stored", stored)
     for size, tag in ((DESKTOP, "desktop"), (PHONE, "phone")):
         context = browser.new_context(viewport=size)
         w = Watched(context.new_page())
