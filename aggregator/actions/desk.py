@@ -268,7 +268,8 @@ def annotate(
     for command in commands:
         incident = incidents.get(str(command.get("incident") or ""))
         if incident is not None:
-            incident.setdefault("actions", []).append({k: command.get(k) for k in ACTION_KEYS})
+            action = {k: command.get(k) for k in ACTION_KEYS}  # a new list: the stored stays
+            incident["actions"] = [*incident.get("actions", ()), action]
 
 
 def _span(ranks: list[int]) -> str:

@@ -90,6 +90,7 @@ class Store(reads.Reads, TelemetryReads):
         self._buf = Batch()
         self._buf_ranks: set[tuple[str, int]] = set()  # ranks with records in _buf
         self._incidents: list[tuple[str, str, float, str]] = []  # under _buf_lock
+        self._incident_memo = stored_incidents.Memo()
         self._stacks: dict[tuple[str, int], stored_stacks.Row] = {}  # the newest per rank, too
         self._commands: list[stored_commands.Row] = []  # under _buf_lock
         self._closed = False
@@ -256,6 +257,7 @@ class Store(reads.Reads, TelemetryReads):
                     with self._buf_lock:
                         self._incidents[:0] = notes
                     log.warning("rankwatch: incidents not stored yet (%s); retrying", exc)
+                self._incident_memo.stored({note[0] for note in notes})  # also part of a batch
             pending = [batch]
             while pending:
                 part = pending.pop(0)

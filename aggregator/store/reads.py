@@ -240,6 +240,7 @@ class Reads:
     _mirror: Mirror
     _closed: bool
     _gate: openbuckets.Gate
+    _incident_memo: stored_incidents.Memo
 
     def _check_open(self) -> None:
         if self._closed:
@@ -281,8 +282,13 @@ class Reads:
 
     def incidents(self, run: str) -> list[dict[str, Any]]:
         """The latest judgement of every incident of ``run`` the store holds, oldest first."""
-        with self._query() as cur:
-            return stored_incidents.read(cur, run)
+        self._check_open()
+
+        def fetch() -> list[dict[str, Any]]:
+            with self._query() as cur:
+                return stored_incidents.read(cur, run)
+
+        return self._incident_memo.read(run, fetch)
 
     def commands(self, run: str | None, since: float = 0.0) -> list[dict[str, Any]]:
         """Every stored command of ``run`` (None: of every run) changed since ``since``, with
