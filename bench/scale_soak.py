@@ -174,7 +174,11 @@ def main() -> None:
     ap.add_argument("--poll-s", type=float, default=10.0, help="backlog sample period")
     ap.add_argument("--bare-s", type=float, default=20.0, help="baseline load seconds (0: none)")
     args = ap.parse_args()
-    config = config_from_args(args)
+    try:
+        config = config_from_args(args)
+        config.check()
+    except ValueError as exc:  # e.g. a default fault's rank beyond a small --ranks
+        ap.error(f"{exc} (--faults names the fault ranks)")
     run = config.run
     stride = max(1, config.ranks // SAMPLED_RANKS)
     sampled = set(range(0, config.ranks, stride))
@@ -200,6 +204,7 @@ def main() -> None:
         gen.start()
         samples: list[dict[str, Any]] = []
         health: dict[str, Any] = {}
+        fault_rows: dict[int, tuple[str, Any]] = {}
         while any(w.proc.poll() is None for w in gen.workers):
             time.sleep(args.poll_s)
             samples.append(poll(head, gen, run, t0, cpu0))
@@ -208,6 +213,7 @@ def main() -> None:
                 with contextlib.suppress(RuntimeError):  # 404 until the first flush
                     # while the load still runs; a big run lists its odd ranks (the faults')
                     health = (head.get(f"/api/status?run={run}")["runs"] or [{}])[0]
+                    fault_rows = fault_states(head, run, [f.rank for f in config.faults])
         summary = gen.wait()
         load_end = time.monotonic()
         sent = summary["records"]
@@ -227,9 +233,19 @@ def main() -> None:
             if (created := gen.created(rank, step)) is not None
         ]
         report(
-            config, summary, samples, drain_s, rss0, divergence, alerts, health, clock, freshness,
-            bare,
+            config, summary, samples, drain_s, rss0, divergence, alerts, health, fault_rows,
+            clock, freshness, bare,
         )  # fmt: skip
+
+
+def fault_states(head: Any, run: str, ranks: list[int]) -> dict[int, tuple[str, Any]]:
+    """(state, divergent metrics) of each fault rank, from its row of the rank table: a big
+    run's status lists only the odd ranks it has room for, which need not be the faults'."""
+    out: dict[int, tuple[str, Any]] = {}
+    for rank in ranks:
+        rows = head.get(f"/api/runs/{run}/ranks?filter={rank}&size=10")["rows"]
+        out.update({r["rank"]: (r["state"], r.get("divergent")) for r in rows if r["rank"] == rank})
+    return out
 
 
 def report(
@@ -241,6 +257,7 @@ def report(
     divergence: dict[str, Any],
     alerts: dict[str, Any],
     health: dict[str, Any],
+    fault_rows: dict[int, tuple[str, Any]],
     clock: StreamClock,
     freshness: list[float],
     bare: dict[str, float] | None,
@@ -299,11 +316,7 @@ def report(
         f"active at the end: {flagged[:12]}{' ...' if len(flagged) > 12 else ''}"
     )
     faults = {f.rank: f.kind for f in config.faults}
-    states = {
-        r["rank"]: (r["state"], r.get("divergent"))
-        for r in health.get("ranks", [])
-        if r["rank"] in faults
-    }
+    states = {rank: fault_rows.get(rank, ("not in the rank table", None)) for rank in faults}
     others = {
         r["rank"]: r["divergent"]
         for r in health.get("ranks", [])
@@ -318,7 +331,7 @@ def report(
                     raised.setdefault(rank, set()).add(a["metric"])
     print(
         f"fault ranks near the end of the load (state, divergent metrics): "
-        f"{ {r: (faults[r], *states.get(r, ('?', None))) for r in sorted(faults)} }; "
+        f"{ {r: (faults[r], *states[r]) for r in sorted(faults)} }; "
         f"other ranks flagged (divergent metrics): {dict(list(others.items())[:10])}"
     )
     print(

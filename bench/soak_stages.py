@@ -168,7 +168,11 @@ def main() -> None:
     if args.replay is not None:
         child(args.replay, args.flush_s, args.store_package)
         return
-    config = config_from_args(args)
+    try:
+        config = config_from_args(args)
+        config.check()
+    except ValueError as exc:  # e.g. a default fault's rank beyond a small --ranks
+        ap.error(f"{exc} (--faults names the fault ranks)")
     frames = capture(config)
     if args.before is not None:
         package = args.before / "aggregator" / "store"
