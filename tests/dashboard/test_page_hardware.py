@@ -199,10 +199,16 @@ def test_real_host_telemetry_from_a_monitor_reaches_the_page(
                 mon.log(step, loss=1.0 / (1 + step))
             time.sleep(0.1)
 
-        def stored() -> bool:
+        def stored() -> bool:  # as above: the charts read the store, which flushes apart
             hw = server.get("/api/run/telemetry", run="host-real")
             names = {m["name"] for m in hw.get("metrics", [])}
-            return {"host/cpu_pct", "host/rss_bytes"} <= names and len(hw["ranks"]) == 2
+            got = server.get("/api/run/telemetry", run="host-real", metric="host/rss_bytes")
+            series = got.get("series", {})
+            return (
+                {"host/cpu_pct", "host/rss_bytes"} <= names
+                and len(series) == 2
+                and all(len(s["time"]) >= 2 for s in series.values())
+            )
 
         server.wait_for("host telemetry of both ranks", stored)
     finally:
