@@ -3,11 +3,10 @@
 Thin on purpose: receive ``[identity, frame]`` messages in batches, decode them with the wire
 schema, count what arrives per sender and per problem, and hand the records to the service.
 Bad input (not msgpack, wrong schema, extra frames, a newer schema version) is counted and
-logged once per sender and reason; it is never fatal and valid traffic keeps flowing. A newer
-schema version is its own log line, once per sender and version, whatever that sender got wrong
-before: it is the one problem an operator fixes on the head node (upgrade the aggregator).
+logged once per sender and reason (``problems.py``); it is never fatal and valid traffic keeps
+flowing.
 
-Everything kept per peer is bounded (``peers.py``; ``MAX_LOGGED`` log-once keys here), so a
+Everything kept per peer is bounded (``peers.py``; the log-once keys in ``problems.py``), so a
 peer inventing run names or reconnecting at will costs counts, not memory.
 
 The socket belongs to the thread that calls ``recv()``: ``send_control()`` may be called from
@@ -45,6 +44,7 @@ from rankwatch.agent.wire.records import DecodeError, RanksBlock, Record, StepBl
 from rankwatch.aggregator.ingest import frames
 from rankwatch.aggregator.ingest.backlog import Backlog
 from rankwatch.aggregator.ingest.peers import Peers, SenderStats
+from rankwatch.aggregator.ingest.problems import Problems, whose
 
 log = logging.getLogger("rankwatch.receiver")
 
@@ -65,7 +65,6 @@ BACKLOG_QUANTUM_BYTES = 256 * 1024
 # set from a byte budget.
 PEER_BUFFER_BYTES = 64 * 1024 * 1024
 RCVHWM_MESSAGES = PEER_BUFFER_BYTES // records.MAX_FRAME_BYTES
-MAX_LOGGED = 10_000  # (sender, reason) pairs already logged, to log each once
 LINGER_MS = 0  # control messages are best effort: never hang on close
 Item = Record | StepBlock | RanksBlock
 
@@ -118,7 +117,6 @@ class Receiver:
         self._rests: dict[bytes, _Rest] = {}  # frames decoded in parts: the next part
         self._control: deque[tuple[bytes, bytes]] = deque()
         self._control_lock = threading.Lock()
-        self._logged: set[tuple[str, str, str]] = set()  # (sender, reason, detail)
         self.totals: dict[str, int] = {
             "messages": 0,
             "records": 0,
@@ -138,7 +136,8 @@ class Receiver:
             "peer_ranks_capped": 0,  # MAX_RANKS_PER_PEER reached on one connection
         }
         self.peers = Peers(self.totals)
-        self.reasons: dict[str, int] = {}
+        self.problems = Problems(self.totals, log)
+        self.reasons = self.problems.reasons  # problems by reason, for counters()
         self.refused: dict[str, int] = {}  # refused handshakes by kind (curve.HANDSHAKE_FAILED)
         self._closed = False
         self._empty_at = time.time()  # when the socket was last seen empty
@@ -212,10 +211,11 @@ class Receiver:
                 stats.messages += 1
                 totals["messages"] += 1
                 if len(parts) != 2:
-                    self._bad(stats, "frames", f"message has {len(parts) - 1} frames, expected 1")
+                    sent = f"message has {len(parts) - 1} frames, expected 1"
+                    self.problems.bad(stats, "frames", sent)
                 else:
                     totals["backlog_dropped"] += 1
-                    self._bad(
+                    self.problems.bad(
                         stats,
                         "backlog",
                         f"over {BACKLOG_PEER_BYTES} bytes of its frames wait to be decoded, so "
@@ -257,10 +257,10 @@ class Receiver:
             raws = records.frame_maps(frame)
         except DecodeError as exc:
             if exc.reason == "version":
-                self._bad_version(stats, frame, exc)
+                self.problems.bad_version(stats, frame, exc)
             else:
                 self.totals["frames_rejected"] += exc.reason == "records"
-                self._bad(stats, exc.reason, str(exc))
+                self.problems.bad(stats, exc.reason, str(exc))
             return []
         try:
             return cast("list[Item]", records.decode_maps_blocks(raws))
@@ -284,71 +284,11 @@ class Receiver:
             except DecodeError as err:
                 count, first = bad.get(err.reason, (0, ""))
                 if not count:
-                    first = f"{err}{_whose(item)}"
+                    first = f"{err}{whose(item)}"
                 bad[err.reason] = (count + 1, first)
         for reason, (count, first) in bad.items():
-            self._bad(stats, reason, first, record=True, count=count)
+            self.problems.bad(stats, reason, first, record=True, count=count)
         return good
-
-    def _bad_version(self, stats: SenderStats, frame: bytes, exc: DecodeError) -> None:
-        version = _frame_version(frame)
-        if version is None or version <= records.SCHEMA_VERSION:
-            self._bad(stats, "version", str(exc))
-            return
-        self._bad(
-            stats,
-            "version",
-            f"it sends wire schema version {version}, newer than this aggregator's "
-            f"{records.SCHEMA_VERSION}: upgrade rankwatch on the head node (`pip install -U "
-            "rankwatch`, then restart `rankwatch serve`); until then its records are dropped "
-            "and counted",
-            detail=f"newer {version}",
-            level=logging.ERROR,
-        )
-
-    def _bad(
-        self,
-        stats: SenderStats,
-        reason: str,
-        message: str,
-        record: bool = False,
-        *,
-        detail: str = "",
-        level: int = logging.WARNING,
-        count: int = 1,
-    ) -> None:
-        """Count ``count`` of a problem; log it once per (sender, reason, detail)."""
-        stats.bad[reason] = stats.bad.get(reason, 0) + count
-        self.reasons[reason] = self.reasons.get(reason, 0) + count
-        self.totals["bad_records" if record else "bad_messages"] += count
-        key = (stats.label, reason, detail)
-        logged = self._logged
-        if key in logged:
-            return
-        if len(logged) >= MAX_LOGGED:
-            if len(logged) == MAX_LOGGED:  # say once that the log goes quiet, and why
-                logged.add(("", "", "full"))
-                log.warning(
-                    "%d distinct (sender, problem) pairs logged; further bad input is only "
-                    "counted (rankwatch_aggregator_ingest_errors on /metrics)",
-                    MAX_LOGGED,
-                )
-            return
-        logged.add(key)
-        if detail.startswith("newer"):
-            log.log(level, "agent %s: %s", stats.label, message)
-            return
-        what = "record" if record else "message"
-        log.log(
-            level,
-            "dropped a bad %s from agent %s (%s): %s; further %r problems from this "
-            "sender are only counted",
-            what,
-            stats.label,
-            reason,
-            message[:300],
-            reason,
-        )
 
     # --- control back to a rank --------------------------------------------------------------
 
@@ -436,21 +376,3 @@ class _Rest:
 
 def _size(item: bytes | _Rest) -> int:
     return item.size if isinstance(item, _Rest) else len(item)
-
-
-def _whose(raw: dict[str, Any]) -> str:
-    """Which run and rank a bad record says it is from, for the log line."""
-    run, rank = raw.get("run"), raw.get("rank")
-    if isinstance(run, str) and type(rank) is int:
-        return f" (a record of run {run[:60]!r}, rank {rank})"
-    return ""
-
-
-def _frame_version(frame: bytes) -> int | None:
-    """The ``v`` of a frame that decoded as far as its version check (so it is a msgpack map)."""
-    try:
-        envelope = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=0)
-    except Exception:  # msgpack raises several unrelated types
-        return None
-    version = envelope.get("v") if isinstance(envelope, dict) else None
-    return version if type(version) is int else None

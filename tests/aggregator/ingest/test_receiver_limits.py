@@ -13,7 +13,7 @@ import pytest
 import zmq
 from rankwatch.agent.wire import records
 from rankwatch.aggregator.ingest import peers as peers_mod
-from rankwatch.aggregator.ingest import receiver as receiver_mod
+from rankwatch.aggregator.ingest import problems as problems_mod
 from rankwatch.aggregator.ingest.peers import MAX_RANKS_PER_PEER
 from rankwatch.aggregator.ingest.receiver import Receiver
 
@@ -57,7 +57,7 @@ def test_the_log_once_memory_is_bounded_and_says_when_it_is_full(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(receiver_mod, "MAX_LOGGED", 4)
+    monkeypatch.setattr(problems_mod, "MAX_LOGGED", 4)
     caplog.set_level(logging.WARNING, logger="rankwatch.receiver")
     socks = [dealer() for _ in range(10)]
     for sock in socks:
@@ -67,7 +67,7 @@ def test_the_log_once_memory_is_bounded_and_says_when_it_is_full(
     lines = [r.getMessage() for r in caplog.records]
     assert sum("dropped a bad message" in line for line in lines) == 4
     assert sum("further bad input is only counted" in line for line in lines) == 1
-    assert len(receiver._logged) == 5
+    assert len(receiver.problems._logged) == 5
 
 
 def test_one_connection_naming_thousands_of_ranks_keeps_only_its_newest_routes(
