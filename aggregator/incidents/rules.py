@@ -14,6 +14,7 @@ from operator import attrgetter, eq, is_not, itemgetter, not_
 from typing import TYPE_CHECKING, NamedTuple, TypeVar, cast
 
 from rankwatch.aggregator.health import RankHealth, RankState
+from rankwatch.aggregator.incidents import sentence
 from rankwatch.aggregator.incidents.oneline import one_line
 from rankwatch.aggregator.incidents.scan import positions
 from rankwatch.aggregator.incidents.stacks import StackGroup, odd_ones_out, summary_line
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
 # Kinds of evidence (the tracker makes them from verdicts, alerts and health).
 NONFINITE, OUTLIER, STRAGGLER = "nonfinite", "outlier", "straggler"
 STALLED, LOST, CRASHED, COLLECTIVE, KILLED = "stalled", "lost", "crashed", "collective", "killed"
-RANKS_NAMED = 4  # ranks listed by number in a summary before "N ranks"
 
 
 class Fact(NamedTuple):  # a tuple: a burst makes one per rank
@@ -118,7 +118,14 @@ def judge(
         culprits, step = _ordered(slow), (slow[0].step if slow else None)
     affected, terminated = (split or split_ranks)(evidence, culprits)
     own = facts_of_ranks(evidence, culprits[:OWN_RANKS])
-    summary = _summary(cause, culprits, affected, terminated, evidence, health, basis, step, own)
+    later = (
+        _first_step_of_others(_columns(evidence, NONFINITE), set(culprits))
+        if cause == "nonfinite"
+        else None
+    )
+    summary = sentence.summary(
+        cause, culprits, affected, terminated, health, basis, step, own, later
+    )
     return Verdict(cause, culprits, affected, terminated, basis, summary, step, own)
 
 
@@ -339,51 +346,6 @@ def _progress_key(rank: int, health: Mapping[int, RankHealth]) -> tuple[float, f
     return (float(step), h.last_progress, rank)
 
 
-def _summary(
-    cause: str,
-    culprits: tuple[int, ...],
-    affected: tuple[int, ...],
-    terminated: tuple[int, ...],
-    evidence: Evidence,
-    health: Mapping[int, RankHealth],
-    basis: str,
-    step: int | None,
-    own: list[Fact],
-) -> str:
-    who = _who(culprits, health)
-    first = own[0] if own else None
-    if cause == "nonfinite":
-        later = _first_step_of_others(_columns(evidence, NONFINITE), set(culprits))
-        head = f"{who} went non-finite first ({first.metric if first else '?'} at step {step})"
-        tail = f"; {_count(affected)} followed from step {later}" if later is not None else ""
-        if basis.startswith("every rank"):
-            head = f"every rank went non-finite at step {step} at once"
-    elif cause == "crash":
-        head = f"{who} crashed first ({first.detail if first else '?'})"
-        tail = f"; {_count(affected)} failed after it" if affected else ""
-    elif cause == "hang":
-        where = basis.split("; ")[-1] if basis.startswith("stacks") else basis
-        head = f"{who} hung" + (f" after step {step}" if step is not None else "") + f" ({where})"
-        tail = f"; {_count(affected)} waited or timed out after it" if affected else ""
-    elif cause == "lost" and basis.startswith("every rank"):
-        head = (
-            f"every rank ({len(culprits)}) went silent at once: the job stopped without an end "
-            "event, or the network between its nodes and this head node failed"
-        )
-        tail = ""
-    elif cause == "lost":
-        head = f"{who} went silent first"
-        tail = f"; {_count(affected)} failed after it" if affected else ""
-    elif cause == "divergence":
-        head = f"{who} diverged ({first.line if first else '?'}) from step {step}"
-        tail = ""
-    else:
-        head, tail = f"{who} is slower than the others from step {step}", ""
-    if terminated:
-        tail += f"; {_count(terminated)} terminated by the launcher"
-    return head + tail
-
-
 def _first_step_of_others(columns: list[Column], culprits: set[int]) -> int | None:
     """The earliest step at which a rank other than the culprits is non-finite."""
     lows = []
@@ -401,22 +363,3 @@ def _first_step_of_others(columns: list[Column], culprits: set[int]) -> int | No
 
 
 _FEW_STEPS = 16
-
-
-def _who(ranks: tuple[int, ...], health: Mapping[int, RankHealth]) -> str:
-    if not ranks:
-        return "no rank"
-    if len(ranks) == 1:
-        h = health.get(ranks[0])
-        where = f" ({h.host}, pid {h.pid})" if h is not None and h.host else ""
-        return f"rank {ranks[0]}{where}"
-    if len(ranks) <= RANKS_NAMED:
-        return "ranks " + ", ".join(map(str, ranks))
-    return f"{len(ranks)} ranks"
-
-
-def _count(ranks: tuple[int, ...]) -> str:
-    if len(ranks) <= RANKS_NAMED:
-        word = "rank" if len(ranks) == 1 else "ranks"
-        return f"{len(ranks)} {word} ({', '.join(map(str, ranks))})"
-    return f"{len(ranks)} ranks"
