@@ -49,6 +49,14 @@ def median_ms(fn: Callable[[], object], reads: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def ranks_arg(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    """``--ranks``: sizes separated by commas, or the parser's usage error."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        parser.error(f"--ranks takes numbers separated by commas, got {text!r}")
+
+
 def one_size(ranks: int, updates: int, reads: int, folder: Path) -> tuple[float, float, float]:
     store = Store(folder / f"incidents-{ranks}.duckdb")
     try:
@@ -81,10 +89,7 @@ def main() -> int:
     parser.add_argument("--updates", type=int, default=20, help="stored judgements per incident")
     parser.add_argument("--reads", type=int, default=15)
     args = parser.parse_args()
-    try:
-        sizes = [int(x) for x in args.ranks.split(",")]
-    except ValueError:
-        parser.error(f"--ranks takes numbers separated by commas, got {args.ranks!r}")
+    sizes = ranks_arg(parser, args.ranks)
     if any(n < 10 for n in sizes) or args.updates < 1 or args.reads < 1:
         print("incident_reads: --ranks of at least 10, --updates and --reads of at least 1",
               file=sys.stderr)  # fmt: skip

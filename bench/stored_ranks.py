@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import duckdb
 import numpy as np
+from incident_reads import median_ms, ranks_arg
 from rankwatch.aggregator.history import StoredRanks
 from rankwatch.aggregator.snapshot import stored_rank_state
 
@@ -55,15 +55,6 @@ def before(cols: Mapping[str, np.ndarray]) -> tuple[list[str], np.ndarray, list[
     return hosts.tolist(), host_code.astype(np.int64), states, remap[life_code]
 
 
-def median_ms(fn: Callable[[], object], reads: int) -> float:
-    times = []
-    for _ in range(reads):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
-
-
 def one_size(ranks: int, hosts_per: int, reads: int) -> tuple[float, float]:
     cols = rank_columns(ranks, hosts_per)
     old = before(cols)
@@ -84,10 +75,7 @@ def main() -> int:
     parser.add_argument("--hosts-per", type=int, default=8, help="ranks per node")
     parser.add_argument("--reads", type=int, default=15)
     args = parser.parse_args()
-    try:
-        sizes = [int(x) for x in args.ranks.split(",")]
-    except ValueError:
-        parser.error(f"--ranks takes numbers separated by commas, got {args.ranks!r}")
+    sizes = ranks_arg(parser, args.ranks)
     if any(n < 1 for n in sizes) or args.hosts_per < 1 or args.reads < 1:
         parser.error("--ranks, --hosts-per and --reads take numbers of at least 1")
     print(f"a stored run's names into codes (StoredRanks.of), median of {args.reads}:")
