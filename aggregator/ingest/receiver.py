@@ -137,7 +137,6 @@ class Receiver:
         }
         self.peers = Peers(self.totals)
         self.problems = Problems(self.totals, log)
-        self.reasons = self.problems.reasons  # problems by reason, for counters()
         self.refused: dict[str, int] = {}  # refused handshakes by kind (curve.HANDSHAKE_FAILED)
         self._closed = False
         self._empty_at = time.time()  # when the socket was last seen empty
@@ -344,7 +343,8 @@ class Receiver:
         """JSON-ready totals, problems by reason, and per-sender counts (by run/rank label)."""
         # Called from other threads while the receiving thread updates these dicts: each is
         # copied in one C-level call (atomic under the GIL) before it is iterated.
-        out = {**self.totals, "reasons": dict(self.reasons), "senders": self.peers.by_label()}
+        out = {**self.totals, "reasons": dict(self.problems.reasons)}
+        out["senders"] = self.peers.by_label()
         out["refused_by"] = dict(self.refused)
         out["backlog_bytes"] = self._backlog.bytes
         out["peer_buffer_bytes"] = PEER_BUFFER_BYTES
