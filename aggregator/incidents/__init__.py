@@ -3,7 +3,8 @@
 ``model`` (the values), ``facts`` (evidence from inputs), ``rules`` (culprit rules),
 ``grouping`` (which incident evidence belongs to), ``tracker`` (routing), ``judging`` (an
 incident's evidence into its value and transitions),
-``stacks`` (grouping stack samples), ``oneline`` (crash messages in one line). All pure.
+``stacks`` (grouping stack samples), ``oneline`` (crash messages in one line), ``progress``
+(a hang's least-progress ranks, kept). All pure.
 """
 
 from rankwatch.aggregator.incidents.model import Evidence, Incident, IncidentChange

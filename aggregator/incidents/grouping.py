@@ -18,6 +18,7 @@ from rankwatch.aggregator.health import RankState
 from rankwatch.aggregator.incidents import rules
 from rankwatch.aggregator.incidents.columns import Column, Rows
 from rankwatch.aggregator.incidents.model import Incident
+from rankwatch.aggregator.incidents.progress import KeptLeast
 from rankwatch.aggregator.incidents.rules import Fact, known
 from rankwatch.aggregator.incidents.split import RankSplit
 from rankwatch.aggregator.incidents.stacks import StackGroup
@@ -64,6 +65,7 @@ class Open:
     value: Incident | None = None  # as last announced
     verdict: rules.Verdict | None = None
     split: RankSplit = field(default_factory=RankSplit)  # its affected and terminated, kept
+    least: KeptLeast = field(default_factory=KeptLeast)  # its least-progress ranks, kept
 
 
 def explains(inc: Open, fact: Fact, spread_steps: int) -> bool:

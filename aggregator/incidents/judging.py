@@ -17,6 +17,7 @@ from rankwatch.aggregator.health import RankHealth
 from rankwatch.aggregator.incidents import rules
 from rankwatch.aggregator.incidents.grouping import Open, forget, is_open
 from rankwatch.aggregator.incidents.model import Incident, IncidentChange
+from rankwatch.aggregator.incidents.progress import Moves
 from rankwatch.aggregator.incidents.stacks import StackGroup, StackSample, group_stacks
 from rankwatch.aggregator.incidents.timeline import Lines, timeline
 
@@ -33,9 +34,14 @@ class Run:
     open: list[Open] = field(default_factory=list)
     history: list[Incident] = field(default_factory=list)
     health: dict[int, RankHealth] = field(default_factory=dict)
+    moves: Moves = field(default_factory=Moves)  # the ranks whose ``health`` was replaced
     stacks: dict[int, StackSample] = field(default_factory=dict)
     stacks_version: int = 0  # bumped when ``stacks`` changes
     world: int = 0  # the largest world size its ranks reported
+
+    def take_health(self, ranks: list[int], values: list[RankHealth]) -> None:
+        self.health.update(zip(ranks, values, strict=True))
+        self.moves.add(ranks, len(self.health))
 
     def keep(self, done: Incident) -> None:
         self.history.append(done)
@@ -61,7 +67,12 @@ class Judge:
             run.keep(done)
             return [IncidentChange("resolved", done, old)]
         verdict = rules.judge(
-            inc.evidence, run.health, lambda: self._groups(run, inc), run.world, inc.split
+            inc.evidence,
+            run.health,
+            lambda: self._groups(run, inc),
+            run.world,
+            inc.split,
+            lambda candidates, health: inc.least(candidates, health, run.moves),
         )
         if inc.verdict is None or inc.verdict.cause != verdict.cause:
             forget(inc)

@@ -9,14 +9,14 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
-from itertools import compress, islice, repeat
-from operator import attrgetter, eq, is_not, itemgetter, not_
+from itertools import compress, islice
+from operator import is_not, itemgetter, not_
 from typing import TYPE_CHECKING, NamedTuple, TypeVar, cast
 
 from rankwatch.aggregator.health import RankHealth, RankState
 from rankwatch.aggregator.incidents import sentence
 from rankwatch.aggregator.incidents.oneline import one_line
-from rankwatch.aggregator.incidents.scan import positions
+from rankwatch.aggregator.incidents.progress import least_progress, progress_key
 from rankwatch.aggregator.incidents.stacks import StackGroup, odd_ones_out, summary_line
 
 if TYPE_CHECKING:
@@ -66,6 +66,8 @@ Evidence = Mapping[str, Mapping[str, "Column"]]
 Groups = Callable[[], list[StackGroup]]  # the run's stall stacks, grouped; asked for lazily
 # (evidence, culprits) -> (affected, terminated): ``split_ranks``, or one that keeps it
 Split = Callable[[Evidence, tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]]
+# (candidates, health) -> the least far: ``least_progress``, or one that keeps it
+Least = Callable[[set[int], Mapping[int, RankHealth]], tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,11 @@ def judge(
     groups: Groups,
     world: int = 0,
     split: Split | None = None,
+    least: Least = least_progress,
 ) -> Verdict:
     """``world``: the run's world size (0: the ranks ``health`` knows). ``split``: what
-    ``split_ranks`` gives, when the caller keeps it (``split.RankSplit``)."""
+    ``split_ranks`` gives, when the caller keeps it (``split.RankSplit``); ``least``: what
+    ``least_progress`` gives, when the caller keeps it (``progress.KeptLeast``)."""
     nonfinite = _columns(evidence, NONFINITE)
     roots = sorted(_values(evidence, CRASHED), key=BY_TIME)
     nf0 = _earliest(nonfinite)
@@ -100,7 +104,7 @@ def judge(
     elif roots:
         cause, culprits, basis, step = _crash(roots)
     elif COLLECTIVE in evidence or STALLED in evidence:
-        cause, culprits, basis, step = _hang(evidence, health, groups)
+        cause, culprits, basis, step = _hang(evidence, health, groups, least)
     elif LOST in evidence or KILLED in evidence:
         culprits, step = _lost(_columns(evidence, LOST) or _columns(evidence, KILLED))
         cause, basis = "lost", "went silent first"
@@ -260,7 +264,7 @@ def _stop_step(
 
 
 def _hang(
-    evidence: Evidence, health: Mapping[int, RankHealth], groups: Groups
+    evidence: Evidence, health: Mapping[int, RankHealth], groups: Groups, least: Least
 ) -> tuple[str, tuple[int, ...], str, int | None]:
     collective = _columns(evidence, COLLECTIVE)
     stalled = _columns(evidence, STALLED)
@@ -277,7 +281,7 @@ def _hang(
     failed = _ranks(collective) if first_failure is not None else set()
     waited_for = _waited_for(health, failed) if first_failure is not None else []
     if first_failure is not None and waited_for and len(waited_for) <= len(failed):
-        culprits = tuple(sorted(waited_for, key=lambda r: _progress_key(r, health)))
+        culprits = tuple(sorted(waited_for, key=lambda r: progress_key(r, health)))
         cause, named = "hang", set(culprits)
         first_silence = min((f.time for f in silent if f.rank in named), default=None)
         if step is None:  # no stall seen: the step they stopped after
@@ -295,7 +299,7 @@ def _hang(
     candidates = _ranks(stalled) | {f.rank for f in silent}
     if not candidates:
         return "hang", (), "no candidate", step
-    culprits = least_progress(candidates, health)
+    culprits = least(candidates, health)
     if len(culprits) == len(candidates) and len(culprits) > 1:
         basis = "every rank stopped at the same step at the same time: no stacks to tell them apart"
     else:
@@ -315,35 +319,6 @@ def _waited_for(health: Mapping[int, RankHealth], failed: set[int]) -> list[int]
             if len(out) > most:
                 break
     return out
-
-
-def least_progress(candidates: set[int], health: Mapping[int, RankHealth]) -> tuple[int, ...]:
-    """The candidates least far (``_progress_key``'s least: the lowest last step, then the
-    earliest last progress), ascending. A stall of 50,000 ranks is read in C, column by column,
-    not with a key made per rank."""
-    ranks = list(candidates)
-    if candidates <= health.keys():
-        hs = list(map(health.__getitem__, ranks))
-        steps = list(map(_LAST_STEP, hs))
-        if None not in steps:  # else a rank before its first step: one by one
-            rows = positions(steps, min(steps))
-            progress = list(map(_LAST_PROGRESS, map(hs.__getitem__, rows)))
-            least = map(eq, progress, repeat(min(progress)))
-            return tuple(sorted(compress(map(ranks.__getitem__, rows), least)))
-    ranked = sorted(ranks, key=lambda r: _progress_key(r, health))
-    best = _progress_key(ranked[0], health)[:2]
-    return tuple(r for r in ranked if _progress_key(r, health)[:2] == best)
-
-
-_LAST_STEP, _LAST_PROGRESS = attrgetter("last_step"), attrgetter("last_progress")
-
-
-def _progress_key(rank: int, health: Mapping[int, RankHealth]) -> tuple[float, float, int]:
-    h = health.get(rank)
-    if h is None:
-        return (float("inf"), float("inf"), rank)
-    step = h.last_step if h.last_step is not None else -1
-    return (float(step), h.last_progress, rank)
 
 
 def _first_step_of_others(columns: list[Column], culprits: set[int]) -> int | None:

@@ -173,7 +173,7 @@ class IncidentTracker:
             name, ranks = health.runs[0], health.ranks
             hs = list(map(_FIRST, health))
             run = self._run(name)
-            run.health.update(zip(ranks, hs, strict=True))
+            run.take_health(ranks, hs)
             run.world = max(run.world, max(map(_WORLD, hs)))
             rest = health_columns(hs, rows_of(facts, name), ranks, health.states)
             return [(name, rest)]
@@ -189,7 +189,7 @@ class IncidentTracker:
         for name, part in by_run(hs):
             run = self._run(name)
             ranks = list(map(_RANK, part))
-            run.health.update(zip(ranks, part, strict=True))
+            run.take_health(ranks, part)
             run.world = max(run.world, max(map(_WORLD, part)))
             out.append((name, health_facts(part, rows_of(facts, name), ranks)))
         return out

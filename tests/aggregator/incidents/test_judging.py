@@ -18,6 +18,7 @@ from rankwatch.aggregator.incidents import rules
 from rankwatch.aggregator.incidents.columns import Column, Rows
 from rankwatch.aggregator.incidents.grouping import Open
 from rankwatch.aggregator.incidents.judging import Judge
+from rankwatch.aggregator.incidents.progress import least_progress, progress_key
 from rankwatch.aggregator.incidents.rules import BY_TIME, Fact, known
 from rankwatch.aggregator.incidents.scan import positions
 from rankwatch.aggregator.incidents.split import RankSplit
@@ -152,9 +153,9 @@ def test_the_kept_split_of_affected_and_terminated_ranks_is_the_split_from_scrat
 
 def old_least_progress(candidates: set[int], table: dict) -> tuple[int, ...]:
     """The least-progress culprits as they were found: a key made per rank, sorted."""
-    ranked = sorted(candidates, key=lambda r: rules._progress_key(r, table))
-    best = rules._progress_key(ranked[0], table)
-    return tuple(r for r in ranked if rules._progress_key(r, table)[:2] == best[:2])
+    ranked = sorted(candidates, key=lambda r: progress_key(r, table))
+    best = progress_key(ranked[0], table)
+    return tuple(r for r in ranked if progress_key(r, table)[:2] == best[:2])
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -171,7 +172,7 @@ def test_the_least_progress_read_column_by_column_is_the_sort_by_rank_keys(seed:
             rank = rng.choice(list(table))
             table[rank] = health(rank, RankState.STALLED, step=None)
         candidates = set(rng.sample(range(n), rng.randint(1, n)))
-        assert rules.least_progress(candidates, table) == old_least_progress(candidates, table)
+        assert least_progress(candidates, table) == old_least_progress(candidates, table)
 
 
 @pytest.mark.parametrize(
