@@ -11,7 +11,9 @@ already (the setup, not timed), then ticks of ``CHANGED`` ranks each (timed, one
   collective timeouts; per tick more timeouts;
 * ``nan``: the culprit's loss non-finite at step 20, half the peers' at 21; per tick more peers;
 * ``stall``: half the ranks stalled, no stack samples (the culprits by least progress); per tick
-  more stall.
+  more stall;
+* ``silent``: the culprit stalled (no stack samples), half its peers silent since; per tick more
+  go silent.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from rankwatch.aggregator.incidents.stacks import Frame, StackSample
 RUN = "big"
 CHANGED = 100  # ranks changing state per tick
 TICK_S = 0.2
-SCENARIOS = ("lost", "crash", "hang", "nan", "stall")
+SCENARIOS = ("lost", "crash", "hang", "nan", "stall", "silent")
 PEER = "crashed: builtins.RuntimeError: Launch kernel failed, name:Default/AllReduce-op2 (rank {r})"
 IN_COLLECTIVE = (Frame("mindspore/common/api.py", 1891, "_exec_pip"),
                  Frame("job/train.py", 136, "main"))  # fmt: skip
@@ -119,6 +121,16 @@ def scenario(name: str, n: int, ticks: int) -> tuple[list[Burst], list[Burst]]:
             t = 45.0 + TICK_S * (k + 1)
             part = range(n // 2 + k * CHANGED, n // 2 + (k + 1) * CHANGED)
             timed.append((t, {"health": [_health(n, r, RankState.STALLED, t, quiet, 19)
+                                         for r in part]}))  # fmt: skip
+    elif name == "silent":
+        own = _health(n, culprit, RankState.STALLED, 45.0, "no step for 30 s", 19)
+        gone = "no record for 12 s"
+        setup.append((45.0, {"health": [own]}))
+        setup.append((46.0, {"health": [_health(n, r, RankState.LOST, 46.0, gone, 19)
+                                        for r in peers[:half]]}))  # fmt: skip
+        for k, part in enumerate(more):
+            t = 46.0 + TICK_S * (k + 1)
+            timed.append((t, {"health": [_health(n, r, RankState.LOST, t, gone, 19)
                                          for r in part]}))  # fmt: skip
     else:
         raise ValueError(f"unknown scenario {name!r}")

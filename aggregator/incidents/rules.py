@@ -268,7 +268,7 @@ def _hang(
 ) -> tuple[str, tuple[int, ...], str, int | None]:
     collective = _columns(evidence, COLLECTIVE)
     stalled = _columns(evidence, STALLED)
-    silent = _values(evidence, LOST) + _values(evidence, KILLED)
+    silent = _columns(evidence, LOST) + _columns(evidence, KILLED)  # read as columns, no facts
     step = _min_step_of(stalled)
     peers_step = _min_step_of(collective)
     grouped = groups()
@@ -283,7 +283,7 @@ def _hang(
     if first_failure is not None and waited_for and len(waited_for) <= len(failed):
         culprits = tuple(sorted(waited_for, key=lambda r: progress_key(r, health)))
         cause, named = "hang", set(culprits)
-        first_silence = min((f.time for f in silent if f.rank in named), default=None)
+        first_silence = _earliest_time(silent, named)
         if step is None:  # no stall seen: the step they stopped after
             step = _stop_step(culprits, health, peers_step)
         if first_silence is not None and first_silence < first_failure.time:
@@ -296,7 +296,7 @@ def _hang(
             "first to fail; every rank failed in a collective",
             first_failure.step,
         )
-    candidates = _ranks(stalled) | {f.rank for f in silent}
+    candidates = _ranks(stalled) | _ranks(silent)
     if not candidates:
         return "hang", (), "no candidate", step
     culprits = least(candidates, health)
@@ -305,6 +305,19 @@ def _hang(
     else:
         basis = "least progress (no stacks)"
     return "hang", culprits, basis, step
+
+
+def _earliest_time(columns: list[Column], ranks: set[int]) -> float | None:
+    """The earliest time of the rows of ``ranks`` in ``columns``: looked up when the ranks are
+    fewer than a column's rows, else the column's rows filtered."""
+    times: list[float] = []
+    for c in columns:
+        if len(ranks) < len(c):
+            rows = list(known(map(c.at.get, ranks)))
+        else:
+            rows = [row for rank, row in c.at.items() if rank in ranks]
+        times += map(c.time.__getitem__, rows)
+    return min(times, default=None)
 
 
 def _waited_for(health: Mapping[int, RankHealth], failed: set[int]) -> list[int]:

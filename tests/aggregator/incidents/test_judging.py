@@ -175,6 +175,24 @@ def test_the_least_progress_read_column_by_column_is_the_sort_by_rank_keys(seed:
         assert least_progress(candidates, table) == old_least_progress(candidates, table)
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_named_ranks_earliest_silence_read_from_columns_is_that_of_their_facts(
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    for _ in range(10):
+        columns = []
+        for kind in (rules.LOST, rules.KILLED):
+            if rng.random() < 0.7:
+                column = Column(kind, "")
+                for _ in range(rng.randint(1, 3)):
+                    column.add(burst(rng, kind, 60, T0 + rng.random() * 50), rng.choice([5, 1000]))
+                columns.append(column)
+        named = set(rng.sample(range(60), rng.choice([0, 1, 3, 30, 60])))
+        facts = [f for c in columns for f in c.facts() if f.rank in named]
+        assert rules._earliest_time(columns, named) == min((f.time for f in facts), default=None)
+
+
 @pytest.mark.parametrize(
     ("states", "failed", "found"),
     [
