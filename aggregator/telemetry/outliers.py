@@ -254,8 +254,9 @@ class HardwareWatch:
         rl, zl = ranks.tolist(), z.tolist()
         prev = self.peers.get(key)
         # a bucket of late cards (a rank that connected late) scored after a newer one is not
-        # the run's latest view: the leaders stay the newer bucket's
-        if prev is None or start >= prev.time:
+        # the run's latest view: the leaders stay the newer bucket's; late cards of that same
+        # bucket, scored again on their own, leave it to the fuller view
+        if prev is None or start > prev.time or (start == prev.time and len(x) >= prev.n):
             self.peers[key] = Peers(median, len(x), start, dict(zip(rl, zl, strict=True)))
         if m.rule is None:
             return  # context only (power): its median, never a flag

@@ -253,3 +253,20 @@ def test_late_cards_scored_after_a_newer_bucket_leave_the_leaders_to_the_newer_o
     watch.evaluate()
     assert watch.peers[("r", "gpu/temp_c")].time == newest
     assert any(d["rank"] == 5 and d["word"] == "hottest" for d in leaders(watch, "r"))
+
+
+def test_late_cards_of_the_newest_bucket_itself_leave_the_leaders_to_the_fuller_view() -> None:
+    # the same, but the late samples fall in the newest scored bucket (a burst of frames after
+    # a reconnect): scored again on their own, that bucket's handful must not replace its peers
+    def hot(rank: int, i: int, rnd: random.Random) -> dict[str, float]:
+        return {**clean(rank, i, rnd), **({"gpu/temp_c": 94.0} if rank == 5 else {})}
+
+    watch = HardwareWatch(HardwareConfig())
+    feed(watch, 6, ranks=8, values=hot)
+    newest = watch.peers[("r", "gpu/temp_c")]
+    rnd = random.Random(2)
+    watch.add([Rec("r", r, newest.time + 0.5, "node1", "gpu", f"gpu:{r}", clean(r, 0, rnd))
+               for r in range(8, 12)])  # fmt: skip
+    watch.evaluate()
+    assert watch.peers[("r", "gpu/temp_c")] == newest
+    assert any(d["rank"] == 5 and d["word"] == "hottest" for d in leaders(watch, "r"))
