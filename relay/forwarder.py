@@ -33,7 +33,7 @@ import logging
 import socket
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any
 
@@ -187,7 +187,8 @@ class Relay:
         self._batch_version = 0
         self._deadline = 0.0  # monotonic time the open batch must be sent by
         self._pending: deque[tuple[bytes, int]] = deque()  # packed frames not yet sent upstream
-        self._routes: dict[tuple[str, int], bytes] = {}
+        # oldest first; OrderedDict drops its oldest in O(1) (a dict scans past deleted keys)
+        self._routes: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._logged: set[tuple[str, str]] = set()
         self.n: dict[str, int] = dict.fromkeys(
             (
@@ -354,7 +355,7 @@ class Relay:
         if routes.get(key) != identity:
             # A moved rank goes to the end; a new one past the cap pushes out the oldest.
             if routes.pop(key, None) is None and len(routes) >= MAX_ROUTES:
-                del routes[next(iter(routes))]
+                routes.popitem(last=False)
                 self.n["routes_evicted"] += 1
             routes[key] = identity
 

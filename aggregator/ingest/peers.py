@@ -10,17 +10,23 @@ other threads (it copies each dict in one C-level call before iterating it).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
 from rankwatch.agent.wire.records import RanksBlock
 
-MAX_SENDERS = 4096  # per-identity counters kept; DEALERs get a new identity on each reconnect
+# per-identity counters kept (DEALERs get a new identity on each reconnect): the 12,500 node
+# relays of a 100,000-rank job with room; fewer, and each frame of a relay past them makes a
+# new counter and retires the oldest, its counts folded into ``(others)``
+MAX_SENDERS = 16_384
 MAX_RETIRED = 4096  # labels of evicted identities kept apart; the rest share OTHER_SENDERS
 OTHER_SENDERS = "(others)"
-MAX_ROUTES = 65_536  # (run, rank) -> identity routes for resend requests, in all ...
-MAX_RANKS_PER_PEER = 1024  # ... and per connection (a relay carries a node's ranks, every run)
+# (run, rank) -> identity routes for resend requests, in all: two jobs of 100,000 ranks with
+# room (a cap below a job's ranks leaves some unroutable at any time, and re-routes each record)
+MAX_ROUTES = 262_144
+MAX_RANKS_PER_PEER = 1024  # routes per connection (a relay carries a node's ranks, every run)
 
 
 @dataclass(slots=True)
@@ -32,8 +38,10 @@ class SenderStats:
     records: int = 0
     bad: dict[str, int] = field(default_factory=dict)
     relayed: bool = False  # one connection carrying several ranks (a `rankwatch relay`)
-    # (run, rank) routed through this identity, oldest first (dict as an ordered set)
-    ranks: dict[tuple[str, int], None] = field(default_factory=dict)
+    # (run, rank) routed through this identity, oldest first (an ordered set). OrderedDict, as
+    # are ``Peers.routes`` and ``senders``: it drops its oldest in constant time, where a
+    # dict's first key after many deletions is found by a scan past their holes.
+    ranks: OrderedDict[tuple[str, int], None] = field(default_factory=OrderedDict)
 
 
 class Peers:
@@ -41,8 +49,9 @@ class Peers:
     ``counts`` gets ``routes_evicted`` and ``peer_ranks_capped``."""
 
     def __init__(self, counts: dict[str, int]) -> None:
-        self.senders: dict[bytes, SenderStats] = {}
-        self.routes: dict[tuple[str, int], bytes] = {}  # (run, rank) -> latest identity
+        self.senders: OrderedDict[bytes, SenderStats] = OrderedDict()  # oldest first
+        # (run, rank) -> latest identity, oldest first
+        self.routes: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self.retired: dict[str, SenderStats] = {}  # stats of evicted identities, by label
         self.totals = counts
 
@@ -87,8 +96,7 @@ class Peers:
     def _new_sender(self, identity: bytes) -> SenderStats:
         if len(self.senders) >= MAX_SENDERS:
             # Reconnecting DEALERs get fresh identities; fold the oldest into per-label totals.
-            oldest = next(iter(self.senders))
-            self._retire(self.senders.pop(oldest))
+            self._retire(self.senders.popitem(last=False)[1])
         stats = SenderStats(label=identity.hex())
         self.senders[identity] = stats
         return stats
@@ -120,8 +128,7 @@ class Peers:
             if moved is not None:
                 moved.ranks.pop(key, None)
         elif len(routes) >= MAX_ROUTES:
-            gone, gone_owner = next(iter(routes.items()))
-            del routes[gone]
+            gone, gone_owner = routes.popitem(last=False)
             self.totals["routes_evicted"] += 1
             held = self.senders.get(gone_owner)
             if held is not None:
@@ -129,8 +136,7 @@ class Peers:
         if len(stats.ranks) >= MAX_RANKS_PER_PEER:
             # One connection naming more ranks than a node has: its own oldest route goes,
             # not another peer's, and a long-lived relay still reaches its newest runs.
-            gone = next(iter(stats.ranks))
-            del stats.ranks[gone]
+            gone, _ = stats.ranks.popitem(last=False)
             routes.pop(gone, None)
             self.totals["peer_ranks_capped"] += 1
         routes[key] = identity
