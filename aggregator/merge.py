@@ -310,17 +310,25 @@ class StepMerger:
                 )
         return out
 
-    def expire(self, now: float) -> list[StepValues]:
-        """Hand out, partial, every group whose first value is older than ``grace_s``."""
+    def expire(self, now: float, ranks: int | None = None) -> list[StepValues]:
+        """Hand out, partial, every group whose first value is older than ``grace_s``; with
+        ``ranks``, only the oldest of them until their world sizes add up to that many (one at
+        least), the rest at the next call. Groups evicted for the memory bounds come first,
+        all of them."""
         out, self._evicted = self._evicted, []
         deadline = now - self.grace_s
+        budget = ranks if ranks is not None else -1
         for name, run in self._runs.items():
             groups = run.groups
             while groups:
                 step, group = next(iter(groups.items()))
                 if group.created > deadline:
                     break  # groups are in creation order: the rest are younger
+                if budget == 0:
+                    return out
                 out.extend(self._close(name, run, step))
+                if budget > 0:
+                    budget = max(0, budget - max(1, group.world_size))
         return out
 
     def open_groups(self) -> int:

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rankwatch.service")
 
+EXPIRE_RANKS = 100_000  # partial steps handed out per tick, in ranks (a 100,000-rank step)
 RETIRE_EVERY_S = 60.0  # runs over for LIVE_RETENTION_S are looked for this often
 OVER_STATES = frozenset((RankState.FINISHED, RankState.CRASHED, RankState.LOST))
 
@@ -51,9 +52,17 @@ def tick(agg: Aggregator, now: float | None = None) -> list[Alert]:
     """Periodic work; returns the alert transitions (the service thread calls it)."""
     now = time.time() if now is None else now
     with agg.lock:
+        taken_in, per_tick = now, None
         if agg.receiver is not None and not agg._stop.is_set():  # not stop()'s last
             _judge_silence(agg, now)
-        for result in agg.detector.update_many(agg.merger.expire(now)):
+            # A step's grace for its slowest rank is counted up to what ingest has taken in,
+            # as silence is: behind a backlog the rest of the step is still queued, and a
+            # step scored partial for the head node's own lag would miss every late value.
+            taken_in = min(now, agg.progress.heard)
+            # Partial steps are scored here, under the lock: a backlog's worth at once would
+            # hold reads up for seconds at 100,000 ranks, so a tick takes ``EXPIRE_RANKS``.
+            per_tick = EXPIRE_RANKS
+        for result in agg.detector.update_many(agg.merger.expire(taken_in, per_tick)):
             agg._take(result)
         health = agg.healthview.snapshot(now)
         changed = agg.healthview.changes(now, health)

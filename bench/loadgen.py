@@ -13,9 +13,11 @@ real agents do (one record per frame at a few steps/s). ``--sockets process`` sh
 per worker and batches a step's records into frames under ``MAX_FRAME_BYTES``; with
 ``--node-frames`` each frame holds one node's records of a step (``--ranks-per-node``), the
 frame a node's relay forwards when its ranks step together, so one socket stands in for many
-relays. ``--metrics 8`` adds ``grad_norm_local``, ``data_time`` and ``loss_scale`` to every step
-record. ``--addr`` may list several endpoints (relays): ranks are split into that many
-contiguous blocks, one per endpoint.
+relays. ``--sockets node`` gives every node (``--ranks-per-node`` consecutive ranks) its own
+DEALER, one frame per node per step: the connections a head node behind per-node relays
+really holds (12,500 at 100,000 ranks). ``--metrics 8`` adds ``grad_norm_local``,
+``data_time`` and ``loss_scale`` to every step record. ``--addr`` may list several endpoints
+(relays): ranks are split into that many contiguous blocks, one per endpoint.
 
 Values are seeded and independent of how ranks are split across workers: step ``s`` draws the
 noise of every rank from ``default_rng([seed, s])``. The loss decays with 5 % relative per-rank
@@ -115,6 +117,7 @@ POWER_LIMIT_W = 700.0
 HOST = {"cpu_pct": (30.0, 0.1), "load1": (8.0, 0.1), "mem_available_bytes": (5e11, 0.02)}
 THERMAL_SLOWDOWN = 0x20 | 0x40  # NVML's sw_thermal and hw_thermal clock event reasons
 PROGRESS_S = 5.0  # progress line period of the CLI
+SOCKETS = ("rank", "node", "process")  # one DEALER per rank, per node, per worker and address
 READY_TIMEOUT_S = 120.0  # workers must have their sockets within this
 START_DELAY_S = 0.5  # between "all workers ready" and step 1
 WORKER = Path(__file__).with_name("loadgen_worker.py")
@@ -266,7 +269,7 @@ class LoadConfig:
     addrs: list[str] = field(default_factory=lambda: ["tcp://127.0.0.1:8671"])
     faults: list[Fault] = field(default_factory=list)
     procs: int = 2
-    sockets: str = "rank"  # "rank": one DEALER per rank; "process": one per worker and address
+    sockets: str = "rank"  # "rank": one DEALER per rank; "node": per node; "process": per worker
     seed: int = 0
     run: str = "loadgen"
     heartbeat_s: float = 5.0
@@ -289,8 +292,8 @@ class LoadConfig:
             raise ValueError("telemetry_s must be >= 0 (0: no telemetry)")
         if not len(METRICS) <= self.metrics <= len(METRICS) + len(EXTRA_METRICS):
             raise ValueError(f"metrics must be {len(METRICS)}..{len(METRICS + EXTRA_METRICS)}")
-        if self.sockets not in ("rank", "process"):
-            raise ValueError(f"sockets must be 'rank' or 'process', got {self.sockets!r}")
+        if self.sockets not in SOCKETS:
+            raise ValueError(f"sockets must be one of {', '.join(SOCKETS)}, got {self.sockets!r}")
         if not self.addrs or len(self.addrs) > self.ranks:
             raise ValueError("need between 1 and --ranks addresses")
         self.noise.check()
@@ -477,7 +480,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--faults", default="", help="kind:rank[:magnitude][@step],...")
     ap.add_argument("--fault-step", type=int, default=None, help="default onset (steps/5)")
     ap.add_argument("--procs", type=int, default=min(4, os.cpu_count() or 1))
-    ap.add_argument("--sockets", choices=("rank", "process"), default="rank")
+    ap.add_argument("--sockets", choices=SOCKETS, default="rank")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run", default=f"loadgen-{int(time.time())}")
     ap.add_argument("--heartbeat-s", type=float, default=5.0)

@@ -82,15 +82,21 @@ class Worker:
         self.ctx.set(zmq.MAX_SOCKETS, len(self.ranks) + 64)
         self.socks: dict[int, zmq.Socket[bytes]] = {}  # rank (or segment lo) -> socket
         self.owner: dict[int, int] = {}  # rank -> key in socks
+        per_node = spec["sockets"] == "node"
         for lo, hi, addr in self.segments:
-            for r in range(lo, hi) if self.per_rank else (lo,):
+            firsts = range(lo, hi) if self.per_rank else (lo,)
+            if per_node:  # a socket per node: its first rank in this segment keys it
+                firsts = sorted({max(lo, r - r % self.node) for r in range(lo, hi)})
+            for r in firsts:
                 sock = self.ctx.socket(zmq.DEALER)
                 sock.setsockopt(zmq.SNDHWM, SNDHWM_FRAMES)
                 sock.setsockopt(zmq.LINGER, LINGER_MS)
                 sock.connect(addr)
                 self.socks[r] = sock
             for r in range(lo, hi):
-                self.owner[r] = r if self.per_rank else lo
+                self.owner[r] = (
+                    r if self.per_rank else max(lo, r - r % self.node) if per_node else lo
+                )
         self.pending: dict[int, deque[tuple[bytes, int]]] = {k: deque() for k in self.socks}
 
     # --- records -------------------------------------------------------------------------

@@ -53,6 +53,36 @@ def test_partial_groups_expire_after_grace(now: float, expected: list) -> None:
     assert got == expected
 
 
+def test_expire_with_a_rank_budget_hands_out_the_oldest_steps_first_and_the_rest_next() -> None:
+    m = StepMerger(grace_s=5.0)
+    for step in range(1, 6):  # five partial steps of a 4-rank world, two metrics each
+        m.add(rec(0, step, loss=1.0, acc=0.5), float(step))
+    m.add(rec(0, 1, run="other", world=2), 0.5)  # another run's, past grace too
+
+    def steps(out: list[StepValues]) -> list[tuple[str, int, str]]:
+        return [(sv.run, sv.step, sv.metric) for sv in out]
+
+    assert steps(m.expire(100.0, ranks=8)) == [  # two steps of 4 ranks: 8, every metric
+        ("r", 1, "loss"), ("r", 1, "acc"), ("r", 2, "loss"), ("r", 2, "acc"),
+    ]  # fmt: skip
+    assert steps(m.expire(100.0, ranks=1)) == [("r", 3, "loss"), ("r", 3, "acc")]  # one at least
+    assert steps(m.expire(100.0)) == [  # no budget: all that is left, run by run
+        ("r", 4, "loss"), ("r", 4, "acc"), ("r", 5, "loss"), ("r", 5, "acc"),
+        ("other", 1, "loss"),
+    ]  # fmt: skip
+    assert m.open_groups() == 0 and m.expire(200.0, ranks=8) == []
+    assert m.late == 0
+
+
+def test_a_rank_budget_never_holds_back_steps_evicted_for_the_memory_bound() -> None:
+    m = StepMerger(grace_s=5.0, max_open_steps=2)
+    for step in range(1, 6):  # steps 1-3 evicted as 4 and 5 open
+        m.add(rec(0, step), 0.0)
+    got = [sv.step for sv in m.expire(100.0, ranks=1)]
+    assert got == [1, 2, 3, 4]  # the evicted, then one past grace
+    assert [sv.step for sv in m.expire(100.0, ranks=1)] == [5]
+
+
 def test_late_values_are_counted_not_scored() -> None:
     m = StepMerger(grace_s=5.0)
     m.add(rec(0, 1, world=2), 0.0)

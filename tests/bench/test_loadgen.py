@@ -155,7 +155,7 @@ RANKS, RATE, DURATION, BAD = 64, 4.0, 5.0, 17
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("sockets", ["rank", "process"])
+@pytest.mark.parametrize("sockets", ["rank", "node", "process"])
 def test_load_against_real_aggregator(sockets: str) -> None:
     run = f"ci-load-{sockets}"
     config = LoadConfig(
@@ -193,6 +193,9 @@ def test_load_against_real_aggregator(sockets: str) -> None:
     assert counters["merge_late"] == counters["merge_evicted"] == 0  # every step scored
     flagged = {(d["rank"], d["metric"]) for d in divergence["divergences"]}
     assert flagged == {(BAD, "loss")}
+    # one connection per rank, per node of 8 (each named by its first rank), per load process
+    connections = {"rank": RANKS, "node": RANKS // 8, "process": 2}[sockets]
+    assert counters["ingest_connections"] == connections, counters["senders"]
 
 
 @pytest.mark.timeout(60)
