@@ -138,7 +138,8 @@ class StepMerger:
         self.max_step_window = max_step_window
         self.max_open_steps = max_open_steps
         self._runs: dict[str, _Run] = {}
-        self._evicted: list[StepValues] = []  # closed early by the caps, handed out by expire()
+        # closed early by the caps, handed out by expire()
+        self._evicted: list[StepValues | StepGrid] = []
         self._names: dict[tuple[str, ...], tuple[str, ...]] = {}  # metric-name sets seen
         self.late = 0  # values that arrived after their (run, metric, step) was handed out
         # groups closed incomplete before grace because of the memory caps (a complete group
@@ -310,8 +311,9 @@ class StepMerger:
                 )
         return out
 
-    def expire(self, now: float, ranks: int | None = None) -> list[StepValues]:
-        """Hand out, partial, every group whose first value is older than ``grace_s``; with
+    def expire(self, now: float, ranks: int | None = None) -> list[StepValues | StepGrid]:
+        """Hand out, partial, every group whose first value is older than ``grace_s`` (a step
+        whose ranks all sent the same metrics in blocks as a one-step ``StepGrid``); with
         ``ranks``, only the oldest of them until their world sizes add up to that many (one at
         least), the rest at the next call. Groups evicted for the memory bounds come first,
         all of them."""
@@ -360,14 +362,19 @@ class StepMerger:
             self.evicted += 1
             self._evicted.extend(partial)
 
-    def _close(self, name: str, run: _Run, step: int) -> list[StepValues]:
+    def _close(self, name: str, run: _Run, step: int) -> list[StepValues | StepGrid]:
         group = run.groups.pop(step)
+        grid = None
         if group.rows is not None:
-            group.spread()
+            grid = _partial_grid(name, group)
+            if grid is None:
+                group.spread()
         run.closed[step] = None
         if len(run.closed) > CLOSED_MEMORY:
             forgotten, _ = run.closed.popitem(last=False)
             run.floor = forgotten if run.floor is None else max(run.floor, forgotten)
+        if grid is not None:
+            return [grid] if grid.names and grid.ranks else []
         if not group.values:  # handed out whole (a complete step stays open for late records)
             return []
         ws = group.world_size
@@ -375,6 +382,24 @@ class StepMerger:
             StepValues(name, metric, step, per_rank, ws, _full(per_rank, ws))
             for metric, per_rank in group.values.items()
         ]
+
+
+def _partial_grid(name: str, group: _Group) -> StepGrid | None:
+    """A step handed out partial while its block rows are whole, as a one-step grid, when every
+    rank reported the same metrics (the usual case): the detector takes the rows as one array,
+    where spreading them into a dict per metric cost as much as scoring them (100,000 ranks)."""
+    rows = group.rows
+    assert rows is not None
+    entries = list(rows.values())
+    if not entries:
+        return StepGrid(name, (), [], [group.step], [[]], group.world_size, False)
+    last = entries[-1][0]
+    for names, _ in entries:
+        if names is not last and names != last:
+            return None
+    ws = group.world_size
+    return StepGrid(name, last, list(rows), [group.step], [[r for _, r in entries]], ws,
+                    _full(rows, ws))  # fmt: skip
 
 
 def _step_values(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import pytest
 from rankwatch.agent.wire.records import Heartbeat, StepBlock, StepRecord, unblock
@@ -69,7 +70,9 @@ def test_blocks_dedupe_and_merge_as_their_records_do(seed: int) -> None:
             fresh_b = [blk.record(i) for i, ok in enumerate(mask) if ok]
             got = [sv for r in fresh_b for sv in merge_b.add(r, now)]
         assert [repr(sv) for sv in got] == [repr(sv) for sv in want]
-        assert [repr(sv) for sv in merge_b.expire(now)] == [repr(sv) for sv in merge_a.expire(now)]
+        assert [repr(sv) for sv in flat(merge_b.expire(now))] == [
+            repr(sv) for sv in merge_a.expire(now)
+        ]
     for rank in range(4):
         assert seqs_a.intervals("r", rank) == seqs_b.intervals("r", rank)
     assert (merge_a.late, merge_a.evicted) == (merge_b.late, merge_b.evicted)
@@ -138,7 +141,7 @@ def test_blocks_of_differing_metrics_mixed_with_records_merge_as_records_do(seed
         else:
             got = flat(b.add_block(blk, now))
         assert [repr(sv) for sv in got] == [repr(sv) for sv in want], i
-        assert [repr(sv) for sv in b.expire(now)] == [repr(sv) for sv in a.expire(now)]
+        assert [repr(sv) for sv in flat(b.expire(now))] == [repr(sv) for sv in a.expire(now)]
     assert (a.late, a.evicted, a.open_groups()) == (b.late, b.evicted, b.open_groups())
 
 
@@ -167,3 +170,47 @@ def test_as_blocks_gathers_each_ranks_step_records_in_order_between_other_record
     flat = unblock(out)
     for rank in (0, 1):  # every rank's records, each once, in its own order
         assert [r for r in flat if r.rank == rank] == [r for r in items if r.rank == rank]
+
+
+def verdicts(results: list[Any]) -> list[tuple[str, list[tuple[int, str]], str, str]]:
+    """Each step's statistics, every rank's score, what it flagged and resolved, as text."""
+    out = []
+    for res in results:
+        for r in res.results() if hasattr(res, "results") else [res]:
+            scores = sorted((rank, repr(score)) for rank, score in r.scores.items())
+            out.append((repr(r.stats), scores, repr(r.new), repr(r.resolved)))
+    return out
+
+
+@pytest.mark.parametrize(("world", "seed"), [(8, 0), (64, 1), (4096, 2)])
+def test_partial_steps_of_relay_blocks_score_as_their_values_do(world: int, seed: int) -> None:
+    """A step a rank never reached, handed out by ``expire`` as a one-step grid of the blocks'
+    rows, gives the detector the verdicts and state the same step as per-metric values gives,
+    at a small, a middling and a large world (its numpy path)."""
+    from rankwatch.agent.wire.records import RanksBlock
+    from rankwatch.aggregator.divergence.detector import DivergenceDetector
+
+    rng = random.Random(seed)
+    merger = StepMerger(grace_s=1.0)
+    grids, values = DivergenceDetector(), DivergenceDetector()
+    missing, bad = world - 1, 3  # a hung rank; a drifting one from step 30
+    flagged: set[tuple[int, str]] = set()
+    for step in range(60):
+        for lo in range(0, world, 8):
+            ranks = [r for r in range(lo, min(world, lo + 8)) if r != missing]
+            n = len(ranks)
+            loss = [rng.gauss(2.0, 0.05) + (0.5 if r == bad and step >= 30 else 0.0)
+                    for r in ranks]  # fmt: skip
+            block = RanksBlock(
+                "r", world, ranks, [step + 1] * n, [0.0] * n, ["h"] * n, [1] * n, [step] * n,
+                [None] * n, {"loss": loss, "grad_norm": [rng.gauss(1.0, 0.1) for _ in ranks]},
+                [0] * n,
+            )  # fmt: skip
+            assert merger.add_ranks(block, float(step)) == []  # never complete
+        out = merger.expire(float(step) + 1.0)  # this step, past its grace
+        assert [(type(g), g.steps, len(g.ranks)) for g in out] == [(StepGrid, [step], world - 1)]
+        want = values.update_many(flat(out))
+        got = grids.update_many(out)
+        assert verdicts(got) == verdicts(want), step
+        flagged |= {(d.rank, d.metric) for r in got for d in getattr(r, "new", [])}
+    assert (bad, "loss") in flagged and merger.late == 0
