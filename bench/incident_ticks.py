@@ -22,7 +22,6 @@ import atexit
 import importlib
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from typing import Any
 from rankwatch.aggregator.divergence.types import Divergence
 from rankwatch.aggregator.health import RankHealth, RankState
 from rankwatch.aggregator.incidents.stacks import Frame, StackSample
+from revision import git
 
 RUN = "big"
 CHANGED = 100  # ranks changing state per tick
@@ -41,7 +41,6 @@ PEER = "crashed: builtins.RuntimeError: Launch kernel failed, name:Default/AllRe
 IN_COLLECTIVE = (Frame("mindspore/common/api.py", 1891, "_exec_pip"),
                  Frame("job/train.py", 136, "main"))  # fmt: skip
 IN_USER = (Frame("job/train.py", 98, "on_train_step_begin"), Frame("job/train.py", 136, "main"))
-REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "rankwatch.aggregator.incidents"
 
 Burst = tuple[float, dict[str, list[Any]]]
@@ -154,19 +153,14 @@ def per_tick(tracker_class: type, name: str, n: int, ticks: int) -> tuple[float,
 def tracker_of(rev: str) -> type:
     """``IncidentTracker`` as revision ``rev`` of this repository has it: its incident modules
     copied into a package of their own (the rest of the aggregator is this tree's)."""
-    names = _git("ls-tree", "--name-only", rev, "aggregator/incidents/").split()
+    names = git("ls-tree", "--name-only", rev, "aggregator/incidents/").split()
     alias = "rankwatch_incidents_" + "".join(c if c.isalnum() else "_" for c in rev)
     folder = Path(tempfile.mkdtemp(prefix="incidents-")) / alias
     atexit.register(shutil.rmtree, folder.parent, True)  # imported by then: not needed after
     folder.mkdir()
     for path in names:
         if path.endswith(".py"):
-            text = _git("show", f"{rev}:{path}").replace(PACKAGE, alias)
+            text = git("show", f"{rev}:{path}").replace(PACKAGE, alias)
             (folder / Path(path).name).write_text(text)
     sys.path.insert(0, str(folder.parent))
     return importlib.import_module(f"{alias}.tracker").IncidentTracker
-
-
-def _git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True,
-                          text=True).stdout  # fmt: skip

@@ -17,31 +17,17 @@ import argparse
 import random
 import statistics
 import subprocess
-import sys
 import time
-import types
-from pathlib import Path
 from typing import Any
 
 from rankwatch.agent.wire.records import RanksBlock
 from rankwatch.aggregator import merge as this_tree
 from rankwatch.aggregator.divergence.detector import DivergenceDetector
+from revision import module_at
 
-ROOT = Path(__file__).resolve().parent.parent
 METRICS = ("loss", "lr", "throughput", "step_time", "grad_norm", "grad_norm_local", "data_time",
            "loss_scale")  # fmt: skip
 WARM_STEPS = 2
-
-
-def merge_of(rev: str) -> types.ModuleType:
-    source = subprocess.run(
-        ["git", "show", f"{rev}:aggregator/merge.py"],
-        cwd=ROOT, check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    module = types.ModuleType(f"merge_{rev}")
-    sys.modules[module.__name__] = module  # dataclasses look their module up
-    exec(compile(source, f"{rev}:merge.py", "exec"), module.__dict__)
-    return module
 
 
 def blocks(world: int, step: int, rng: random.Random) -> list[RanksBlock]:
@@ -89,7 +75,10 @@ def main() -> None:
     versions: list[tuple[str, Any]] = [("this tree", this_tree)]
     if args.baseline:
         try:
-            versions.insert(0, (args.baseline, merge_of(args.baseline)))
+            before = module_at(args.baseline, "aggregator/merge.py")
+            # its steps as this tree's types, so that the detector takes both the same way
+            before.StepValues, before.StepGrid = this_tree.StepValues, this_tree.StepGrid
+            versions.insert(0, (args.baseline, before))
         except subprocess.CalledProcessError as exc:
             ap.error(f"--baseline {args.baseline}: {exc.stderr.strip()}")
     print(f"partial_steps: CPU ms per partial step of {len(METRICS)} metrics, median of "

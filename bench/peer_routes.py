@@ -20,28 +20,15 @@ import statistics
 import subprocess
 import sys
 import time
-import types
-from pathlib import Path
 from typing import Any
 
 from rankwatch.agent.wire.records import RanksBlock
 from rankwatch.aggregator.ingest import peers as this_tree
+from revision import module_at
 
-ROOT = Path(__file__).resolve().parent.parent
 # (ranks, ranks per connection, ranks per frame): relays of 8-card nodes at 4,096 and 100,000
 # ranks; the soak's process sockets (2 per load) at both sizes
 SHAPES = [(4096, 8, 8), (4096, 2048, 128), (100_000, 8, 8), (100_000, 50_000, 512)]
-
-
-def peers_of(rev: str) -> types.ModuleType:
-    source = subprocess.run(
-        ["git", "show", f"{rev}:aggregator/ingest/peers.py"],
-        cwd=ROOT, check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    module = types.ModuleType(f"peers_{rev}")
-    sys.modules[module.__name__] = module  # dataclasses look their module up
-    exec(compile(source, f"{rev}:peers.py", "exec"), module.__dict__)
-    return module
 
 
 def frames(ranks: int, per: int, frame: int) -> list[tuple[bytes, list[RanksBlock]]]:
@@ -96,7 +83,8 @@ def main() -> None:
     versions: list[tuple[str, Any]] = [("this tree", this_tree)]
     if args.baseline:
         try:
-            versions.insert(0, (args.baseline, peers_of(args.baseline)))
+            before = module_at(args.baseline, "aggregator/ingest/peers.py")
+            versions.insert(0, (args.baseline, before))
         except subprocess.CalledProcessError as exc:
             ap.error(f"--baseline {args.baseline}: {exc.stderr.strip()}")
     print(f"peer_routes: CPU ns per record, median of {args.repeats}, {args.steps} steps each")
