@@ -319,7 +319,7 @@ class StepMerger:
         all of them."""
         out, self._evicted = self._evicted, []
         deadline = now - self.grace_s
-        budget = ranks if ranks is not None else -1
+        budget = max(1, ranks) if ranks is not None else -1  # -1: no budget
         for name, run in self._runs.items():
             groups = run.groups
             while groups:
