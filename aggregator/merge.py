@@ -271,17 +271,14 @@ class StepMerger:
         assert rows is not None
         step, need = group.step, group.world_size
         entries = list(rows.values())
-        last = entries[-1][0]
-        for names, _ in entries:  # the same tuple, usually (add_block shares equal ones)
-            if names is not last and names != last:
-                break
-        else:
+        last = _shared_names(entries)
+        if last is not None:
             group.rows = None
             group.done.update(last)
             return last, list(rows), [row for _, row in entries], need, _full(rows, need)
         group.spread()
         out = []
-        for metric in last:
+        for metric in entries[-1][0]:
             per_rank = group.values[metric]
             if len(per_rank) >= need:
                 del group.values[metric]
@@ -384,6 +381,18 @@ class StepMerger:
         ]
 
 
+def _shared_names(
+    entries: list[tuple[tuple[str, ...], tuple[float, ...]]],
+) -> tuple[str, ...] | None:
+    """The metric names every one of a step's block rows has (usually one shared tuple:
+    ``_shared`` makes equal ones the same), else None. ``entries``: not empty."""
+    last = entries[-1][0]
+    for names, _ in entries:
+        if names is not last and names != last:
+            return None
+    return last
+
+
 def _partial_grid(name: str, group: _Group) -> StepGrid | None:
     """A step handed out partial while its block rows are whole, as a one-step grid, when every
     rank reported the same metrics (the usual case): the detector takes the rows as one array,
@@ -393,10 +402,9 @@ def _partial_grid(name: str, group: _Group) -> StepGrid | None:
     entries = list(rows.values())
     if not entries:
         return StepGrid(name, (), [], [group.step], [[]], group.world_size, False)
-    last = entries[-1][0]
-    for names, _ in entries:
-        if names is not last and names != last:
-            return None
+    last = _shared_names(entries)
+    if last is None:
+        return None
     ws = group.world_size
     return StepGrid(name, last, list(rows), [group.step], [[r for _, r in entries]], ws,
                     _full(rows, ws))  # fmt: skip

@@ -84,19 +84,16 @@ class Worker:
         self.owner: dict[int, int] = {}  # rank -> key in socks
         per_node = spec["sockets"] == "node"
         for lo, hi, addr in self.segments:
-            firsts = range(lo, hi) if self.per_rank else (lo,)
-            if per_node:  # a socket per node: its first rank in this segment keys it
-                firsts = sorted({max(lo, r - r % self.node) for r in range(lo, hi)})
-            for r in firsts:
+            for r in range(lo, hi):  # a node's socket is keyed by its first rank in the segment
+                self.owner[r] = (
+                    r if self.per_rank else max(lo, r - r % self.node) if per_node else lo
+                )
+            for key in sorted({self.owner[r] for r in range(lo, hi)}):
                 sock = self.ctx.socket(zmq.DEALER)
                 sock.setsockopt(zmq.SNDHWM, SNDHWM_FRAMES)
                 sock.setsockopt(zmq.LINGER, LINGER_MS)
                 sock.connect(addr)
-                self.socks[r] = sock
-            for r in range(lo, hi):
-                self.owner[r] = (
-                    r if self.per_rank else max(lo, r - r % self.node) if per_node else lo
-                )
+                self.socks[key] = sock
         self.pending: dict[int, deque[tuple[bytes, int]]] = {k: deque() for k in self.socks}
 
     # --- records -------------------------------------------------------------------------
