@@ -7,7 +7,7 @@ Same floats in the same order as ``small.score_lists``; flagging, blaming and re
 from __future__ import annotations
 
 import numpy as np
-from rankwatch.aggregator.divergence import window
+from rankwatch.aggregator.divergence import onset, window
 from rankwatch.aggregator.divergence.config import DivergenceConfig
 from rankwatch.aggregator.divergence.lists import plan_for, quantiles_at
 from rankwatch.aggregator.divergence.lists import rel_list as _rel_lists
@@ -132,10 +132,11 @@ def _evidence(
     limit, allowance = cfg.limit_for(stats.n), cfg.z_allowance
     cap = limit / (cfg.confirm_steps if stats.n >= cfg.small_n else cfg.small_confirm_steps)
     hi_ratio, lo_ratio = gates(rule, stats.n)
+    threshold = cfg.z_threshold
     sides = []
-    for direction, ev, start, signed, gate in (
-        ("high", st.ev_hi, st.start_hi, z, rel >= hi_ratio),
-        ("low", st.ev_lo, st.start_lo, -z, rel <= lo_ratio),
+    for direction, ev, start, signed, gate, sums in (
+        ("high", st.ev_hi, st.start_hi, z, rel >= hi_ratio, (st.run_hi, st.out_hi)),
+        ("low", st.ev_lo, st.start_lo, -z, rel <= lo_ratio, (st.run_lo, st.out_lo)),
     ):
         if rule.direction not in ("both", direction):
             continue
@@ -150,6 +151,9 @@ def _evidence(
         began = (before == 0) & (after > 0)
         if began.any():
             start[ranks[began]] = step
+        live = after > 0
+        if live.any():
+            onset.note_arrays(*sums, ranks[live], step, signed[live], began[live], threshold)
         sides.append((direction, ev, gate))
     windowed = np.zeros((2, ranks.size), bool)  # high, low
     if cfg.window_steps and stats.n >= cfg.small_n:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from rankwatch.aggregator.divergence import window
+from rankwatch.aggregator.divergence import onset, window
 from rankwatch.aggregator.divergence.config import DivergenceConfig
 from rankwatch.aggregator.divergence.lists import PAIRWISE_BLOCK, step_stats
 from rankwatch.aggregator.divergence.lists import no_outliers as _no_outliers
@@ -153,6 +153,7 @@ def _evidence(
     limit, allowance = cfg.limit_for(n), cfg.z_allowance
     cap = limit / (cfg.confirm_steps if n >= cfg.small_n else cfg.small_confirm_steps)
     hi_ratio, lo_ratio = gates(rule, n)
+    threshold = cfg.z_threshold
     sides = []
     hit = False  # a rank reached the limit (resolving below only lowers evidence)
     for direction in ("high", "low"):
@@ -160,12 +161,14 @@ def _evidence(
             continue
         if direction == "high":
             ev, start, signed = st.ev_hi, st.start_hi, z
+            run, out = st.run_hi, st.out_hi
             gate = [ri >= hi_ratio for ri in rel]
         else:
             ev, start, signed = st.ev_lo, st.start_lo, [-zi for zi in z]
+            run, out = st.run_lo, st.out_lo
             gate = [ri <= lo_ratio for ri in rel]
-        for r, s, ok in zip(ranks, signed, gate, strict=True):
-            s -= allowance
+        for r, zi, ok in zip(ranks, signed, gate, strict=True):
+            s = zi - allowance
             if s > cap:
                 s = cap
             if not ok and not s < 0:
@@ -177,8 +180,11 @@ def _evidence(
             elif after > limit:
                 after = limit
             ev[r] = after
-            if before == 0 and after > 0:
-                start[r] = step
+            if after > 0:
+                began = before == 0
+                if began:
+                    start[r] = step
+                onset.note(run, out, r, step, zi, began, threshold)
             if ok and after >= limit:
                 hit = True
         sides.append((direction, ev, gate))

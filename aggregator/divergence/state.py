@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+from rankwatch.aggregator.divergence import onset
 from rankwatch.aggregator.divergence.config import DivergenceConfig, MetricRule
 from rankwatch.aggregator.divergence.robust import MAD_TO_SIGMA, robust_scale
 from rankwatch.aggregator.divergence.types import Divergence, StepStats
@@ -37,6 +38,12 @@ class MetricState:
         self.ev_lo: Any = []
         self.start_hi: Any = []  # step where the current evidence run began
         self.start_lo: Any = []
+        # the run's sums of signed z and its first step past z_threshold (onset.py: the step
+        # the flag is dated to): four per-rank rows, and one
+        self.run_hi: Any = [[], [], [], []]
+        self.run_lo: Any = [[], [], [], []]
+        self.out_hi: Any = []
+        self.out_lo: Any = []
         self.own: Any = []  # EWMA of log|x| per rank (pairs only), NaN until seen
         # window test (window.py): the last window_steps - 1 steps' additions per rank, most
         # recent first (lists of per-rank lists, or a 2-D array), and their step numbers
@@ -65,6 +72,10 @@ class MetricState:
             self.ev_lo += [0.0] * pad
             self.start_hi += [0] * pad
             self.start_lo += [0] * pad
+            for row in (*self.run_hi, *self.run_lo):
+                row += [0.0] * pad
+            self.out_hi += [onset.NONE] * pad
+            self.out_lo += [onset.NONE] * pad
             self.own += [math.nan] * pad
             for row in self.window_rows():
                 row += [0.0] * pad
@@ -77,6 +88,13 @@ class MetricState:
         self.ev_lo = np.concatenate([self.ev_lo, np.zeros(pad)])
         self.start_hi = np.concatenate([self.start_hi, np.zeros(pad, np.int64)])
         self.start_lo = np.concatenate([self.start_lo, np.zeros(pad, np.int64)])
+        self.run_hi, self.run_lo = (
+            np.concatenate([run, np.zeros((4, pad))], axis=1) for run in (self.run_hi, self.run_lo)
+        )
+        self.out_hi, self.out_lo = (
+            np.concatenate([out, np.full(pad, onset.NONE, np.int64)])
+            for out in (self.out_hi, self.out_lo)
+        )
         self.own = np.concatenate([self.own, np.full(pad, np.nan)])
         self.win_hi, self.win_lo, self.gate_hi, self.gate_lo = (
             np.concatenate([rows, np.zeros((len(rows), pad))], axis=1)
@@ -91,6 +109,12 @@ class MetricState:
             self.ev_lo = np.array(self.ev_lo, np.float64)
             self.start_hi = np.array(self.start_hi, np.int64)
             self.start_lo = np.array(self.start_lo, np.int64)
+            self.run_hi, self.run_lo = (
+                np.array(run, np.float64).reshape(4, self.size)
+                for run in (self.run_hi, self.run_lo)
+            )
+            self.out_hi = np.array(self.out_hi, np.int64)
+            self.out_lo = np.array(self.out_lo, np.int64)
             self.own = np.array(self.own, np.float64)
             self.win_hi, self.win_lo, self.gate_hi, self.gate_lo = (
                 np.array(rows, np.float64).reshape(len(rows), self.size)
@@ -247,11 +271,20 @@ def new_outliers(
         fresh, moved = _blame_pair(cfg, st, ranks, v, fresh)
     for i, direction in fresh:
         rank = int(ranks[i])
-        start = st.start_hi if direction == "high" else st.start_lo
-        since = int(start[rank])
+        since = onset_of(st, direction, rank, sv.step)
         d = _outlier(cfg, sv, stats, rank, direction, since, v, z, rel, i, ranks, moved)
         st.active[(rank, "outlier")] = d
         new.append(d)
+
+
+def onset_of(st: MetricState, direction: str, rank: int, step: int) -> int:
+    """The step ``rank``'s divergence in ``direction``, flagged at ``step``, is dated to."""
+    if direction == "high":
+        start, out, run = st.start_hi, st.out_hi, st.run_hi
+    else:
+        start, out, run = st.start_lo, st.out_lo, st.run_lo
+    sums = (float(run[0][rank]), float(run[1][rank]), float(run[2][rank]), float(run[3][rank]))
+    return onset.since(int(start[rank]), int(out[rank]), sums, step)
 
 
 def _blame_pair(

@@ -33,7 +33,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from rankwatch.aggregator.divergence import ztail
+from rankwatch.aggregator.divergence import onset, ztail
 from rankwatch.aggregator.divergence.config import DivergenceConfig
 from rankwatch.aggregator.divergence.state import MetricState
 
@@ -126,7 +126,6 @@ def step_lists(
     keep = cfg.window_steps - 1
     h, cap = window_limit(cfg, n)
     a, size, rule = cfg.window_allowance, st.size, st.rule.direction
-    past = cfg.z_allowance - a
     hits: list[Hit] = []
     live = False
     for direction, sign in (("high", 1.0), ("low", -1.0)):
@@ -153,7 +152,7 @@ def step_lists(
                         for row in margins:
                             m += row[r]
                         if m >= 0:
-                            hits.append((i, direction, _since(st, rows, r, step, past)))
+                            hits.append((i, direction, _since(cfg, st, rows, r, step, u)))
         rows.insert(0, new)
         rows.pop()
         margins.insert(0, new_margin)
@@ -178,7 +177,6 @@ def step_arrays(
     keep = cfg.window_steps - 1
     h, cap = window_limit(cfg, n)
     a, rule = cfg.window_allowance, st.rule.direction
-    past = cfg.z_allowance - a
     hits: list[Hit] = []
     # every rank of the state, in order (a full step): rows are read as they are, not gathered
     every = ranks.size == st.size and bool((ranks == np.arange(st.size)).all())
@@ -206,7 +204,8 @@ def step_arrays(
                 for row in margins:
                     m += row[ranks[reached]]
                 for i in reached[m >= 0].tolist():
-                    hits.append((i, direction, _since(st, rows, int(ranks[i]), step, past)))
+                    since = _since(cfg, st, rows, int(ranks[i]), step, float(u[i]))
+                    hits.append((i, direction, since))
         rows[1:] = rows[:-1].copy()
         margins[1:] = margins[:-1].copy()
         if keep:
@@ -230,23 +229,38 @@ def _push_step(st: MetricState, step: int, keep: int) -> None:
     del st.win_steps[keep:]
 
 
-def _since(st: MetricState, rows: Any, rank: int, step: int, past: float) -> int:
-    """The first step of ``rank``'s window whose addition was past ``past`` (the CUSUM's
-    allowance: a step that stood out by itself), before this step is pushed (``rows[j]``: the
-    step ``st.win_steps[j]``); this step if none was."""
-    first = step
-    for age, at in enumerate(st.win_steps):
-        if rows[age][rank] > past:
-            first = at
-    return first
+def _since(cfg: DivergenceConfig, st: MetricState, rows: Any, rank: int, step: int,
+           now: float) -> int:  # fmt: skip
+    """Where ``rank``'s window began, before this step (addition ``now``) is pushed
+    (``rows[j]``: the step ``st.win_steps[j]``): its first step that stood out by itself
+    (addition past ``z_allowance - window_allowance``), or this step if none did; and if a
+    later step reached ``z_threshold``, ``onset.since`` weighs the steps before that one as
+    noise against the shift (each step's z taken as its addition plus the allowance, 0 where
+    it added nothing), so a large shift is not dated to a step of noise in its window."""
+    a = cfg.window_allowance
+    past, high = cfg.z_allowance - a, cfg.z_threshold - a
+    steps = [*reversed(st.win_steps), step]
+    adds = [*(rows[age][rank] for age in range(len(st.win_steps) - 1, -1, -1)), now]
+    first = next((i for i, u in enumerate(adds) if u > past), len(adds) - 1)
+    out = next((i for i in range(first, len(adds)) if adds[i] >= high), None)
+    if out is None or out == first:
+        return steps[first]
+    z = [u + a if u > 0 else 0.0 for u in adds[first:]]
+    lead = z[: out - first]
+    sums = (sum(z), sum(x * x for x in z), sum(lead), sum(x * x for x in lead))
+    return onset.since(steps[first], steps[out], sums, step)
 
 
 def mark_start(st: MetricState, direction: str, rank: int, since: int) -> None:
     """A window flag's divergence began where its window did, or where the CUSUM's run did
     if that is earlier."""
-    ev, start = (st.ev_hi, st.start_hi) if direction == "high" else (st.ev_lo, st.start_lo)
+    if direction == "high":
+        ev, start, out = st.ev_hi, st.start_hi, st.out_hi
+    else:
+        ev, start, out = st.ev_lo, st.start_lo, st.out_lo
     if not ev[rank] or since < start[rank]:
         start[rank] = since
+        out[rank] = onset.NONE  # the run's sums start later: the window's date stands
 
 
 __all__ = ["Hit", "mark_start", "step_arrays", "step_lists", "window_limit"]

@@ -1,5 +1,6 @@
-"""bench/false_alarms.py, bench/detection_quality.py and bench/stream_fanout.py at a CI size:
-they run end to end and print what docs/benchmarks.md quotes."""
+"""bench/false_alarms.py, bench/detection_quality.py, bench/onset_dates.py and
+bench/stream_fanout.py at a CI size: they run end to end and print what docs/benchmarks.md
+quotes."""
 
 from __future__ import annotations
 
@@ -102,3 +103,13 @@ def test_alarm_budget_measures_the_real_detectors_recall_on_a_drift() -> None:
         shares = [float(x) for x in r[3].split()]
         assert sum(shares) == pytest.approx(1.0, abs=0.01)
         assert sum(shares[:5]) == pytest.approx(float(r[2]), abs=0.01)
+
+
+def test_onset_dates_prints_both_estimates_and_the_new_one_is_not_worse_on_a_large_shift() -> None:
+    out = run("onset_dates.py", "--ranks", "16", "--shifts", "50", "--trials", "60")
+    assert "flagged 60/60" in out, out
+    (now,) = re.findall(r"now: +exact (\d\.\d+)", out)
+    (before,) = re.findall(r"baseline: +exact (\d\.\d+)", out)
+    # 60 seeds of 16 ranks: the run-start estimate dates some of them early, the new one ~none
+    assert float(now) >= 0.95 and float(now) > float(before), out
+    assert re.search(r"exact dates, now / baseline: \d\.\d\dx", out), out

@@ -142,10 +142,11 @@ def test_a_shift_is_flagged_within_5_steps_where_the_cusum_alone_is_not() -> Non
     # it is not (model, 3 sigma: 0.85 -> 0.88 of the ranks at 64; far more at 1,024)
     assert all(a or not b for a, b in zip(within, within_alone, strict=True))
     assert sum(within) > sum(within_alone) and sum(within) >= 40
-    # a flag says its divergence began where its window's first step that stood out did: the
-    # onset, or a noisy step just before it
+    # a flag is dated to the step of its window that explains the window best (onset.py): the
+    # onset mostly; a noisy step before it, or a weak first step of this small shift, misdates
+    # it by a step or two
     since = [f[1] for f in both if f is not None]
-    assert set(since) <= set(range(36, 42)) and statistics.mode(since) == 40
+    assert set(since) <= set(range(36, 43)) and statistics.mode(since) == 40
 
 
 def test_clean_small_worlds_stay_quiet_against_the_pooled_scale() -> None:
