@@ -1,5 +1,6 @@
-"""What one head node pays per rank for its reads: ``/api/status``, ``/metrics``, the snapshot,
-the tick, and how long each holds the lock that ingest needs.
+"""What one head node pays per rank for its reads: ``/api/status``, ``/metrics``,
+``/api/runs/{run}/divergence``, the snapshot, the tick, and how long each holds the lock that
+ingest needs.
 
     python bench/status_cost.py [--ranks 4096,16384,100000] [--steps 3] [--metrics 8] [--gapped]
 
@@ -10,6 +11,8 @@ lock is wrapped in a timer, so "lock" is the longest single hold of the service 
 read (what a record arriving meanwhile waits); each read follows a tick, as in a server, and
 "sweep" is one evaluation of every rank's health (which the tick does at most once a second).
 RSS is this process's growth over the fill, per rank. The first size is the baseline of the ratios.
+"divergence_every_rank" is the snapshot with every rank's entry that ``/divergence`` built
+before it listed ranks as ``/api/status`` does (without the JSON), timed in the same run.
 
 ``--gapped``: every rank's first record is missing (as after a restart of the head node that
 lost what was in flight, with no agent to resend it), so every rank is odd; "status_remade" is
@@ -134,15 +137,22 @@ def measure(
         agg.flush_store()
         gc.collect()
         rss = rss_bytes() - rss0
-        client = TestClient(create_app(AggregatorProvider(agg)), base_url="http://127.0.0.1")
+        provider = AggregatorProvider(agg)
+        client = TestClient(create_app(provider), base_url="http://127.0.0.1")
         out: dict[str, float] = {"ranks": ranks, "rss_per_rank_kb": rss / ranks / 1024}
-        for name, path in (("status", "/api/status"), ("status_run", "/api/status?run=big"),
-                           ("metrics", "/metrics")):  # fmt: skip
+        reads = (("status", "/api/status"), ("status_run", "/api/status?run=big"),
+                 ("metrics", "/metrics"), ("divergence", "/api/runs/big/divergence"),
+                 ("divergence_page", "/api/runs/big/divergence?offset=0&limit=1000"))  # fmt: skip
+        for name, path in reads:
             # each read just after a tick, as in a server (a sweep of every rank is the tick's)
             wall, hold, resp = timed(lock, lambda p=path: client.get(p), repeat, agg.tick)
             assert resp.status_code == 200, (path, resp.status_code, resp.text[:200])
             out[f"{name}_ms"], out[f"{name}_lock_ms"] = wall, hold
             out[f"{name}_kb"] = len(resp.content) / 1024
+        # what /divergence built before it listed ranks as /api/status does: every rank's entry
+        every = lambda: provider.snapshot(run="big", ranks=True)  # noqa: E731
+        wall, hold, _ = timed(lock, every, repeat, agg.tick)
+        out["divergence_every_rank_ms"], out["divergence_every_rank_lock_ms"] = wall, hold
         if gapped:
             kept = agg.digests.odd
             agg.digests.odd = _remade  # type: ignore[method-assign]
@@ -171,7 +181,9 @@ def main() -> None:
     base = rows[0]
     cols: tuple[str, ...] = (
         "status_ms", "status_lock_ms", "status_kb", "status_run_ms", "status_run_lock_ms",
-        "status_run_kb", "metrics_ms", "metrics_lock_ms", "metrics_kb", "tick_ms",
+        "status_run_kb", "metrics_ms", "metrics_lock_ms", "metrics_kb", "divergence_ms",
+        "divergence_lock_ms", "divergence_kb", "divergence_page_ms", "divergence_every_rank_ms",
+        "divergence_every_rank_lock_ms", "tick_ms",
         "tick_lock_ms", "sweep_ms", "rss_per_rank_kb",
     )  # fmt: skip
     if args.gapped:

@@ -269,15 +269,40 @@ def run_heatmap(
     )
 
 
+RankOffset = Annotated[
+    int | None, Query(ge=0, description="list the live runs' ranks from this one, in rank order")
+]
+RankLimit = Annotated[
+    int | None,
+    Query(ge=1, le=MAX_PAGE_RANKS, description=f"that many (default {STATUS_PAGE_RANKS})"),
+]
+_SUMMARY_FIELDS = ("ranks_seen", "ranks_odd", "ranks_summarised", "ranks_offset", "ranks_limit")
+
+
+def _rank_page(offset: int | None, limit: int | None) -> tuple[int, int] | None:
+    paged = offset is not None or limit is not None
+    return (offset or 0, limit or STATUS_PAGE_RANKS) if paged else None
+
+
 @api.get("/runs/{run:run}/divergence", summary="Active divergences and latest z per rank")
-def run_divergence(request: Request, run: str) -> StrictJSONResponse:
+def run_divergence(
+    request: Request, run: str, offset: RankOffset = None, limit: RankLimit = None
+) -> StrictJSONResponse:
+    """As ``/api/status`` lists ranks: a live run of more than ``SUMMARY_RANKS`` ranks lists
+    its odd ones (the divergent among them), with ``ranks_seen`` and ``ranks_odd``;
+    ``offset``/``limit`` read every rank a page at a time. The active divergences are all
+    listed."""
     provider = _provider(request)
-    _, entry = _require_run(provider, run, ranks=True)
+    snapshot = provider.status_snapshot(run=run, page=_rank_page(offset, limit), history=False)
+    entry = views.find_run(snapshot, run)
+    if entry is None and all(r.get("run") != run for r in provider.list_runs()):
+        raise HTTPException(status_code=404, detail=f"unknown run {run!r}")
     entry = entry or {}
     return _json(
         {
             "run": run,
             "divergences": entry.get("divergences") or [],
+            **{k: entry[k] for k in _SUMMARY_FIELDS if k in entry},
             "ranks": [
                 {
                     "rank": r.get("rank"),
@@ -434,21 +459,13 @@ def status(
             "unfinished ones)",
         ),
     ] = None,
-    offset: Annotated[
-        int | None,
-        Query(ge=0, description="list the live runs' ranks from this one, in rank order"),
-    ] = None,
-    limit: Annotated[
-        int | None,
-        Query(ge=1, le=MAX_PAGE_RANKS, description=f"that many (default {STATUS_PAGE_RANKS})"),
-    ] = None,
+    offset: RankOffset = None,
+    limit: RankLimit = None,
 ) -> StrictJSONResponse:
     """A live run of more than ``SUMMARY_RANKS`` ranks lists its odd ranks (not alive,
     divergent, missing or dropping records), with ``rank_states`` (state -> count),
     ``ranks_seen`` and ``ranks_odd``; ``offset``/``limit`` read every rank a page at a time."""
-    paged = offset is not None or limit is not None
-    page = (offset or 0, limit or STATUS_PAGE_RANKS) if paged else None
-    return _json(_provider(request).status_snapshot(run=run, page=page))
+    return _json(_provider(request).status_snapshot(run=run, page=_rank_page(offset, limit)))
 
 
 @api.get("/stream", summary="Server-Sent Events: live increments (points, ranks, alerts ...)")

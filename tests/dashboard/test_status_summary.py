@@ -1,10 +1,12 @@
 """A run of more ranks than SUMMARY_RANKS through the real app, aggregator and store:
-``/api/status`` and ``/metrics`` give its counts by state and its odd ranks, not every rank;
-``offset``/``limit`` page through all of them; ``rankwatch status`` prints the summary."""
+``/api/status``, ``/metrics`` and ``/api/runs/{run}/divergence`` give its counts by state and
+its odd ranks, not every rank; ``offset``/``limit`` page through all of them; ``rankwatch
+status`` prints the summary."""
 
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -116,3 +118,31 @@ def test_a_big_runs_odd_ranks_follow_a_gap_at_once(client: TestClient, aggregato
     later = StepRecord("big", 13, 5, now, RANKS, "node1", 113, 3, 0, {"loss": 1.0})  # 3, 4 lost
     aggregator.add([rec, dataclasses.replace(rec, seq=3), later], imported=False, now=now)
     assert odd() == [LOST, CRASHED, 13]
+
+
+def test_a_big_runs_divergence_lists_its_odd_ranks_and_pages_the_rest(
+    client: TestClient, aggregator: Any
+) -> None:
+    # /divergence of 100,000 ranks built every rank's entry under the ingest lock for seconds;
+    # it lists ranks as /api/status does
+    bad, rng = 20, random.Random(3)
+    now = time.time()
+    for step in range(1, 13):
+        recs = [
+            StepRecord("big", r, step, now, RANKS, f"node{r // 8}", 100 + r, step, 0,
+                       {"loss": (3.0 if r == bad and step >= 5 else 1.0) * rng.gauss(1, 0.05)})
+            for r in range(RANKS)
+        ]  # fmt: skip
+        aggregator.add(recs, imported=False, now=now)
+        aggregator.tick(now)
+    div = client.get("/api/runs/big/divergence").json()
+    assert {(d["rank"], d["metric"]) for d in div["divergences"]} == {(bad, "loss")}
+    assert div["ranks_summarised"] is True and div["ranks_seen"] == RANKS
+    assert [r["rank"] for r in div["ranks"]] == [bad] and div["ranks_odd"] == 1
+    assert div["ranks"][0]["divergent"] == ["loss"] and div["ranks"][0]["z"]["loss"] > 10
+    pages = [client.get("/api/runs/big/divergence", params={"offset": o, "limit": 1000}).json()
+             for o in (0, 1000)]  # fmt: skip
+    assert [r["rank"] for p in pages for r in p["ranks"]] == list(range(RANKS))
+    assert pages[1]["ranks_offset"] == 1000 and pages[1]["ranks_summarised"] is False
+    assert client.get("/api/runs/big/divergence", params={"limit": 10**6}).status_code == 422
+    assert client.get("/api/runs/nosuch/divergence").status_code == 404
