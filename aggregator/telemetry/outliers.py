@@ -139,6 +139,9 @@ class _Flag:
     z: float
 
 
+_NO_STREAK = (0, 0, -math.inf)
+
+
 class HardwareWatch:
     def __init__(self, config: HardwareConfig | None = None) -> None:
         self.config = config or HardwareConfig()
@@ -150,7 +153,8 @@ class HardwareWatch:
         self._last: dict[tuple[str, int, str], float] = {}  # (run, rank, source) -> time
         self._newest: dict[str, float] = {}
         self._buckets: dict[tuple[str, str], dict[int, dict[int, float]]] = {}
-        self._streak: dict[tuple[str, str, int], tuple[int, int]] = {}  # (outlier, clean)
+        # (outlier, clean, the start of the newest bucket counted) in a row, per card
+        self._streak: dict[tuple[str, str, int], tuple[int, int, float]] = {}
         self._ecc_last: dict[tuple[str, int, str], float] = {}
         self.ecc: dict[tuple[str, int, str], tuple[float, float, float]] = {}  # since, last, +n
         self._throttle: dict[tuple[str, int], tuple[int, float, int]] = {}  # count, since, mask
@@ -262,9 +266,11 @@ class HardwareWatch:
             return  # context only (power): its median, never a flag
         for rank, is_bad, value, zi in zip(rl, bad.tolist(), x.tolist(), zl, strict=True):
             fkey = (run, name, rank)
-            outl, clean = self._streak.get(fkey, (0, 0))
+            outl, clean, counted = self._streak.get(fkey, _NO_STREAK)
+            if start <= counted:
+                continue  # this card's bucket is counted already (its cards scored again)
             outl, clean = (outl + 1, 0) if is_bad else (0, clean + 1)
-            self._streak[fkey] = (outl, clean)
+            self._streak[fkey] = (outl, clean, start)
             flag = self.flags.get(fkey)
             if flag is not None:
                 if clean >= cfg.clear_buckets:

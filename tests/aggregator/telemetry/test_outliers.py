@@ -270,3 +270,33 @@ def test_late_cards_of_the_newest_bucket_itself_leave_the_leaders_to_the_fuller_
     watch.evaluate()
     assert watch.peers[("r", "gpu/temp_c")] == newest
     assert any(d["rank"] == 5 and d["word"] == "hottest" for d in leaders(watch, "r"))
+
+
+def test_cards_of_a_bucket_scored_again_do_not_count_twice_toward_a_flag() -> None:
+    # every bucket's samples arrive again after it was scored (a relay resending after a
+    # reconnect): scored again on their own, they must not add a bucket to the hot card's streak
+    # and flag it a bucket early
+    def hot(rank: int, i: int, rnd: random.Random) -> dict[str, float]:
+        v = clean(rank, i, rnd)
+        if rank == 5 and i >= 10:
+            v["gpu/temp_c"] = 94.0
+        return v
+
+    def first_flag(again: bool) -> int:
+        watch, rnd = HardwareWatch(), random.Random(1)
+        sent: list[list[Rec]] = []
+        for i in range(20):
+            recs = [Rec("r", rank, 1000.0 + i * 10 + (rank * 0.37) % 10, f"node{rank // 8}",
+                        "gpu", f"gpu:{rank % 8}", hot(rank, i, rnd))
+                    for rank in range(8)]  # fmt: skip
+            sent.append(recs)
+            watch.add(recs)
+            if flagged(watch.evaluate()):
+                return i
+            if again and i >= 2:
+                watch.add(sent[-3])  # a bucket the watch has scored already
+                if flagged(watch.evaluate()):
+                    return i
+        raise AssertionError("never flagged")
+
+    assert first_flag(again=True) == first_flag(again=False) == 14
