@@ -9,8 +9,9 @@ So each run also keeps the sum and the sum of squares of its z, its first step t
 by itself (z >= ``z_threshold``) and the two sums before that step. When the rank is flagged,
 the steps before that one (the lead) are weighed as ordinary noise, z ~ N(0, 1), against the
 shift that followed, a normal with the mean and the spread of the z after it (the spread at
-least the noise's: a few steps say little about it). The onset moves to the step that stood
-out only when the lead is likelier noise by ``MARGIN`` in log-likelihood. A real fault's z
+least the noise's: a few steps say little about it; at least two steps of it, since one says
+nothing of its spread). The onset moves to the step that stood out only when the lead is
+likelier noise by ``MARGIN`` in log-likelihood. A real fault's z
 varies from step to step (a 4-rank world's scale is noisy, a bad batch is worse than another),
 so its weak first step is likelier the shift's than noise, where a step of 1.9 before steps of
 50 is not.
@@ -69,10 +70,10 @@ def note_arrays(run: np.ndarray, out: np.ndarray, ranks: np.ndarray, step: int, 
 def since(start: int, out: int, sums: tuple[float, float, float, float], step: int) -> int:
     """The onset of a run that began at ``start`` and is flagged at ``step`` (``sums``: its
     ``run_*`` column)."""
-    if out <= start:
-        return start
-    total, squares, lead, lead_squares = sums
     n_lead, n_after = out - start, step - out + 1
+    if n_lead <= 0 or n_after < 2:
+        return start  # no lead, or a shift seen on one step only: nothing to weigh it against
+    total, squares, lead, lead_squares = sums
     after, after_squares = total - lead, squares - lead_squares
     mean = after / n_after
     var = 1.0

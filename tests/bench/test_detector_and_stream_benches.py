@@ -106,10 +106,14 @@ def test_alarm_budget_measures_the_real_detectors_recall_on_a_drift() -> None:
 
 
 def test_onset_dates_prints_both_estimates_and_the_new_one_is_not_worse_on_a_large_shift() -> None:
-    out = run("onset_dates.py", "--ranks", "16", "--shifts", "50", "--trials", "60")
+    out = run("onset_dates.py", "--ranks", "16", "--shifts", "50", "--trials", "60",
+              "--slopes", "0.5")  # fmt: skip
     assert "flagged 60/60" in out, out
     (now,) = re.findall(r"now: +exact (\d\.\d+)", out)
     (before,) = re.findall(r"baseline: +exact (\d\.\d+)", out)
     # 60 seeds of 16 ranks: the run-start estimate dates some of them early, the new one ~none
     assert float(now) >= 0.95 and float(now) > float(before), out
     assert re.search(r"exact dates, now / baseline: \d\.\d\dx", out), out
+    # a ramp of 0.5 sigma a step is flagged well into it, and dated after its start
+    (ramp,) = re.findall(r"ramp 0.5 sigma/step .*: now ([+-]\d+\.\d\d), baseline", out)
+    assert 0 < float(ramp) < 8, out

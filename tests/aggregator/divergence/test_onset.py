@@ -38,6 +38,12 @@ def test_a_weak_first_step_of_a_small_shift_stays_the_onset() -> None:
     assert onset.since(30, 31, sums([2.2, 3.4, 3.1, 3.6], 1), 33) == 30
 
 
+def test_a_jump_seen_on_the_flag_step_only_keeps_the_start() -> None:
+    # a slow climb, then one step far out as the flag comes: one step says nothing of the
+    # shift's spread, so the climb's first step stays the date
+    assert onset.since(10, 14, sums([1.6, 0.9, 1.2, 1.4, 3.5], 4), 14) == 10
+
+
 def test_two_steps_of_noise_before_a_shift_both_drop() -> None:
     assert onset.since(27, 30, sums([1.7, 1.7, 0.3, 50.0, 50.8], 3), 31) == 30
 
