@@ -8,13 +8,12 @@ is then dated to the noise step, one to three steps early (docs/divergence.md).
 So each run also keeps the sum and the sum of squares of its z, its first step that stood out
 by itself (z >= ``z_threshold``) and the two sums before that step. When the rank is flagged,
 the steps before that one (the lead) are weighed as ordinary noise, z ~ N(0, 1), against the
-shift that followed, a normal with the mean and the spread of the z after it (the spread at
-least the noise's: a few steps say little about it; at least two steps of it, since one says
-nothing of its spread). The onset moves to the step that stood out only when the lead is
-likelier noise by ``MARGIN`` in log-likelihood. A real fault's z
-varies from step to step (a 4-rank world's scale is noisy, a bad batch is worse than another),
-so its weak first step is likelier the shift's than noise, where a step of 1.9 before steps of
-50 is not.
+shift that followed: a normal with the mean and the spread of the z after the lead, the spread
+at least the noise's (a few steps say little about it), and only once the shift has been seen
+on two steps (one says nothing of its spread). The onset moves to the step that stood out only
+when the lead is likelier noise by ``MARGIN`` in log-likelihood. A real fault's z varies from
+step to step (a 4-rank world's scale is noisy, a bad batch is worse than another), so its weak
+first step is likelier the shift's than noise, where a step of 1.9 before steps of 50 is not.
 
 Steps are counted by their numbers: a rank that skips steps within a run is rare, and only the
 date depends on it.
@@ -76,9 +75,7 @@ def since(start: int, out: int, sums: tuple[float, float, float, float], step: i
     total, squares, lead, lead_squares = sums
     after, after_squares = total - lead, squares - lead_squares
     mean = after / n_after
-    var = 1.0
-    if n_after > 1:
-        var = max(var, (after_squares - after * mean) / (n_after - 1))
+    var = max(1.0, (after_squares - after * mean) / (n_after - 1))
     noise = -lead_squares / 2
     shift = -(lead_squares - 2 * mean * lead + n_lead * mean * mean) / (2 * var)
     shift -= n_lead * math.log(var) / 2
