@@ -56,6 +56,19 @@ def feed(
     return out
 
 
+def hot_from_10(rank: int, i: int, rnd: random.Random) -> dict[str, float]:
+    """Clean cards, but rank 5 at 94 C from sample 10 on."""
+    v = clean(rank, i, rnd)
+    if rank == 5 and i >= 10:
+        v["gpu/temp_c"] = 94.0
+    return v
+
+
+def hot_5(rank: int, i: int, rnd: random.Random) -> dict[str, float]:
+    """Clean cards, but rank 5 at 94 C throughout."""
+    return {**clean(rank, i, rnd), **({"gpu/temp_c": 94.0} if rank == 5 else {})}
+
+
 def flagged(found: list[Finding]) -> set[tuple[str, int | None]]:
     return {(f.rule, f.rank) for f in found}
 
@@ -66,14 +79,8 @@ def test_clean_telemetry_flags_nothing() -> None:
 
 
 def test_a_hot_card_is_named_after_the_confirm_buckets_and_no_other() -> None:
-    def hot(rank: int, i: int, rnd: random.Random) -> dict[str, float]:
-        v = clean(rank, i, rnd)
-        if rank == 5 and i >= 10:
-            v["gpu/temp_c"] = 94.0
-        return v
-
     watch = HardwareWatch()
-    rounds = feed(watch, 20, values=hot)
+    rounds = feed(watch, 20, values=hot_from_10)
     assert all(not r for r in rounds[:12])  # scored one bucket late, confirmed over three
     assert flagged(rounds[-1]) == {("hw_hot", 5)}
     (f,) = rounds[-1]
@@ -236,11 +243,8 @@ def test_config_errors_name_the_setting(raw: dict[str, object], message: str) ->
 def test_late_cards_scored_after_a_newer_bucket_leave_the_leaders_to_the_newer_one() -> None:
     # 12 ranks with rank 5 hot, then rank 8-11's samples of an old bucket arriving late (their
     # sockets connected last): scored on their own, they must not stand for the run's peers
-    def hot(rank: int, i: int, rnd: random.Random) -> dict[str, float]:
-        return {**clean(rank, i, rnd), **({"gpu/temp_c": 94.0} if rank == 5 else {})}
-
     watch = HardwareWatch(HardwareConfig())
-    feed(watch, 6, ranks=8, values=hot)
+    feed(watch, 6, ranks=8, values=hot_5)
     assert any(d["rank"] == 5 and d["word"] == "hottest" for d in leaders(watch, "r"))
     newest = watch.peers[("r", "gpu/temp_c")].time
     rnd = random.Random(2)
@@ -258,11 +262,8 @@ def test_late_cards_scored_after_a_newer_bucket_leave_the_leaders_to_the_newer_o
 def test_late_cards_of_the_newest_bucket_itself_leave_the_leaders_to_the_fuller_view() -> None:
     # the same, but the late samples fall in the newest scored bucket (a burst of frames after
     # a reconnect): scored again on their own, that bucket's handful must not replace its peers
-    def hot(rank: int, i: int, rnd: random.Random) -> dict[str, float]:
-        return {**clean(rank, i, rnd), **({"gpu/temp_c": 94.0} if rank == 5 else {})}
-
     watch = HardwareWatch(HardwareConfig())
-    feed(watch, 6, ranks=8, values=hot)
+    feed(watch, 6, ranks=8, values=hot_5)
     newest = watch.peers[("r", "gpu/temp_c")]
     rnd = random.Random(2)
     watch.add([Rec("r", r, newest.time + 0.5, "node1", "gpu", f"gpu:{r}", clean(r, 0, rnd))
@@ -276,18 +277,12 @@ def test_cards_of_a_bucket_scored_again_do_not_count_twice_toward_a_flag() -> No
     # every bucket's samples arrive again after it was scored (a relay resending after a
     # reconnect): scored again on their own, they must not add a bucket to the hot card's streak
     # and flag it a bucket early
-    def hot(rank: int, i: int, rnd: random.Random) -> dict[str, float]:
-        v = clean(rank, i, rnd)
-        if rank == 5 and i >= 10:
-            v["gpu/temp_c"] = 94.0
-        return v
-
     def first_flag(again: bool) -> int:
         watch, rnd = HardwareWatch(), random.Random(1)
         sent: list[list[Rec]] = []
         for i in range(20):
             recs = [Rec("r", rank, 1000.0 + i * 10 + (rank * 0.37) % 10, f"node{rank // 8}",
-                        "gpu", f"gpu:{rank % 8}", hot(rank, i, rnd))
+                        "gpu", f"gpu:{rank % 8}", hot_from_10(rank, i, rnd))
                     for rank in range(8)]  # fmt: skip
             sent.append(recs)
             watch.add(recs)
