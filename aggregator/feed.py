@@ -12,6 +12,8 @@ JSON-ready dicts with NaN and ±Inf written as "NaN", "Infinity", "-Infinity", a
                                                              (built in ``feedpoints.py``)
     {"type": "ranks", "run", "ranks": [rank entry, ...]}    (see ``rank_entry``)
     {"type": "divergence", "state": "new" | "resolved", **Divergence fields}
+    {"type": "divergences", "state", "run", "metric", "step", "count"}
+                                            (the step's divergences beyond FEED_DIVERGENCES)
     {"type": "alert", **Alert fields}
     {"type": "event", "run", "rank", "event", "step", "time", "info"}
 """
@@ -32,10 +34,12 @@ from rankwatch.aggregator.feedpoints import points_messages as points_messages
 from rankwatch.aggregator.incidents.oneline import one_line
 
 if TYPE_CHECKING:
+    from rankwatch.aggregator.divergence.types import Divergence
     from rankwatch.aggregator.health import RankHealth
 
 MESSAGE_LINES_CACHED = 8192  # crash messages' one-line forms kept (a rank's stays the same)
 SUBSCRIBER_QUEUE_MAX = 1000  # messages buffered per subscriber before the oldest is dropped
+FEED_DIVERGENCES = 16  # divergence messages per scored step and state; the rest as a count
 
 
 class FeedClosed(Exception):
@@ -260,6 +264,22 @@ def num(value: float | None) -> float | str | None:
 
 
 jsonable = json_safe  # dataclasses, enums and non-finite floats made JSON-ready (recursively)
+
+
+def divergence_messages(
+    run: str, metric: str, step: int, state: str, items: Sequence[Divergence]
+) -> list[dict[str, Any]]:
+    """The messages for the divergences one scored step flagged (``state`` "new") or resolved:
+    one each for the first ``FEED_DIVERGENCES``, and one ``divergences`` message counting the
+    rest. A cascade flags every rank at once: a message each overflowed an open page's queue
+    (``SUBSCRIBER_QUEUE_MAX``), dropping whatever came before them, and sent the page to read
+    every view again (``resync``) at the worst time, while the page reads these messages only
+    as a sign to read its rank table and alerts again."""
+    out = [{"type": "divergence", "state": state, **jsonable(d)} for d in items[:FEED_DIVERGENCES]]
+    if len(items) > FEED_DIVERGENCES:
+        out.append({"type": "divergences", "state": state, "run": run, "metric": metric,
+                    "step": step, "count": len(items) - FEED_DIVERGENCES})  # fmt: skip
+    return out
 
 
 def event_message(ev: EventRecord) -> dict[str, Any]:

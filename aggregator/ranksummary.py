@@ -13,7 +13,7 @@ counted over every rank, and at most once per health snapshot (``DigestCache``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,16 +123,23 @@ def odd_ranks(
     flagged: Iterable[int],
     gapped: Iterable[int],
     limit: int = ODD_RANKS_SHOWN,
+    first: Sequence[int] = (),
 ) -> tuple[list[int], int]:
-    """The odd ranks to list (the most urgent first, then by rank; at most ``limit``) and how
-    many ranks are odd in all. ``flagged``: ranks with an active divergence; ``gapped``: ranks
-    missing records."""
+    """The odd ranks to list (the most urgent first, then those of ``first`` in its order, then
+    by rank; at most ``limit``; listed in rank order) and how many ranks are odd in all.
+    ``flagged``: ranks with an active divergence; ``gapped``: ranks missing records; ``first``:
+    the ranks of the divergences a summary lists, the earliest to start first, so that in a
+    cascade of every rank the card that started it is among those listed."""
     urgency = dict(d.by_health)
     for rank in flagged:
         urgency[rank] = min(urgency.get(rank, DIVERGENT_URGENCY), DIVERGENT_URGENCY)
     for rank in gapped:
         urgency.setdefault(rank, URGENCY[RankState.ALIVE])
-    order = sorted(urgency, key=lambda r: (urgency[r], r))
+    lead: dict[int, int] = {}  # rank -> its place in ``first``, each rank once
+    for rank in first:
+        lead.setdefault(rank, len(lead))
+    after = len(lead)
+    order = sorted(urgency, key=lambda r: (urgency[r], lead.get(r, after), r))
     return sorted(order[:limit]), len(order)
 
 

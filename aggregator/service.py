@@ -46,7 +46,7 @@ from rankwatch.aggregator.divergence.detector import (
     RankScore,
     StepResult,
 )
-from rankwatch.aggregator.feed import Feed, jsonable
+from rankwatch.aggregator.feed import Feed, divergence_messages
 from rankwatch.aggregator.health import Health, HealthTracker, RankHealth
 from rankwatch.aggregator.healthview import HealthView
 from rankwatch.aggregator.history import StoredRuns
@@ -341,10 +341,13 @@ class Aggregator:
             return
         if result.scores:
             self._z[(result.stats.run, result.stats.metric)] = result.scores
-        if result.new or result.resolved:
+        if (result.new or result.resolved) and self.feed.has_subscribers:
+            stats = result.stats
             for state, items in (("new", result.new), ("resolved", result.resolved)):
-                for d in items:
-                    self.feed.publish({"type": "divergence", "state": state, **jsonable(d)})
+                for message in divergence_messages(
+                    stats.run, stats.metric, stats.step, state, items
+                ):
+                    self.feed.publish(message)
 
     def tick(self, now: float | None = None) -> list[Alert]:
         """The periodic pipeline (``tick.py``); returns the alert transitions."""
@@ -382,7 +385,7 @@ class Aggregator:
 
     def rank_inputs_of(self, run: str, ranks: Mapping[int, RankHealth]) -> RankInputs:
         return rank_inputs(
-            run, ranks, self.detector.active(run), self._z, self.values, self.seqs.gaps,
+            run, ranks, self.detector.flagged_on(run, ranks), self._z, self.values, self.seqs.gaps,
             self.restarts.current,
         )  # fmt: skip
 

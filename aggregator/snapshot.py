@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rankwatch.aggregator.divergence.types import Divergence, RankScore, z_map
+from rankwatch.aggregator.divergence.listing import ActiveList
+from rankwatch.aggregator.divergence.types import RankScore, z_map
 from rankwatch.aggregator.feed import jsonable, rank_entry
 from rankwatch.aggregator.health import RankHealth, RankTable, run_state
 from rankwatch.aggregator.incidents.model import Incident
@@ -34,9 +35,7 @@ RankInputs = tuple[
 Gaps = Callable[..., list[tuple[int, int]]]  # SeqTracker.gaps(run, rank, limit=, inc=)
 
 
-def run_entry(
-    name: str, states: Mapping[int, RankHealth], active: Iterable[Divergence]
-) -> dict[str, Any]:
+def run_entry(name: str, states: Mapping[int, RankHealth], active: ActiveList) -> dict[str, Any]:
     """A run's summary: state, world size, last record time and step, active divergences."""
     steps = [h.last_step for h in states.values() if h.last_step is not None]
     return {
@@ -45,23 +44,33 @@ def run_entry(
         "world_size": max((h.world_size for h in states.values()), default=0),
         "last_time": max((h.last_seen for h in states.values()), default=None),
         "last_step": max(steps, default=None),
-        "divergences": [jsonable(d) for d in active],
+        **divergence_fields(active),
+    }
+
+
+def divergence_fields(active: ActiveList) -> dict[str, Any]:
+    """A run entry's active divergences: the first ``listing.SHOWN`` (``divergences``), how
+    many in all and by kind, and how many ranks they are of."""
+    return {
+        "divergences": [jsonable(d) for d in active.listed],
+        "divergences_active": active.total,
+        "divergences_by_kind": dict(active.by_kind),
+        "ranks_divergent": len(active.ranks),
     }
 
 
 def rank_inputs(
     run: str,
     ranks: Mapping[int, RankHealth],
-    active: Iterable[Divergence],
+    flagged: dict[int, set[str]],
     z: Mapping[tuple[str, str], Mapping[int, RankScore]],
     values: Mapping[tuple[str, int], Mapping[str, float]],
     gaps: Gaps,
     current_inc: Callable[[str, int], int],
 ) -> RankInputs:
-    """The inputs of ``run``'s rank entries, copied: the caller holds its lock meanwhile."""
-    flagged: dict[int, set[str]] = {}
-    for d in active:
-        flagged.setdefault(d.rank, set()).add(d.metric)
+    """The inputs of ``run``'s rank entries, copied: the caller holds its lock meanwhile.
+    ``flagged``: rank -> the metrics it is flagged on, for the flagged of ``ranks``
+    (``DivergenceDetector.flagged_on``)."""
     scores = {m: sc for (r, m), sc in z.items() if r == run}
     rows = [
         (
@@ -227,10 +236,10 @@ def build_snapshot(
             if big:
                 states = cached[name]
                 d = agg.digests.get(name, states, now)
-                entry = big_run_entry(name, d, agg.detector.active(name))
+                entry = big_run_entry(name, d, agg.detector.listing(name))
             else:
                 states = agg.health.snapshot(now, name).get(name, EMPTY)
-                entry = run_entry(name, states, agg.detector.active(name))
+                entry = run_entry(name, states, agg.detector.listing(name))
             known = agg.incidents.incidents(name)
             entry["incidents"] = [jsonable(i.as_dict()) for i in known if i.state == "firing"]
             entry["incidents_total"] = len(known)
@@ -268,7 +277,7 @@ def metric_names(
     return sorted({m for rank in ranks for m in values.get((run, rank), ())})
 
 
-def big_run_entry(name: str, d: RunDigest, active: Iterable[Divergence]) -> dict[str, Any]:
+def big_run_entry(name: str, d: RunDigest, active: ActiveList) -> dict[str, Any]:
     """``run_entry`` of a big run, from its digest."""
     return {
         "run": name,
@@ -276,7 +285,7 @@ def big_run_entry(name: str, d: RunDigest, active: Iterable[Divergence]) -> dict
         "world_size": d.world_size,
         "last_time": d.last_time,
         "last_step": d.last_step,
-        "divergences": [jsonable(div) for div in active],
+        **divergence_fields(active),
     }
 
 
@@ -291,14 +300,15 @@ def _listed(
 ) -> list[int]:
     """The ranks a summary (or a page) of a big run lists; the summary's fields into
     ``entry``. Under the service's lock."""
-    flagged = frozenset(div.rank for div in agg.detector.active(name))
+    active = agg.detector.listing(name)
+    first = [div.rank for div in active.listed]
 
     def make() -> tuple[list[int], int]:
         current = agg.restarts.current
         gapped = [rank for _, rank, inc in agg.seqs.gapped(name) if inc == current(name, rank)]
-        return odd_ranks(d, flagged, gapped)
+        return odd_ranks(d, active.ranks, gapped, first=first)
 
-    key = (flagged, agg.seqs.gap_version, agg.restarts.version)
+    key = (active.ranks, tuple(first), agg.seqs.gap_version, agg.restarts.version)
     listed, odd = agg.digests.odd(name, states, now, key, make)
     if page is not None:
         listed = page_ranks(states, *page)

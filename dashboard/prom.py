@@ -223,7 +223,7 @@ def render(
                 )
         out.add(
             "rankwatch_run_divergences",
-            len(run.get("divergences") or []),
+            run.get("divergences_active", len(run.get("divergences") or [])),
             {"run": name},
             help_text="Active divergences in the run.",
         )

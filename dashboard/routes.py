@@ -290,8 +290,10 @@ def run_divergence(
 ) -> StrictJSONResponse:
     """As ``/api/status`` lists ranks: a live run of more than ``SUMMARY_RANKS`` ranks lists
     its odd ones (the divergent among them), with ``ranks_seen`` and ``ranks_odd``;
-    ``offset``/``limit`` read every rank a page at a time. The active divergences are all
-    listed."""
+    ``offset``/``limit`` read every rank a page at a time. The active divergences are listed
+    as in ``/api/status``: the first ``listing.SHOWN`` to start, and how many in all
+    (``divergences_active``, ``divergences_by_kind``); each listed rank's ``divergent`` names
+    its flagged metrics."""
     provider = _provider(request)
     snapshot = provider.status_snapshot(run=run, page=_rank_page(offset, limit), history=False)
     entry = views.find_run(snapshot, run)
@@ -302,6 +304,8 @@ def run_divergence(
         {
             "run": run,
             "divergences": entry.get("divergences") or [],
+            "divergences_active": entry.get("divergences_active", 0),
+            "divergences_by_kind": entry.get("divergences_by_kind") or {},
             **{k: entry[k] for k in _SUMMARY_FIELDS if k in entry},
             "ranks": [
                 {

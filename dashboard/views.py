@@ -96,7 +96,7 @@ def merge_runs(
             last_step=row.get("last_step")
             if entry.get("last_step") is None
             else entry["last_step"],
-            divergences=len(entry.get("divergences") or []),
+            divergences=entry.get("divergences_active", len(entry.get("divergences") or [])),
         )
         if entry.get("last_time") is not None:
             row["last_time"] = max(entry["last_time"], row.get("last_time") or 0.0)

@@ -156,3 +156,18 @@ def test_prometheus_reads_strict_json_values() -> None:
         0,
     )
     assert 'metric="loss"} NaN' in out and 'metric="lr"} -Inf' in out
+
+
+class Level(enum.IntEnum):
+    HIGH = 2
+
+
+def test_a_sequence_of_plain_ints_is_a_list_of_them_and_anything_else_is_made_one_by_one() -> None:
+    ranks = tuple(range(100_000))  # a grouped alert's ranks in a cascade
+    assert json_safe(ranks) == list(ranks) and type(json_safe(ranks)) is list
+    assert json_safe(frozenset({5, 3})) in ([3, 5], [5, 3]) and json_safe(()) == []
+    # a bool, an IntEnum or a float among the ints is converted as before, item by item
+    mixed = json_safe((1, True, Level.HIGH, math.nan, 2**70))
+    assert mixed == [1, True, 2, "NaN", 2**70]
+    assert [type(v) for v in mixed[:3]] == [int, bool, int]
+    assert json.dumps(json_safe([[1, 2], (3,)]), separators=(",", ":")) == "[[1,2],[3]]"

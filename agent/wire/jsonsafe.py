@@ -7,7 +7,7 @@ back into floats. ``-0.0`` stays a float and ints stay ints of any size (JSON ha
 msgpack's 64-bit limit is the schema's business).
 
 Fast paths may test ``math.isfinite`` inline and call ``json_value`` only for the rest;
-``tests/agent/test_jsonsafe.py`` checks each of them against this module.
+``tests/test_jsonsafe.py`` checks each of them against this module.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k if isinstance(k, str) else str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
+        if all(type(v) is int for v in value):  # a grouped alert's ranks: every rank, at once
+            return list(value)
         return [json_safe(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: json_safe(getattr(value, f.name)) for f in dataclasses.fields(value)}

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rankwatch.aggregator.alerts.conds import rank_ranges
 from rankwatch.aggregator.feed import message_line
 from rankwatch.aggregator.metrics import KNOWN_METRICS, display_order
 
@@ -19,6 +20,7 @@ UNITS = {m.name: m.unit for m in KNOWN_METRICS if m.unit}
 # Bigger runs list only the ranks with something to say (not alive, divergent, records missing
 # or dropped): 4,096 rows of healthy ranks would scroll the one stalled rank out of sight.
 FOLD_RANKS = 64
+DIVERGENCES_PRINTED = 16  # active divergences printed per run (a cascade has one per rank)
 # the order of the counts line; "unknown": a stored rank whose records stop without a reason
 STATES = ("alive", "stalled", "lost", "crashed", "finished", "unknown")
 
@@ -78,11 +80,19 @@ def _has_news(r: Mapping[str, Any], usual: str = "alive") -> bool:
     return bool(r.get("state") != usual or r.get("divergent") or r.get("gaps") or r.get("dropped"))
 
 
-def _counts(ranks: Sequence[Mapping[str, Any]], counted: Mapping[str, int] | None = None) -> str:
+def _counts(
+    ranks: Sequence[Mapping[str, Any]],
+    counted: Mapping[str, int] | None = None,
+    divergent: int | None = None,
+) -> str:
+    """The counts line: ranks by state (``counted``, a summary's, or those of ``ranks``), and
+    how many are divergent (``divergent``: the server's count, of every rank, not only those
+    listed)."""
     states = Counter(counted) if counted else Counter(str(r.get("state", "?")) for r in ranks)
     order = [s for s in STATES if s in states] + sorted(set(states) - set(STATES))
     line = "ranks: " + ", ".join(f"{states[s]:,} {s}" for s in order)
-    divergent = sum(bool(r.get("divergent")) for r in ranks)
+    if divergent is None:
+        divergent = sum(bool(r.get("divergent")) for r in ranks)
     return line + (f"; {divergent:,} divergent" if divergent else "")
 
 
@@ -109,12 +119,12 @@ def render_run(run: Mapping[str, Any], now: float, all_ranks: bool = False) -> l
         if stored:
             return [*lines, f"  {run.get('ranks_seen') or 0:,} ranks stored"]
         if run.get("ranks_summarised"):  # a big run with nothing to say about any rank
-            return [*lines, "  " + _counts([], run.get("rank_states")),
+            return [*lines, "  " + _counts([], run.get("rank_states"), run.get("ranks_divergent")),
                     f"  (every rank alive, not divergent, nothing missing; --run {run.get('run')} "
                     "--all lists every rank)"]  # fmt: skip
         return [*lines, "  (no ranks heard from)"]
     # a stored run's, or a big live run's, counts cover ranks the server did not list
-    lines.append("  " + _counts(ranks, run.get("rank_states")))
+    lines.append("  " + _counts(ranks, run.get("rank_states"), run.get("ranks_divergent")))
     given = len(ranks)  # fewer than ranks_seen: the server listed only some (history.py)
     everyone = max(given, int(run.get("ranks_seen") or 0))
     usual = "finished" if stored else "alive"  # what a rank of a stored / a live run says
@@ -166,17 +176,31 @@ def render_run(run: Mapping[str, Any], now: float, all_ranks: bool = False) -> l
             f"  ({everyone - len(rows):,} more ranks {usual}, not divergent, nothing missing: "
             "not listed; --all lists every rank)"
         )
+    said: dict[str, list[int]] = {}  # line -> the ranks it is said of, in order
     for r in ranks:
         quiet = ("alive", None, usual, *(("unknown",) if stored else ()))  # said above
         if r.get("message") and r.get("state") not in quiet:
             # the server's one line (an older server's entry has none: cut it here)
             crashed = r.get("state") == "crashed"
             line = r.get("message_line") or message_line(str(r["message"]), crashed)
-            lines.append(f"  rank {r.get('rank')}: {line}")
-    for d in run.get("divergences") or []:
+            said.setdefault(line, []).append(int(r.get("rank") or 0))
+    for line, of in said.items():  # 100 ranks "finished (normal)" is one line, not 100
+        who = f"rank {of[0]}" if len(of) == 1 else f"ranks {rank_ranges(sorted(of))} ({len(of):,})"
+        lines.append(f"  {who}: {line}")
+    listed = run.get("divergences") or []
+    for d in listed[:DIVERGENCES_PRINTED]:
         lines.append(
             f"  ! rank {d.get('rank')} {d.get('metric')} {d.get('kind')}"
             f" since step {d.get('since_step')}: {d.get('message', '')}"
+        )
+    more = int(run.get("divergences_active") or len(listed)) - len(listed[:DIVERGENCES_PRINTED])
+    if more > 0:
+        kinds = run.get("divergences_by_kind") or {}
+        in_all = ", ".join(f"{n:,} {kind}" for kind, n in kinds.items())
+        lines.append(
+            f"  ! {more:,} more active divergences, not listed"
+            + (f" ({in_all} in all)" if in_all else "")
+            + ": the earliest to start are above"
         )
     return lines
 

@@ -33,7 +33,7 @@ The method, its defaults and their calibration are in docs/divergence.md; in sho
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 
 import numpy as np
@@ -46,6 +46,7 @@ from rankwatch.aggregator.divergence.batch import (
 )
 from rankwatch.aggregator.divergence.config import DivergenceConfig, MetricRule
 from rankwatch.aggregator.divergence.large import score_arrays
+from rankwatch.aggregator.divergence.listing import KIND_ORDER, ActiveList, list_active
 from rankwatch.aggregator.divergence.offset import OffsetState
 from rankwatch.aggregator.divergence.offset import observe as observe_offset
 from rankwatch.aggregator.divergence.small import PY_MAX_RANKS, score_lists
@@ -86,6 +87,8 @@ class DivergenceDetector:
         self._states: dict[tuple[str, str], MetricState] = {}
         self._offsets: dict[tuple[str, str], OffsetState] = {}
         self.ignored_ranks = 0  # values from ranks outside 0..MAX_RANK-1
+        # run -> (its flags' versions, its listing): made again when a flag changed
+        self._listings: dict[str, tuple[tuple[int, ...], ActiveList]] = {}
 
     def active(self, run: str | None = None) -> list[Divergence]:
         return [
@@ -95,7 +98,34 @@ class DivergenceDetector:
             for d in st.active.values()
         ]
 
+    def listing(self, run: str) -> ActiveList:
+        """``run``'s active divergences as a summary gives them (``listing.list_active``),
+        kept until one of its flags is set or cleared."""
+        flags = [st.active for (r, _), st in self._states.items() if r == run]
+        key = tuple(f.version for f in flags)
+        kept = self._listings.get(run)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        made = list_active(d for f in flags for d in f.values())
+        self._listings[run] = (key, made)
+        return made
+
+    def flagged_on(self, run: str, ranks: Iterable[int]) -> dict[int, set[str]]:
+        """rank -> the metrics it is flagged on, for those of ``ranks`` flagged on any: what a
+        listed rank's entry says (a look-up per rank, metric and kind, not a pass over every
+        active divergence)."""
+        out: dict[int, set[str]] = {}
+        flags = [(m, st.active) for (r, m), st in self._states.items() if r == run and st.active]
+        if not flags:
+            return out
+        for rank in ranks:
+            for metric, active in flags:
+                if any((rank, kind) in active for kind in KIND_ORDER):
+                    out.setdefault(rank, set()).add(metric)
+        return out
+
     def forget(self, run: str) -> None:
+        self._listings.pop(run, None)
         for key in [k for k in self._states if k[0] == run]:
             del self._states[key]
             self._offsets.pop(key, None)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from rankwatch.aggregator.divergence import onset
 from rankwatch.aggregator.divergence.config import DivergenceConfig, MetricRule
+from rankwatch.aggregator.divergence.listing import ActiveFlags
 from rankwatch.aggregator.divergence.robust import MAD_TO_SIGMA, robust_scale
 from rankwatch.aggregator.divergence.types import Divergence, StepStats
 from rankwatch.aggregator.merge import StepValues
@@ -59,7 +60,7 @@ class MetricState:
         self.spread: float | None = None  # EWMA of 1.4826 * MAD / |median|
         self.spread_steps = 0
         self.last_step: int | None = None
-        self.active: dict[tuple[int, str], Divergence] = {}  # (rank, kind) -> divergence
+        self.active = ActiveFlags()  # (rank, kind) -> divergence
         self.clean: dict[tuple[int, str], int] = {}  # consecutive clean steps while active
 
     def grow(self, top: int, list_ranks: int) -> None:

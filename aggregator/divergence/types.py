@@ -54,7 +54,7 @@ class Divergence:
     run: str
     metric: str
     rank: int
-    kind: str  # outlier | nonfinite | straggler
+    kind: str  # nonfinite | outlier | offset | straggler (listing.KIND_ORDER)
     direction: str  # high | low
     since_step: int
     step: int  # step of this report (flagged, or resolved)

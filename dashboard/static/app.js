@@ -435,6 +435,7 @@ function handle(msg) {
       else applyRanks(msg.ranks); // the whole table, fresh
       break;
     case 'divergence':
+    case 'divergences': // a step's divergences beyond the first few, counted
       refreshRanksSoon();
       refreshAlertsSoon();
       break;

@@ -9,7 +9,14 @@ import threading
 
 import pytest
 from rankwatch.agent.wire.records import StepRecord
-from rankwatch.aggregator.feed import Feed, FeedClosed, points_messages
+from rankwatch.aggregator.divergence.types import Divergence
+from rankwatch.aggregator.feed import (
+    FEED_DIVERGENCES,
+    Feed,
+    FeedClosed,
+    divergence_messages,
+    points_messages,
+)
 
 
 def test_messages_cross_from_a_thread_to_an_asyncio_consumer_in_order() -> None:
@@ -151,3 +158,19 @@ def test_points_messages_sample_a_flood() -> None:
     (message,), sampled = points_messages(steps, max_points=100)
     assert sampled and message["sampled"] is True
     assert 50 <= len(message["points"]) <= 100
+
+
+def test_a_steps_divergences_past_the_first_few_are_one_counting_message() -> None:
+    def div(rank: int) -> Divergence:
+        return Divergence("r", "loss", rank, "nonfinite", "high", 5, 5, math.nan, 1.0, math.nan,
+                          math.nan, f"rank {rank} loss is NaN at step 5", 40)  # fmt: skip
+
+    many = divergence_messages("r", "loss", 5, "new", [div(r) for r in range(FEED_DIVERGENCES + 4)])
+    assert [m["rank"] for m in many[:-1]] == list(range(FEED_DIVERGENCES))
+    assert all(m["type"] == "divergence" and m["value"] == "NaN" for m in many[:-1])
+    assert many[-1] == {"type": "divergences", "state": "new", "run": "r", "metric": "loss",
+                        "step": 5, "count": 4}  # fmt: skip
+    json.dumps(many, allow_nan=False)  # strict JSON, as the stream sends it
+    few = divergence_messages("r", "loss", 5, "resolved", [div(r) for r in range(FEED_DIVERGENCES)])
+    assert len(few) == FEED_DIVERGENCES and {m["state"] for m in few} == {"resolved"}
+    assert divergence_messages("r", "loss", 5, "new", []) == []

@@ -58,6 +58,19 @@ def test_odd_ranks_most_urgent_first_within_the_limit() -> None:
     assert "ranks_offset" not in fields
 
 
+def test_in_a_cascade_of_every_rank_the_ranks_that_started_it_are_among_those_listed() -> None:
+    states = {r: health(r) for r in range(5000)}
+    states[4000] = health(4000, RankState.LOST)  # more urgent than any divergence: first
+    d = digest(states)
+    every = range(5000)  # every rank flagged; 3210 first, then 12 and 7 (in that order)
+    listed, odd = odd_ranks(d, flagged=every, gapped=[], limit=4, first=[3210, 12, 3210, 7])
+    assert listed == [7, 12, 3210, 4000] and odd == 5000
+    # without the order of the earliest divergences: the lowest ranks, the culprit left out
+    assert odd_ranks(d, flagged=every, gapped=[], limit=4)[0] == [0, 1, 2, 4000]
+    # a rank of ``first`` that is not odd is not listed for it
+    assert odd_ranks(d, flagged=[5, 6], gapped=[], limit=4, first=[99, 6])[0] == [5, 6, 4000]
+
+
 def test_pages_are_in_rank_order_and_bounded() -> None:
     ranks = [5, 3, 9, 1, 7]
     assert page_ranks(ranks, 1, 2) == [3, 5]

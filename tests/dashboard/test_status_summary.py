@@ -1,11 +1,12 @@
 """A run of more ranks than SUMMARY_RANKS through the real app, aggregator and store:
 ``/api/status``, ``/metrics`` and ``/api/runs/{run}/divergence`` give its counts by state and
-its odd ranks, not every rank; ``offset``/``limit`` page through all of them; ``rankwatch
-status`` prints the summary."""
+its odd ranks, not every rank, and the first of its active divergences with their count;
+``offset``/``limit`` page through all ranks; ``rankwatch status`` prints the summary."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import time
 from collections.abc import Iterator
@@ -14,7 +15,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from rankwatch.agent.wire.records import EventRecord, StepRecord
-from rankwatch.aggregator.alerts.console import render_status
+from rankwatch.aggregator.alerts.console import DIVERGENCES_PRINTED, render_status
+from rankwatch.aggregator.divergence.listing import SHOWN
 from rankwatch.aggregator.provider import SUMMARY_RANKS, AggregatorProvider
 from rankwatch.dashboard.app import create_app
 
@@ -146,3 +148,52 @@ def test_a_big_runs_divergence_lists_its_odd_ranks_and_pages_the_rest(
     assert pages[1]["ranks_offset"] == 1000 and pages[1]["ranks_summarised"] is False
     assert client.get("/api/runs/big/divergence", params={"limit": 10**6}).status_code == 422
     assert client.get("/api/runs/nosuch/divergence").status_code == 404
+
+
+def test_a_nan_cascade_lists_the_card_that_started_it_and_counts_every_other(
+    client: TestClient, aggregator: Any
+) -> None:
+    # After one card's NaN every rank is NaN a step later: each of them is an active
+    # divergence on each metric. A summary listed them all (92 MB at 100,000 ranks, seconds
+    # under the ingest lock): it lists the first to start and counts the rest.
+    first, metrics = 1234, ("loss", "grad_norm")  # past the 100 odd ranks a summary lists
+    now = time.time()
+    for step in range(1, 9):
+        recs = []
+        for r in range(RANKS):
+            bad = step == 8 or (step == 7 and r == first)
+            value = math.nan if bad else 1.0 + r % 5 * 1e-3
+            recs.append(StepRecord("big", r, step, now, RANKS, f"node{r // 8}", 100 + r, step,
+                                   0, dict.fromkeys(metrics, value)))  # fmt: skip
+        aggregator.add(recs, imported=False, now=now)
+        aggregator.tick(now)
+    every = 2 * RANKS
+    status = client.get("/api/status")
+    (run,) = status.json()["runs"]
+    assert run["divergences_active"] == every
+    assert run["divergences_by_kind"] == {"nonfinite": every}
+    assert len(run["divergences"]) == SHOWN
+    assert [(d["rank"], d["since_step"]) for d in run["divergences"][:3]] == [
+        (first, 7), (first, 7), (0, 8)]  # fmt: skip
+    assert {d["metric"] for d in run["divergences"][:2]} == set(metrics)
+    assert len(status.content) < 300_000  # every divergence listed: well over 700 KB
+    # every rank is odd (divergent): the one that started it is among the ranks listed
+    assert run["ranks_divergent"] == RANKS and run["ranks_odd"] == RANKS
+    listed = [r["rank"] for r in run["ranks"]]
+    assert first in listed and listed[:3] == [0, 1, 2] and len(listed) < RANKS
+    div = client.get("/api/runs/big/divergence").json()
+    assert div["divergences"] == run["divergences"] and div["divergences_active"] == every
+    assert div["divergences_by_kind"] == {"nonfinite": every}
+    page = client.get("/api/runs/big/divergence", params={"offset": 1000, "limit": 10}).json()
+    assert [(r["rank"], r["divergent"]) for r in page["ranks"]] == [
+        (r, sorted(metrics)) for r in range(1000, 1010)]  # fmt: skip
+    prom = client.get("/metrics").text
+    assert f'rankwatch_run_divergences{{run="big"}} {every}' in prom
+    text = render_status(client.get("/api/status").json(), now=now)
+    assert f"  ranks: {RANKS:,} alive; {RANKS:,} divergent" in text.splitlines()
+    assert text.count("  ! rank ") == DIVERGENCES_PRINTED
+    assert text.splitlines()[-1] == (
+        f"  ! {every - DIVERGENCES_PRINTED:,} more active divergences, not listed "
+        f"({every:,} nonfinite in all): the earliest to start are above"
+    )
+    assert f"  ! rank {first} grad_norm nonfinite since step 7" in text

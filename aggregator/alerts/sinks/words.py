@@ -17,10 +17,12 @@ MAX_TEXT_CHARS = 3500  # chat services cap message size (WeCom: 4096 bytes of ma
 
 
 def alert_dict(alert: Any) -> dict[str, Any]:
-    """An Alert (dataclass) or a dict as a JSON-ready dict (NaN as "NaN")."""
-    is_instance = dataclasses.is_dataclass(alert) and not isinstance(alert, type)
-    raw = dataclasses.asdict(alert) if is_instance else dict(alert)
-    return {k: json_safe(v) for k, v in raw.items()}
+    """An Alert (dataclass) or a dict as a JSON-ready dict (NaN as "NaN"). Not through
+    ``dataclasses.asdict``: it deep-copies a grouped alert's ranks (every rank, in a cascade)
+    before ``json_safe`` makes a list of them anyway."""
+    if dataclasses.is_dataclass(alert) and not isinstance(alert, type):
+        return json_safe(alert)
+    return {k: json_safe(v) for k, v in dict(alert).items()}
 
 
 def alert_line(a: Mapping[str, Any]) -> str:

@@ -100,3 +100,26 @@ def test_a_big_run_lists_only_the_ranks_with_something_to_say() -> None:
     # at the fold size every rank is listed anyway
     small = {**run, "ranks": ranks[:64]}
     assert "more ranks" not in render_status({"runs": [small]}, now=NOW)
+
+
+def test_ranks_that_say_the_same_are_one_line_and_a_summary_counts_every_divergent_rank() -> None:
+    # 100 finished ranks of a big run's summary, all divergent after a cascade: one line for
+    # what they all say, the divergent counted over every rank, not over those listed
+    ranks = [rank(r, state="finished", message="finished (normal)", divergent=["loss"])
+             for r in (*range(0, 37), *range(38, 99), 2047)]  # fmt: skip
+    ranks.append(rank(37, state="crashed", message="crashed: RuntimeError: NaN loss"))
+    run = {"run": "big", "state": "crashed", "world_size": 2048, "ranks": ranks,
+           "ranks_summarised": True, "ranks_seen": 2048, "ranks_odd": 2048,
+           "rank_states": {"finished": 2047, "crashed": 1}, "ranks_divergent": 2048,
+           "divergences": [], "divergences_active": 2048}  # fmt: skip
+    lines = render_status({"runs": [run]}, now=NOW).splitlines()
+    assert lines[1] == "  ranks: 1 crashed, 2,047 finished; 2,048 divergent"
+    assert "  ranks 0-36, 38-98, 2047 (99): finished (normal)" in lines
+    assert "  rank 37: RuntimeError: NaN loss" in lines
+    assert sum("finished (normal)" in line for line in lines) == 1
+    assert lines[-1] == (
+        "  ! 2,048 more active divergences, not listed: the earliest to start are above"
+    )
+    # an older server's entry without the count: the listed ranks' divergences are counted
+    older = {k: v for k, v in run.items() if k != "ranks_divergent"}
+    assert render_status({"runs": [older]}, now=NOW).splitlines()[1].endswith("; 99 divergent")
