@@ -85,23 +85,21 @@ class DivergenceDetector:
     def __init__(self, config: DivergenceConfig | None = None) -> None:
         self.config = config or DivergenceConfig()
         self._states: dict[tuple[str, str], MetricState] = {}
+        # run -> metric -> its state (the same objects): a run's reads do not walk every run's
+        self._by_run: dict[str, dict[str, MetricState]] = {}
         self._offsets: dict[tuple[str, str], OffsetState] = {}
         self.ignored_ranks = 0  # values from ranks outside 0..MAX_RANK-1
         # run -> (its flags' versions, its listing): made again when a flag changed
         self._listings: dict[str, tuple[tuple[int, ...], ActiveList]] = {}
 
     def active(self, run: str | None = None) -> list[Divergence]:
-        return [
-            d
-            for (r, _), st in self._states.items()
-            if run is None or r == run
-            for d in st.active.values()
-        ]
+        states = self._states.values() if run is None else self._by_run.get(run, {}).values()
+        return [d for st in states for d in st.active.values()]
 
     def listing(self, run: str) -> ActiveList:
         """``run``'s active divergences as a summary gives them (``listing.list_active``),
         kept until one of its flags is set or cleared."""
-        flags = [st.active for (r, _), st in self._states.items() if r == run]
+        flags = [st.active for st in self._by_run.get(run, {}).values()]
         key = tuple(f.version for f in flags)
         kept = self._listings.get(run)
         if kept is not None and kept[0] == key:
@@ -115,7 +113,7 @@ class DivergenceDetector:
         listed rank's entry says (a look-up per rank, metric and kind, not a pass over every
         active divergence)."""
         out: dict[int, set[str]] = {}
-        flags = [(m, st.active) for (r, m), st in self._states.items() if r == run and st.active]
+        flags = [(m, st.active) for m, st in self._by_run.get(run, {}).items() if st.active]
         if not flags:
             return out
         for rank in ranks:
@@ -126,15 +124,21 @@ class DivergenceDetector:
 
     def forget(self, run: str) -> None:
         self._listings.pop(run, None)
-        for key in [k for k in self._states if k[0] == run]:
-            del self._states[key]
-            self._offsets.pop(key, None)
+        for metric in self._by_run.pop(run, {}):
+            del self._states[(run, metric)]
+            self._offsets.pop((run, metric), None)
+
+    def _state(self, key: tuple[str, str]) -> MetricState:
+        """The state of (run, metric), made at its first step."""
+        st = self._states.get(key)
+        if st is None:
+            st = self._states[key] = MetricState(self.config.rule(key[1]))
+            self._by_run.setdefault(key[0], {})[key[1]] = st
+        return st
 
     def update(self, sv: StepValues) -> StepResult:
         key = (sv.run, sv.metric)
-        st = self._states.get(key)
-        if st is None:
-            st = self._states[key] = MetricState(self.config.rule(sv.metric))
+        st = self._state(key)
         values = sv.values
         if st.lists and (not values or (max(values) < PY_MAX_RANKS and min(values) >= 0)):
             result = score_lists(self.config, st, sv, max(values) if values else -1)
@@ -156,9 +160,7 @@ class DivergenceDetector:
         float64 arrays, ranks distinct): the same verdicts and state; a large world's step is
         scored from the arrays as they are."""
         key = (run, metric)
-        st = self._states.get(key)
-        if st is None:
-            st = self._states[key] = MetricState(self.config.rule(metric))
+        st = self._state(key)
         large = not st.lists or (ranks.size > 0 and int(ranks.max()) >= PY_MAX_RANKS)
         if not large or st.rule.offset_steps is not None:
             values_of = dict(zip(ranks.tolist(), values.tolist(), strict=True))
@@ -222,9 +224,7 @@ class DivergenceDetector:
             return None
         if min(ranks) < 0 or max(ranks) >= PY_MAX_RANKS:
             return None
-        st = self._states.get(key)
-        if st is None:
-            st = self._states[key] = MetricState(self.config.rule(key[1]))
+        st = self._state(key)
         if not st.lists or st.rule.offset_steps is not None:  # the offset test reads every step
             return None
         st.grow(max(ranks), PY_MAX_RANKS)

@@ -159,3 +159,22 @@ def test_flagged_on_agrees_with_every_active_divergence() -> None:
     assert det.flagged_on("r", range(40)) == every
     listing = det.listing("r")
     assert listing.total == len(det.active("r")) and listing.ranks == set(every)
+
+
+def test_a_runs_reads_are_its_own_among_many_runs_and_forget_drops_only_it() -> None:
+    det = DivergenceDetector()
+    for run in ("a", "b", "c"):
+        for step in range(1, 4):
+            values = {r: 1.0 for r in range(8)}
+            if run != "b" and step == 3:
+                values[2 if run == "a" else 5] = math.nan
+            det.update(_step(run, step, values))
+            det.update(StepValues(run, "lr", step, {r: 0.1 for r in range(8)}, 8, True))
+    assert [(d.run, d.rank) for d in det.active("a")] == [("a", 2)]
+    assert det.active("b") == [] and len(det.active()) == 2
+    assert det.listing("c").ranks == {5} and det.flagged_on("c", range(8)) == {5: {"loss"}}
+    det.forget("a")
+    assert det.active("a") == [] and det.listing("a").total == 0
+    assert [(d.run, d.rank) for d in det.active()] == [("c", 5)]
+    det.update(_step("a", 1, {r: 1.0 for r in range(8)}))  # the run again, from scratch
+    assert det.active("a") == [] and det.listing("c").total == 1
