@@ -3,11 +3,14 @@ step K, every card's at K + 1, each flagged non-finite on four metrics at once.
 
     python bench/cascade_step.py [--ranks 4096,16384,100000] [--steps 6] [--repeat 3]
 
-A real ``Aggregator`` (real DuckDB store in a temporary folder, no sockets) with one stream
+A real ``Aggregator`` (real DuckDB store in a temporary folder, no sockets; the collector set
+up as ``rankwatch serve`` sets it, ``tune_gc``) with one stream
 subscriber (an open page, ``SUBSCRIBER_QUEUE_MAX`` queue) is fed ``--steps`` clean steps of 8
 metrics per rank through ``add()`` and a tick after each, then the culprit's NaN step and the
 cascade step. Printed per size, CPU ms (median of ``--repeat`` fills): ``add`` and ``tick`` of a
-clean step and of the cascade step, the stream messages the cascade step queued, how many of
+clean step and of the cascade step (and, on a line of its own, of the cascade tick's stages:
+the alert engine, the incident tracker, the incident outlet, the health view), the stream
+messages the cascade step queued, how many of
 them were the step's points, and how many the subscriber lost (a page that lost any reads every
 view again: a resync). "every" is the same with a stream message for every divergence, as before
 the stream counted a step's divergences past the first ``FEED_DIVERGENCES``, in the same run
@@ -30,7 +33,7 @@ import rankwatch.aggregator.service as service
 from rankwatch.agent.wire.records import StepRecord
 from rankwatch.aggregator.divergence.types import Divergence
 from rankwatch.aggregator.feed import divergence_messages, jsonable
-from rankwatch.aggregator.service import Aggregator, ServeConfig
+from rankwatch.aggregator.service import Aggregator, ServeConfig, tune_gc
 
 METRICS = ("loss", "lr", "throughput", "step_time", "grad_norm", "grad_norm_local",
            "update_ratio", "tokens_per_s")  # fmt: skip
@@ -45,13 +48,37 @@ def every_one(
     return [{"type": "divergence", "state": state, **jsonable(d)} for d in items]
 
 
+STAGES = (("alerts", "alerts", "evaluate"), ("incidents", "incidents", "observe"),
+          ("outlet", "outlet", "judge"), ("health", "healthview", "snapshot"))  # fmt: skip
+
+
+def timed_stages(agg: Aggregator, spent: dict[str, float]) -> None:
+    """Wrap the tick's stages of ``agg`` so that each adds its CPU seconds to ``spent``."""
+    for label, attr, method in STAGES:
+        obj = getattr(agg, attr)
+        inner = getattr(obj, method)
+
+        def stage(*a: Any, _inner: Any = inner, _label: str = label, **k: Any) -> Any:
+            t = time.process_time()
+            try:
+                return _inner(*a, **k)
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + time.process_time() - t
+
+        setattr(obj, method, stage)
+
+
 def one_fill(ranks: int, steps: int) -> dict[str, float]:
-    """CPU ms of a clean step's and the cascade step's add and tick; the cascade's messages."""
+    """CPU ms of a clean step's and the cascade step's add and tick (and of the tick's stages);
+    the cascade's messages."""
     out: dict[str, float] = {}
+    spent: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ServeConfig(data_dir=Path(tmp), console_alerts=False, resend_gaps=False,
                           lost_after_s=3600.0, min_stall_s=3600.0)  # fmt: skip
         agg = Aggregator(cfg)
+        tune_gc()  # as `rankwatch serve` runs it
+        timed_stages(agg, spent)
         sub = agg.feed.subscribe()
         for step in range(1, steps + 3):
             t = time.time()
@@ -68,6 +95,7 @@ def one_fill(ranks: int, steps: int) -> dict[str, float]:
             for i in range(0, ranks, 4096):
                 agg.add(batch[i : i + 4096], imported=False)
             c1 = time.process_time()
+            spent.clear()
             agg.tick()
             c2 = time.process_time()
             if step == steps:
@@ -78,6 +106,7 @@ def one_fill(ranks: int, steps: int) -> dict[str, float]:
                 out["messages"] = float(sum(kinds.values()))
                 out["points_kept"] = float(kinds["points"])
                 out["lost"] = float(sub.dropped - dropped)
+                out.update({f"tick_{k}_ms": v * 1e3 for k, v in spent.items()})
         agg.store.close()
     return out
 
@@ -88,7 +117,7 @@ def measure(ranks: int, steps: int, repeat: int, messages: Callable[..., Any]) -
         fills = [one_fill(ranks, steps) for _ in range(repeat)]
     finally:
         service.divergence_messages = divergence_messages  # type: ignore[attr-defined]
-    return {k: statistics.median(f[k] for f in fills) for k in fills[0]}
+    return {k: statistics.median(f.get(k, 0.0) for f in fills) for k in fills[0]}
 
 
 def main() -> None:
@@ -115,6 +144,8 @@ def main() -> None:
             print(f"{n:>8,} {name:>7} {cells}")
         ratio = every["cascade_add_ms"] / max(now["cascade_add_ms"], 1e-9)
         print(f"{n:>8,} {'ratio':>7} cascade add every / now = {ratio:.2f}x")
+        parts = ", ".join(f"{label} {now.get(f'tick_{label}_ms', 0.0):.0f}" for label, *_ in STAGES)
+        print(f"{n:>8,} {'stages':>7} the cascade tick's, now: {parts} ms")
 
 
 if __name__ == "__main__":

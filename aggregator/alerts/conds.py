@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from rankwatch.aggregator.alerts.grouping import RankedGroup
@@ -42,6 +43,17 @@ class Cond:
     @property
     def key(self) -> str:
         return cond_key(self.rule, self.run, self.rank, self.metric)
+
+
+COND_FIELDS = tuple(Cond.__dataclass_fields__)
+
+
+def new_cond(*values: Any) -> Cond:
+    """``Cond(*values)`` without the frozen ``__init__``'s nine ``object.__setattr__`` calls:
+    a cascade's step makes one per rank and metric."""
+    cond = object.__new__(Cond)
+    cond.__dict__.update(zip(COND_FIELDS, values, strict=True))
+    return cond
 
 
 def cond_key(rule: str, run: str, rank: int | None, metric: str | None) -> str:
@@ -80,6 +92,24 @@ class Conds:
             if ranked is None:
                 ranked = self._ranked[group] = RankedGroup()
             ranked.put(cond.rank, cond)
+
+    def put_many(self, group: Group, conds: Mapping[str, Cond]) -> None:
+        """``put`` of each key's condition, all of ``group`` (keys distinct): the same state
+        after, the group's members and parts updated once for them all."""
+        if not conds:
+            return
+        self._all.update(conds)
+        members = self._groups.get(group)
+        if members is None:
+            members = self._groups[group] = {}
+        members.update(conds)
+        self._dirty[group] = None
+        by_rank = {c.rank: c for c in conds.values() if c.rank is not None}
+        if by_rank:
+            ranked = self._ranked.get(group)
+            if ranked is None:
+                ranked = self._ranked[group] = RankedGroup()
+            ranked.put_many(by_rank)
 
     def pop(self, key: str) -> Cond | None:
         cond = self._all.pop(key, None)

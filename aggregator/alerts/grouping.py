@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from rankwatch.aggregator.alerts.config import SEVERITIES
@@ -40,6 +41,15 @@ class MinCount(Generic[T]):
         self._count[v] = n + 1
         if n == 0:
             heapq.heappush(self._heap, v)
+
+    def add_many(self, values: Iterable[T]) -> None:
+        """``add`` of each value (a cascade's conditions share their start: counted once)."""
+        count, heap = self._count, self._heap
+        for v, n in Counter(values).items():
+            had = count.get(v, 0)
+            count[v] = had + n
+            if had == 0:
+                heapq.heappush(heap, v)
 
     def remove(self, v: T) -> None:
         n = self._count[v] - 1
@@ -88,6 +98,25 @@ class RankedGroup:
         if cond.since_step is not None:
             self._steps.add(cond.since_step)
         self._severities[cond.severity] += 1
+
+    def put_many(self, conds: Mapping[int, Cond]) -> None:
+        """``put`` of each rank's condition, the same state after: the parts counted once for
+        them all (a cascade's step puts every rank's at once)."""
+        by_rank, added, removed = self.by_rank, self._added, self._removed
+        for rank in conds:
+            old = by_rank.get(rank)
+            if old is not None:
+                self._forget(old)
+            elif rank in removed:
+                removed.discard(rank)
+            else:
+                added.add(rank)
+                self._ranks = None
+        by_rank.update(conds)
+        values = conds.values()
+        self._times.add_many(c.since_time for c in values)
+        self._steps.add_many(c.since_step for c in values if c.since_step is not None)
+        self._severities.update(c.severity for c in values)
 
     def pop(self, rank: int) -> None:
         old = self.by_rank.pop(rank, None)

@@ -21,7 +21,14 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rankwatch.aggregator.alerts.conds import GROUP_LISTED, Conds, Group, cond_key, group_words
+from rankwatch.aggregator.alerts.conds import (
+    GROUP_LISTED,
+    Conds,
+    Group,
+    cond_key,
+    group_words,
+    new_cond,
+)
 from rankwatch.aggregator.alerts.conds import Cond as _Cond
 from rankwatch.aggregator.alerts.config import (
     OPS,
@@ -199,9 +206,29 @@ class AlertEngine(HealthRules):
         self._pending.pop(key, None)
 
     def _divergences(self, res: StepResult, now: float) -> None:
+        """A scored step's new divergences as conditions, a group's at once (``_set`` of each
+        in turn, the same conditions after: a cascade's step is every rank's)."""
+        fresh: dict[tuple[str, str, str | None], dict[str, _Cond]] = {}  # group -> key -> cond
+        severity = {r: self.config.severity_of(r) for r in ("nonfinite", "divergence")
+                    if self.config.enabled(r)}  # fmt: skip
+        held = self._conds.get
         for d in res.new:
             rule = "nonfinite" if d.kind == "nonfinite" else "divergence"
-            self._set(self._from_divergence(rule, d, now))
+            if rule not in severity:  # disabled
+                continue
+            run, rank, metric = d.run, d.rank, d.metric
+            cond = new_cond(rule, run, rank, metric, d.since_step, now, d.value, d.message,
+                            severity[rule])  # fmt: skip
+            key = cond_key(rule, run, rank, metric)
+            mine = fresh.get((rule, run, metric))
+            if mine is None:
+                mine = fresh[(rule, run, metric)] = {}
+            old = mine.get(key) or held(key)
+            if old is not None:  # it persists: one condition, since it began
+                cond = replace(cond, since_step=old.since_step, since_time=old.since_time)
+            mine[key] = cond
+        for group, conds in fresh.items():
+            self._conds.put_many(group, conds)
         for d in res.resolved:
             self._clear(
                 "nonfinite" if d.kind == "nonfinite" else "divergence", d.run, d.rank, d.metric

@@ -28,8 +28,8 @@ from rankwatch.aggregator.metrics import KNOWN_METRICS
 KILL_WORDS = ("sigterm", "sigkill", "terminated", "killed", "signal 9", "signal 15")
 
 __all__ = [
-    "KILL_WORDS", "alert_items", "divergence_fact", "divergence_facts", "divergence_kind",
-    "health_columns", "health_fact", "health_facts",
+    "KILL_WORDS", "alert_items", "alert_kind", "divergence_fact", "divergence_facts",
+    "divergence_kind", "health_columns", "health_fact", "health_facts",
 ]  # fmt: skip
 
 _new = tuple.__new__
@@ -192,15 +192,23 @@ _ALERT_KINDS = {"nonfinite": rules.NONFINITE, "divergence": rules.OUTLIER,
 AlertItem = tuple[str, Fact | None, tuple[int, tuple[str, str]] | None]
 
 
-def alert_items(a: Alert) -> list[AlertItem]:
-    """Divergence-rule alerts as evidence (per rank of a grouped alert); health rules come
-    through ``health`` with their messages, run-level rules (threshold, plateau, throughput)
-    name no rank and are left to the alert sinks."""
+def alert_kind(a: Alert) -> str | None:
+    """The kind of fact a divergence-rule alert is evidence of (None: it is none)."""
     kind = _ALERT_KINDS.get(a.rule)
     if kind is None or a.metric is None:
+        return None
+    return divergence_kind(kind, a.metric)
+
+
+def alert_items(a: Alert, ranks: Sequence[int] | None = None) -> list[AlertItem]:
+    """Divergence-rule alerts as evidence (per rank of a grouped alert; ``ranks``: only those
+    of its ranks); health rules come through ``health`` with their messages, run-level rules
+    (threshold, plateau, throughput) name no rank and are left to the alert sinks."""
+    kind = alert_kind(a)
+    if kind is None or a.metric is None:
         return []
-    kind = divergence_kind(kind, a.metric)
-    ranks = a.ranks or ((a.rank,) if a.rank is not None else ())
+    if ranks is None:
+        ranks = a.ranks or ((a.rank,) if a.rank is not None else ())
     out: list[AlertItem] = []
     for rank in ranks:
         if a.state == "resolved":

@@ -14,7 +14,7 @@ call: call it once per loop pass with everything new, not once per record.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter, itemgetter
@@ -27,6 +27,7 @@ from rankwatch.aggregator.incidents import rules
 from rankwatch.aggregator.incidents.columns import Column, Rows, by_run, rows_of
 from rankwatch.aggregator.incidents.facts import (
     alert_items,
+    alert_kind,
     divergence_facts,
     divergence_kind,
     health_columns,
@@ -205,17 +206,18 @@ class IncidentTracker:
         # ranks of the group that have no verdict of their own (this call or an open incident).
         own: set[tuple[str, int, str, str]] | None = None
         for a in alerts:
-            grouped = a.rank is None and len(a.ranks) > 1
-            for run_name, fact, recovery in alert_items(a):
-                if fact is not None and grouped:
-                    if own is None:
-                        own = {
-                            key
-                            for r, rows in facts.items()
-                            for key in zip(repeat(r), rows.rank, rows.kind, rows.metric)
-                        }
-                    if self._has_own(own, run_name, fact):
-                        continue
+            ranks = None
+            kind = alert_kind(a)
+            if a.rank is None and len(a.ranks) > 1 and a.state != "resolved" and kind:
+                if own is None:
+                    own = {
+                        key
+                        for r, rows in facts.items()
+                        for key in zip(repeat(r), rows.rank, rows.kind, rows.metric)
+                    }
+                # before a fact is made of each: in a cascade every rank has its own verdict
+                ranks = self._without_own(own, a.run, kind, str(a.metric), a.ranks)
+            for run_name, fact, recovery in alert_items(a, ranks):
                 if fact is not None:
                     rows_of(facts, run_name).add(fact)
                 if recovery is not None:
@@ -320,15 +322,25 @@ class IncidentTracker:
                 forget(inc)
         return held[2]
 
-    def _has_own(self, own: set[tuple[str, int, str, str]], run_name: str, fact: Fact) -> bool:
-        if (run_name, fact.rank, fact.kind, fact.metric) in own:
-            return True
+    def _without_own(
+        self,
+        own: set[tuple[str, int, str, str]],
+        run_name: str,
+        kind: str,
+        metric: str,
+        ranks: Sequence[int],
+    ) -> list[int]:
+        """The ``ranks`` with no verdict of their own of ``kind`` on ``metric``: neither in
+        this call's facts (``own``) nor in an open incident's evidence."""
         run = self._runs.get(run_name)
-        return run is not None and any(
-            fact.rank in column.at
-            for inc in run.open
-            if (column := inc.evidence.get(fact.kind, _EMPTY).get(fact.metric)) is not None
-        )
+        held = [] if run is None else [
+            column.at for inc in run.open
+            if (column := inc.evidence.get(kind, _EMPTY).get(metric)) is not None
+        ]  # fmt: skip
+        return [
+            rank for rank in ranks
+            if (run_name, rank, kind, metric) not in own and not any(rank in at for at in held)
+        ]  # fmt: skip
 
     def incidents(self, run: str) -> list[Incident]:
         """Every announced incident of ``run``, oldest first (open ones as last judged)."""

@@ -5,14 +5,14 @@ so an open page's queue does not overflow: it loses nothing and need not read ev
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from pathlib import Path
 
-from rankwatch.agent.wire.records import StepRecord
 from rankwatch.aggregator.feed import FEED_DIVERGENCES, SUBSCRIBER_QUEUE_MAX
 from rankwatch.aggregator.service import Aggregator, ServeConfig
+
+from tests.nancascade import cascade_step
 
 RANKS, FIRST, METRICS = 600, 7, ("loss", "grad_norm")
 
@@ -26,12 +26,7 @@ def test_a_cascade_streams_the_first_divergences_and_counts_the_rest(tmp_path: P
     try:
         for step in range(1, 8):
             now = time.time()
-            recs = []
-            for r in range(RANKS):
-                bad = step == 7 or (step == 6 and r == FIRST)
-                value = math.nan if bad else 1.0 + r % 5 * 1e-3
-                recs.append(StepRecord("c", r, step, now, RANKS, f"node{r // 8}", 100 + r, step,
-                                       0, dict.fromkeys(METRICS, value)))  # fmt: skip
+            recs = cascade_step("c", step, RANKS, FIRST, 6, METRICS, now)
             agg.add(recs, imported=False, now=now)
             agg.tick(now)
             steps.append(sub.drain())

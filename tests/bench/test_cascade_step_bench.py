@@ -27,6 +27,7 @@ def test_cascade_step_prints_both_versions_and_only_the_old_one_loses_messages()
     assert float(now[col["lost"]]) == 0 and float(now[col["messages"]]) < 200, proc.stdout
     assert float(now[col["points_kept"]]) == 8, proc.stdout
     assert "cascade add every / now" in lines[4], proc.stdout
+    assert lines[5].split()[1:2] == ["stages"] and "alerts" in lines[5], proc.stdout
     bad = subprocess.run([sys.executable, str(BENCH), "--steps", "1"], capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "--steps must be 2 or more" in bad.stderr

@@ -6,7 +6,6 @@ its odd ranks, not every rank, and the first of its active divergences with thei
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 import time
 from collections.abc import Iterator
@@ -19,6 +18,8 @@ from rankwatch.aggregator.alerts.console import DIVERGENCES_PRINTED, render_stat
 from rankwatch.aggregator.divergence.listing import SHOWN
 from rankwatch.aggregator.provider import SUMMARY_RANKS, AggregatorProvider
 from rankwatch.dashboard.app import create_app
+
+from tests.nancascade import cascade_step
 
 from .conftest import BASE_URL
 
@@ -159,12 +160,7 @@ def test_a_nan_cascade_lists_the_card_that_started_it_and_counts_every_other(
     first, metrics = 1234, ("loss", "grad_norm")  # past the 100 odd ranks a summary lists
     now = time.time()
     for step in range(1, 9):
-        recs = []
-        for r in range(RANKS):
-            bad = step == 8 or (step == 7 and r == first)
-            value = math.nan if bad else 1.0 + r % 5 * 1e-3
-            recs.append(StepRecord("big", r, step, now, RANKS, f"node{r // 8}", 100 + r, step,
-                                   0, dict.fromkeys(metrics, value)))  # fmt: skip
+        recs = cascade_step("big", step, RANKS, first, 7, metrics, now)
         aggregator.add(recs, imported=False, now=now)
         aggregator.tick(now)
     every = 2 * RANKS

@@ -13,6 +13,7 @@ from rankwatch.aggregator.alerts.config import AlertConfig, ThresholdRule
 from rankwatch.aggregator.alerts.rules import AlertEngine
 from rankwatch.aggregator.alerts.sinks.words import alert_dict, alert_line
 from rankwatch.aggregator.divergence.detector import (
+    Divergence,
     DivergenceDetector,
     QuietSteps,
     StepResult,
@@ -369,3 +370,50 @@ def test_rank_ranges_name_the_first_ranges_and_say_there_are_more() -> None:
     assert rank_ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
     assert rank_ranges([0, 2, 4, 6], limit=2) == "0, 2, ..."
     assert rank_ranges([]) == ""
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_steps_divergences_set_at_once_are_the_conditions_set_one_by_one(seed: int) -> None:
+    # _divergences puts a group's conditions at once (a cascade's step is every rank's); the
+    # conditions, the grouped alerts and their transitions are those of _set one by one
+    rng = random.Random(seed)
+    batched, single = engine(), engine()
+
+    def one_by_one(res: StepResult, now: float) -> None:
+        for d in res.new:
+            rule = "nonfinite" if d.kind == "nonfinite" else "divergence"
+            single._set(single._from_divergence(rule, d, now))
+        for d in res.resolved:
+            single._clear("nonfinite" if d.kind == "nonfinite" else "divergence",
+                          d.run, d.rank, d.metric)  # fmt: skip
+
+    single._divergences = one_by_one  # type: ignore[method-assign]
+    det = DivergenceDetector()
+    for step in range(1, 40):
+        for metric in ("loss", "grad_norm"):
+            values = {r: 1.0 + 0.01 * rng.gauss(0, 1) for r in range(300)}
+            bad = rng.sample(range(300), rng.choice([0, 2, 150, 290]))
+            for r in bad:
+                values[r] = math.nan if rng.random() < 0.7 else 4.0
+            res = det.update(StepValues("r", metric, step, values, 300, True))
+            now = 1000.0 + step
+            got = batched.evaluate(now, results=[res])
+            want = single.evaluate(now, results=[res])
+            assert got == want
+        assert list(batched._conds.values()) == list(single._conds.values())
+    assert batched.firing() == single.firing() and batched.firing()
+
+
+def test_two_divergences_of_one_rank_in_one_step_are_one_condition_since_the_first() -> None:
+    # an outlier and an offset of the same rank and metric flagged at one step: one condition
+    # (rule "divergence"), dated as the first one set, as _set one by one dates it
+    s = stats(12, 1.0).stats
+
+    def div(kind: str, since: int) -> Any:
+        return Divergence("r", "loss", 3, kind, "high", since, 12, 2.0, 1.0, 6.0, 2.0, kind, 16)
+
+    res = StepResult(s, {}, [div("outlier", 10), div("offset", 5)], [])
+    eng = engine()
+    (alert,) = eng.evaluate(1000.0, results=[res])
+    assert (alert.rule, alert.rank, alert.since_step) == ("divergence", 3, 10)
+    assert len(eng._conds) == 1

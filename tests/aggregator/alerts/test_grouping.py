@@ -102,3 +102,45 @@ def test_a_big_run_s_grouped_alert_given_its_changes_equals_a_fresh_engine_s(see
     lost = [r for r, h in table.items() if h.state is RankState.LOST]
     (alert,) = [a for a in told.firing() if a.rule == "lost"]
     assert alert.ranks == tuple(lost) and len(lost) > 1024
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_group_put_many_at_once_equals_one_put_at_a_time(seed: int) -> None:
+    rng = random.Random(seed)
+    one, many = Conds(), Conds()
+    for _ in range(40):
+        # a batch of conditions (a cascade's step, or a few), some replacing ones held, and now
+        # and then a few dropped in between
+        batch = {}
+        for r in rng.sample(range(2000), rng.choice([1, 3, 50, 600])):
+            c = cond(rng, r)
+            batch[c.key] = c
+        for c in batch.values():
+            one.put(c)
+        many.put_many(GROUP, batch)
+        for key in rng.sample(sorted(batch), min(len(batch), rng.choice([0, 2, 30]))):
+            one.pop(key)
+            many.pop(key)
+        assert list(one.values()) == list(many.values())
+        assert list(one.group(GROUP).items()) == list(many.group(GROUP).items())
+        a, b = one.ranked(GROUP), many.ranked(GROUP)
+        assert (a is None) == (b is None)
+        if a is not None and b is not None:
+            parts = lambda g: (g.ranks(), g.since_step(), g.since_time(), g.severity())  # noqa: E731
+            assert parts(a) == parts(b) == scratch(list(many.group(GROUP).values()))
+        assert one.take_dirty() == many.take_dirty()
+    many.put_many(GROUP, {})  # nothing: nothing changes
+    assert many.take_dirty() == []
+
+
+def test_a_minimum_takes_many_values_at_once() -> None:
+    one, many = MinCount[int](), MinCount[int]()
+    values = [5, 3, 3, 9, 3, 5, 1]
+    for v in values:
+        one.add(v)
+    many.add_many(values)
+    for v in (1, 3, 3):
+        one.remove(v)
+        many.remove(v)
+        assert one.min() == many.min()
+    assert many.min() == 3

@@ -104,6 +104,20 @@ def test_grouped_nonfinite_alert_is_evidence_too() -> None:
     assert inc.culprits == (9,) and inc.affected == others(16, 9)
 
 
+def test_a_grouped_alert_after_the_verdicts_leaves_their_ranks_where_they_were() -> None:
+    # The alert engine's grouped alert is dated to its earliest rank's step: a tick after the
+    # ranks' own verdicts are in an open incident, it must not move them back to the culprit's.
+    t = IncidentTracker()
+    deliver(t, world(16))
+    t.observe(T0 + 100, divergences=[nan(9, 20)])
+    t.observe(T0 + 101, divergences=[nan(r, 21) for r in others(16, 9)])
+    alert = Alert("k", "nonfinite", "critical", "firing", RUN, None, "loss", 20, T0 + 100,
+                  T0 + 102, None, "16 ranks non-finite", tuple(range(16)))  # fmt: skip
+    t.observe(T0 + 102, alerts=[alert])
+    inc = only(t)
+    assert inc.culprits == (9,) and inc.affected == others(16, 9)
+
+
 # --- crash -----------------------------------------------------------------------------------
 
 
