@@ -209,20 +209,17 @@ class AlertEngine(HealthRules):
         """A scored step's new divergences as conditions, a group's at once (``_set`` of each
         in turn, the same conditions after: a cascade's step is every rank's)."""
         fresh: dict[tuple[str, str, str | None], dict[str, _Cond]] = {}  # group -> key -> cond
-        severity = {r: self.config.severity_of(r) for r in ("nonfinite", "divergence")
-                    if self.config.enabled(r)}  # fmt: skip
+        enabled = {r for r in ("nonfinite", "divergence") if self.config.enabled(r)}
         held = self._conds.get
         for d in res.new:
             rule = "nonfinite" if d.kind == "nonfinite" else "divergence"
-            if rule not in severity:  # disabled
+            if rule not in enabled:
                 continue
-            run, rank, metric = d.run, d.rank, d.metric
-            cond = new_cond(rule, run, rank, metric, d.since_step, now, d.value, d.message,
-                            severity[rule])  # fmt: skip
-            key = cond_key(rule, run, rank, metric)
-            mine = fresh.get((rule, run, metric))
+            cond = self._from_divergence(rule, d, now)
+            key = cond_key(rule, d.run, d.rank, d.metric)
+            mine = fresh.get((rule, d.run, d.metric))
             if mine is None:
-                mine = fresh[(rule, run, metric)] = {}
+                mine = fresh[(rule, d.run, d.metric)] = {}
             old = mine.get(key) or held(key)
             if old is not None:  # it persists: one condition, since it began
                 cond = replace(cond, since_step=old.since_step, since_time=old.since_time)
@@ -235,7 +232,7 @@ class AlertEngine(HealthRules):
             )
 
     def _from_divergence(self, rule: str, d: Divergence, now: float) -> _Cond:
-        return _Cond(
+        return new_cond(
             rule, d.run, d.rank, d.metric, d.since_step, now, d.value, d.message,
             self.config.severity_of(rule),
         )  # fmt: skip
