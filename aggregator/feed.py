@@ -16,6 +16,8 @@ JSON-ready dicts with NaN and ±Inf written as "NaN", "Infinity", "-Infinity", a
                                             (the step's divergences beyond FEED_DIVERGENCES)
     {"type": "alert", **Alert fields}
     {"type": "event", "run", "rank", "event", "step", "time", "info"}
+    {"type": "events", "run", "count", "by_event": {event: count}}
+                                          (a tick's events of a run beyond FEED_EVENTS)
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 MESSAGE_LINES_CACHED = 8192  # crash messages' one-line forms kept (a rank's stays the same)
 SUBSCRIBER_QUEUE_MAX = 1000  # messages buffered per subscriber before the oldest is dropped
 FEED_DIVERGENCES = 16  # divergence messages per scored step and state; the rest as a count
+FEED_EVENTS = 16  # event messages per run and tick; the rest as a count
 
 
 class FeedClosed(Exception):
@@ -279,6 +282,28 @@ def divergence_messages(
     if len(items) > FEED_DIVERGENCES:
         out.append({"type": "divergences", "state": state, "run": run, "metric": metric,
                     "step": step, "count": len(items) - FEED_DIVERGENCES})  # fmt: skip
+    return out
+
+
+def event_messages(events: Sequence[EventRecord]) -> list[dict[str, Any]]:
+    """The messages for one tick's events: one each for a run's first ``FEED_EVENTS``, and one
+    ``events`` message per run counting the rest by event. Every rank of a job starts (and
+    ends, or crashes in a cascade) within a tick or two: as for divergences, a message each
+    overflowed an open page's queue, while the page reads them only as a sign to read its
+    events again."""
+    out: list[dict[str, Any]] = []
+    shown: dict[str, int] = {}
+    rest: dict[str, dict[str, int]] = {}
+    for ev in events:
+        n = shown.get(ev.run, 0)
+        if n < FEED_EVENTS:
+            shown[ev.run] = n + 1
+            out.append(event_message(ev))
+        else:
+            counts = rest.setdefault(ev.run, {})
+            counts[ev.event] = counts.get(ev.event, 0) + 1
+    out += [{"type": "events", "run": run, "count": sum(counts.values()), "by_event": counts}
+            for run, counts in rest.items()]  # fmt: skip
     return out
 
 

@@ -20,7 +20,7 @@ from rankwatch.aggregator.alerts.rules import Alert
 from rankwatch.aggregator.alerts.sinks.fanout import deliver
 from rankwatch.aggregator.alerts.sinks.words import alert_dict
 from rankwatch.aggregator.divergence.detector import StepResult
-from rankwatch.aggregator.feed import event_message, points_messages
+from rankwatch.aggregator.feed import event_messages, points_messages
 from rankwatch.aggregator.health import Health, RankHealth, RankState
 from rankwatch.aggregator.healthview import ROLLING_RANKS
 from rankwatch.aggregator.incidents.model import Incident
@@ -195,8 +195,8 @@ def _publish_points(agg: Aggregator, steps: list[StepRecord | StepBlock | RanksB
 
 
 def _publish_events(agg: Aggregator, events: list[EventRecord]) -> None:
-    for ev in events:
-        agg.feed.publish(event_message(ev))
+    for message in event_messages(events):
+        agg.feed.publish(message)
 
 
 def _command(agg: Aggregator, body: dict[str, Any]) -> None:

@@ -14,11 +14,11 @@ Pure.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from rankwatch.aggregator.alerts.grouping import RankedGroup
+from rankwatch.aggregator.divergence.types import Divergence
 
 GROUP_LISTED = 5  # ranks whose own words a grouped alert's message gives
 RANGES_FROM = 1024  # a grouped alert of more ranks than this names them as ranges
@@ -28,8 +28,11 @@ HEALTH_WORDS = {"stalled": "stalled", "lost": "lost", "crashed": "crashed"}
 Group = tuple[str, str, str | None]  # rule, run, metric
 
 
-@dataclass(frozen=True)
-class Cond:
+class Cond(NamedTuple):
+    """One rule's condition about one rank (or a run: ``rank`` None). A tuple, not a frozen
+    dataclass: a cascade's step makes one per rank and metric, and a tuple is made in one
+    call (``new_cond``), where a dataclass takes an attribute dict or a call per field."""
+
     rule: str
     run: str
     rank: int | None
@@ -45,19 +48,29 @@ class Cond:
         return cond_key(self.rule, self.run, self.rank, self.metric)
 
 
-COND_FIELDS = tuple(Cond.__dataclass_fields__)
+_tuple_new = tuple.__new__
 
 
 def new_cond(*values: Any) -> Cond:
-    """``Cond(*values)`` without the frozen ``__init__``'s nine ``object.__setattr__`` calls:
-    a cascade's step makes one per rank and metric."""
-    cond = object.__new__(Cond)
-    cond.__dict__.update(zip(COND_FIELDS, values, strict=True))
-    return cond
+    """``Cond(*values)``, every field given, in order, without the keyword handling."""
+    return _tuple_new(Cond, values)
+
+
+def divergence_cond(
+    rule: str, d: Divergence, since_step: int | None, since_time: float, severity: str
+) -> Cond:
+    """The condition a divergence makes under ``rule``."""
+    return _tuple_new(Cond, (rule, d.run, d.rank, d.metric, since_step, since_time, d.value,
+                             d.message, severity))  # fmt: skip
 
 
 def cond_key(rule: str, run: str, rank: int | None, metric: str | None) -> str:
     return f"{rule}|{run}|{'' if rank is None else rank}|{metric or ''}"
+
+
+def key_words(rule: str, run: str, metric: str | None) -> tuple[str, str]:
+    """What ``cond_key`` puts before and after the rank: a group's keys made by joining."""
+    return f"{rule}|{run}|", f"|{metric or ''}"
 
 
 class Conds:

@@ -26,8 +26,9 @@ from rankwatch.aggregator.alerts.conds import (
     Conds,
     Group,
     cond_key,
+    divergence_cond,
     group_words,
-    new_cond,
+    key_words,
 )
 from rankwatch.aggregator.alerts.conds import Cond as _Cond
 from rankwatch.aggregator.alerts.config import (
@@ -195,7 +196,7 @@ class AlertEngine(HealthRules):
             old = self._conds.get(key) or (before or {}).get(key)
             # Keep when it began: a condition that persists is one condition.
             if old is not None:
-                cond = replace(cond, since_step=old.since_step, since_time=old.since_time)
+                cond = cond._replace(since_step=old.since_step, since_time=old.since_time)
             self._conds.put(cond, key)
 
     def _clear(self, rule: str, run: str, rank: int | None, metric: str | None) -> None:
@@ -207,24 +208,28 @@ class AlertEngine(HealthRules):
 
     def _divergences(self, res: StepResult, now: float) -> None:
         """A scored step's new divergences as conditions, a group's at once (``_set`` of each
-        in turn, the same conditions after: a cascade's step is every rank's)."""
-        fresh: dict[tuple[str, str, str | None], dict[str, _Cond]] = {}  # group -> key -> cond
+        in turn, the same conditions after: a cascade's step is every rank's). What a group's
+        conditions share (the rule's severity, the key's words) is made once per group."""
+        # group -> (key -> its new cond, the key's words before and after the rank, severity)
+        made: dict[Group, tuple[dict[str, _Cond], str, str, str]] = {}
         enabled = {r for r in ("nonfinite", "divergence") if self.config.enabled(r)}
         held = self._conds.get
         for d in res.new:
             rule = "nonfinite" if d.kind == "nonfinite" else "divergence"
-            if rule not in enabled:
-                continue
-            cond = self._from_divergence(rule, d, now)
-            key = cond_key(rule, d.run, d.rank, d.metric)
-            mine = fresh.get((rule, d.run, d.metric))
+            group: Group = (rule, d.run, d.metric)
+            mine = made.get(group)
             if mine is None:
-                mine = fresh[(rule, d.run, d.metric)] = {}
-            old = mine.get(key) or held(key)
-            if old is not None:  # it persists: one condition, since it began
-                cond = replace(cond, since_step=old.since_step, since_time=old.since_time)
-            mine[key] = cond
-        for group, conds in fresh.items():
+                if rule not in enabled:
+                    continue
+                mine = made[group] = ({}, *key_words(*group), self.config.severity_of(rule))
+            conds, head, tail, severity = mine
+            key = f"{head}{d.rank}{tail}"
+            old = conds.get(key) or held(key)
+            since_step, since_time = (
+                (d.since_step, now) if old is None else (old.since_step, old.since_time)
+            )  # it persists: one condition, since it began
+            conds[key] = divergence_cond(rule, d, since_step, since_time, severity)
+        for group, (conds, *_) in made.items():
             self._conds.put_many(group, conds)
         for d in res.resolved:
             self._clear(
@@ -232,10 +237,7 @@ class AlertEngine(HealthRules):
             )
 
     def _from_divergence(self, rule: str, d: Divergence, now: float) -> _Cond:
-        return new_cond(
-            rule, d.run, d.rank, d.metric, d.since_step, now, d.value, d.message,
-            self.config.severity_of(rule),
-        )  # fmt: skip
+        return divergence_cond(rule, d, d.since_step, now, self.config.severity_of(rule))
 
     def _watched(self, metric: str) -> bool:
         """A step rule reads this metric's statistics."""
@@ -274,7 +276,7 @@ class AlertEngine(HealthRules):
     def _settle(self) -> None:
         for since, build, args in self._pending.values():
             cond = build(*args)
-            self._set(cond if cond.since_step == since else replace(cond, since_step=since))
+            self._set(cond if cond.since_step == since else cond._replace(since_step=since))
         self._pending.clear()
 
     def _thresholds(

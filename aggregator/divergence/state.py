@@ -17,7 +17,7 @@ from rankwatch.aggregator.divergence import onset
 from rankwatch.aggregator.divergence.config import DivergenceConfig, MetricRule
 from rankwatch.aggregator.divergence.listing import ActiveFlags
 from rankwatch.aggregator.divergence.robust import MAD_TO_SIGMA, robust_scale
-from rankwatch.aggregator.divergence.types import Divergence, StepStats
+from rankwatch.aggregator.divergence.types import Divergence, StepStats, new_divergence
 from rankwatch.aggregator.merge import StepValues
 
 Ints = Sequence[int] | np.ndarray  # a per-rank column: a list (small worlds) or an array
@@ -177,22 +177,30 @@ def flag_nonfinite(
     bad: list[tuple[int, float]],
     new: list[Divergence],
 ) -> None:
-    """Flag each (rank, value) of ``bad`` at once, unless it is flagged already."""
+    """Flag each (rank, value) of ``bad`` at once, unless it is flagged already.
+
+    In a cascade ``bad`` is every rank: the flags go in with one update (one version of
+    ``st.active``), and a flag's message is its rank before the step's shared words."""
+    active, clean = st.active, st.clean
+    run, metric, step, median, n = sv.run, sv.metric, sv.step, stats.median, stats.n
+    note = f" (median of the other ranks {median:.4g})" if n else ""
+    tails = {w: f" {metric} is {w} at step {step}{note}" for w in ("NaN", "+Inf", "-Inf")}
+    nan = math.nan
+    made: dict[tuple[int, str], Divergence] = {}
     for rank, value in bad:
         k = (rank, "nonfinite")
-        st.clean.pop(k, None)
-        if k in st.active:
+        if clean:
+            clean.pop(k, None)
+        if k in active or k in made:
             continue
-        word = "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
-        d = Divergence(
-            sv.run, sv.metric, rank, "nonfinite", "low" if value < 0 else "high",
-            sv.step, sv.step, value, stats.median, math.nan, math.nan,
-            f"rank {rank} {sv.metric} is {word} at step {sv.step}"
-            + (f" (median of the other ranks {stats.median:.4g})" if stats.n else ""),
-            stats.n,
+        word = "NaN" if value != value else ("+Inf" if value > 0 else "-Inf")
+        made[k] = new_divergence(
+            run, metric, rank, "nonfinite", "low" if value < 0 else "high", step, step, value,
+            median, nan, nan, f"rank {rank}{tails[word]}", n, True,
         )  # fmt: skip
-        st.active[k] = d
-        new.append(d)
+    if made:
+        active.update(made)
+        new.extend(made.values())
 
 
 def clear_nonfinite(

@@ -67,6 +67,16 @@ class Divergence:
     confident: bool = True  # False: two ranks and no way to tell which one changed
 
 
+def new_divergence(*values: Any) -> Divergence:
+    """``Divergence(*values)`` (every field given, in order) without the frozen ``__init__``'s
+    ``object.__setattr__`` per field: a cascade flags every rank at once (``new_stats``)."""
+    d = object.__new__(Divergence)
+    d.__dict__.update(zip(_DIVERGENCE_FIELDS, values, strict=True))
+    return d
+
+
+_DIVERGENCE_FIELDS = tuple(f.name for f in fields(Divergence))
+
 _RANKS, _VALUES, _Z, _REL, _OUTLIER = range(5)
 _NO_FLAGS: frozenset[int] = frozenset()
 

@@ -26,7 +26,12 @@ OTHER_SENDERS = "(others)"
 # (run, rank) -> identity routes for resend requests, in all: two jobs of 100,000 ranks with
 # room (a cap below a job's ranks leaves some unroutable at any time, and re-routes each record)
 MAX_ROUTES = 262_144
-MAX_RANKS_PER_PEER = 1024  # routes per connection (a relay carries a node's ranks, every run)
+# routes per connection: a quarter of them all, so one connection cannot take every route,
+# and one that carries many ranks (a relay in front of a rack, a load generator's process
+# socket) keeps each of them routable. Past it, each new rank pushes out the connection's
+# oldest: a cycle of more ranks than the cap re-routes every record and leaves the rest
+# unroutable at any time (docs/benchmarks.md, "A wide connection's routes").
+MAX_RANKS_PER_PEER = MAX_ROUTES // 4
 
 
 @dataclass(slots=True)

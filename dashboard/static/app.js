@@ -443,6 +443,7 @@ function handle(msg) {
       refreshAlertsSoon();
       break;
     case 'event':
+    case 'events': // a tick's events beyond the first few, counted
       refreshEventsSoon();
       break;
     case 'telemetry':

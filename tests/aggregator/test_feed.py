@@ -8,13 +8,15 @@ import math
 import threading
 
 import pytest
-from rankwatch.agent.wire.records import StepRecord
+from rankwatch.agent.wire.records import EventRecord, StepRecord
 from rankwatch.aggregator.divergence.types import Divergence
 from rankwatch.aggregator.feed import (
     FEED_DIVERGENCES,
+    FEED_EVENTS,
     Feed,
     FeedClosed,
     divergence_messages,
+    event_messages,
     points_messages,
 )
 
@@ -174,3 +176,26 @@ def test_a_steps_divergences_past_the_first_few_are_one_counting_message() -> No
     few = divergence_messages("r", "loss", 5, "resolved", [div(r) for r in range(FEED_DIVERGENCES)])
     assert len(few) == FEED_DIVERGENCES and {m["state"] for m in few} == {"resolved"}
     assert divergence_messages("r", "loss", 5, "new", []) == []
+
+
+def test_a_ticks_events_past_a_runs_first_few_are_one_counting_message_per_run() -> None:
+    def ev(run: str, rank: int, event: str) -> EventRecord:
+        return EventRecord(run, rank, 1, 10.0 + rank, 64, f"node{rank // 8}", 100 + rank, event,
+                           None if event == "start" else 9, {"value": math.nan})  # fmt: skip
+
+    big = [ev("a", r, "start") for r in range(FEED_EVENTS + 30)]
+    big += [ev("a", r, "crash") for r in range(10)]
+    small = [ev("b", r, "end") for r in range(3)]
+    out = event_messages(big[:5] + small + big[5:])  # the runs' events interleaved
+    shown = [m for m in out if m["type"] == "event"]
+    assert [(m["run"], m["rank"]) for m in shown] == (
+        [("a", r) for r in range(5)] + [("b", r) for r in range(3)]
+        + [("a", r) for r in range(5, FEED_EVENTS)]
+    )  # fmt: skip
+    assert shown[0] == {"type": "event", "run": "a", "rank": 0, "event": "start", "step": None,
+                        "time": 10.0, "info": {"value": "NaN"}}  # fmt: skip
+    assert out[-1] == {"type": "events", "run": "a", "count": 40,
+                       "by_event": {"start": 30, "crash": 10}}  # fmt: skip
+    assert len(out) == FEED_EVENTS + 3 + 1  # run b's three all shown, nothing counted for it
+    json.dumps(out, allow_nan=False)
+    assert event_messages([]) == []

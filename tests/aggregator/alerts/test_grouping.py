@@ -6,7 +6,7 @@ import random
 from dataclasses import replace
 
 import pytest
-from rankwatch.aggregator.alerts.conds import Cond, Conds
+from rankwatch.aggregator.alerts.conds import Cond, Conds, cond_key, key_words
 from rankwatch.aggregator.alerts.config import SEVERITIES, AlertConfig
 from rankwatch.aggregator.alerts.grouping import MinCount
 from rankwatch.aggregator.alerts.rules import FULL_PASS_RANKS, Alert, AlertEngine
@@ -144,3 +144,10 @@ def test_a_minimum_takes_many_values_at_once() -> None:
         many.remove(v)
         assert one.min() == many.min()
     assert many.min() == 3
+
+
+@pytest.mark.parametrize("metric", ["loss", None, ""])
+def test_a_groups_key_words_make_the_key_of_each_rank(metric: str | None) -> None:
+    head, tail = key_words("nonfinite", "run|a", metric)
+    for rank in (0, 7, 99_999):
+        assert f"{head}{rank}{tail}" == cond_key("nonfinite", "run|a", rank, metric)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import astuple, replace
 
 import numpy as np
 import pytest
@@ -191,6 +192,40 @@ def test_nonfinite_resolves_after_clear_steps_finite_steps() -> None:
     assert det.update(sv(2, BASE)).resolved == []
     (d,) = det.update(sv(3, BASE)).resolved
     assert d.kind == "nonfinite" and "finite again at step 3" in d.message
+
+
+def nan_equal(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(
+        x == y
+        or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_a_cascade_flags_every_rank_as_one_flag_at_a_time_would() -> None:
+    """Every rank's non-finite flag goes in at once (one update of the active flags), each the
+    Divergence the rule's own words make: the world large enough for the batched scoring."""
+    ranks = 5000
+    values = {r: 1.0 + r % 7 * 1e-3 for r in range(ranks)}
+    det = DivergenceDetector()
+    feed(det, [values] * 3)
+    bad = {r: math.nan for r in range(ranks)} | {7: math.inf, 9: -math.inf}
+    res = det.update(sv(4, {**values, **bad}))
+    n, median = res.stats.n, res.stats.median
+    assert n == 0 and math.isnan(median)
+    by_rank = {d.rank: d for d in res.new}
+    assert len(res.new) == len(by_rank) == ranks
+    for rank, value in bad.items():
+        word = {math.inf: "+Inf", -math.inf: "-Inf"}.get(value, "NaN")
+        want = Divergence("r", "loss", rank, "nonfinite", "low" if value < 0 else "high", 4, 4,
+                          value, median, math.nan, math.nan,
+                          f"rank {rank} loss is {word} at step 4", n)  # fmt: skip
+        assert nan_equal(astuple(by_rank[rank]), astuple(want)), rank
+    again = replace(by_rank[7], step=5)  # a flag made so is a dataclass like any other
+    assert (again.step, again.since_step, again.value) == (5, 4, math.inf)
+    assert {(d.run, d.rank, d.kind) for d in det.active("r")} == {
+        ("r", r, "nonfinite") for r in range(ranks)}  # fmt: skip
+    assert det.update(sv(5, bad)).new == []  # flagged once
 
 
 def test_nan_on_every_rank() -> None:

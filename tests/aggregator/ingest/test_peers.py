@@ -70,3 +70,18 @@ def test_a_rank_that_moved_to_another_relay_goes_to_the_end_not_out() -> None:
     assert list(peers.routes)[-2:] == [("r", 0), ("r", 1)]
     assert ("r", 0) not in peers.senders[b"relay-0"].ranks
     assert counts == {"routes_evicted": 0, "peer_ranks_capped": 0}
+
+
+@pytest.mark.parametrize(("world", "per"), [(4096, 2048), (100_000, 50_000)])
+def test_a_connection_carrying_thousands_of_ranks_keeps_every_one_routable(
+    world: int, per: int
+) -> None:
+    """The soak's process sockets (and a relay in front of a rack): a rank's second record
+    finds its route, nothing is capped, and every rank can be asked for a resend. Under the
+    old cap of 1,024 per connection every record pushed out one of its own (the cycle above)."""
+    counts = {"routes_evicted": 0, "peer_ranks_capped": 0}
+    peers = Peers(counts)
+    idents = relays(peers, "big", world, per, steps=3)
+    assert counts == {"routes_evicted": 0, "peer_ranks_capped": 0}
+    assert len(peers.routes) == world
+    assert all(peers.identity_of("big", r) == idents[r // per] for r in range(world))

@@ -14,7 +14,6 @@ import zmq
 from rankwatch.agent.wire import records
 from rankwatch.aggregator.ingest import peers as peers_mod
 from rankwatch.aggregator.ingest import problems as problems_mod
-from rankwatch.aggregator.ingest.peers import MAX_RANKS_PER_PEER
 from rankwatch.aggregator.ingest.receiver import Receiver
 
 from .test_receiver import collect, step
@@ -71,20 +70,22 @@ def test_the_log_once_memory_is_bounded_and_says_when_it_is_full(
 
 
 def test_one_connection_naming_thousands_of_ranks_keeps_only_its_newest_routes(
-    dealer: Callable[[], zmq.Socket], receiver: Receiver
+    dealer: Callable[[], zmq.Socket], receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(peers_mod, "MAX_RANKS_PER_PEER", 1024)  # its records are sent here
     honest, fuzzer = dealer(), dealer()
     honest.send(records.encode_frame([step(0, 1, run="real")]))
     collect(receiver, 1)
-    ranks = 3 * MAX_RANKS_PER_PEER
+    cap = peers_mod.MAX_RANKS_PER_PEER
+    ranks = 3 * cap
     for first in range(0, ranks, 512):  # a "relay" whose every record names a new rank
         fuzzer.send(
             records.encode_frame([step(r, 1, run="fuzz") for r in range(first, first + 512)])
         )
     assert len(collect(receiver, ranks)) == ranks  # the records themselves all go in
     c = receiver.counters()
-    assert c["peer_ranks_capped"] == ranks - MAX_RANKS_PER_PEER
-    assert len(receiver.peers.routes) == MAX_RANKS_PER_PEER + 1
+    assert c["peer_ranks_capped"] == ranks - cap
+    assert len(receiver.peers.routes) == cap + 1
     assert receiver.identity_of("real", 0) is not None  # the other peer's route is untouched
     assert receiver.identity_of("fuzz", ranks - 1) is not None  # the newest are reachable
     assert receiver.identity_of("fuzz", 0) is None
