@@ -15,7 +15,7 @@ import * as incidents from './incidents.js';
 import * as panels from './panels.js';
 import { refView } from './refrun.js';
 import { readUrl, writeUrl } from './urlstate.js';
-import { api, debounce, formatRanks, mergeRanks, runPath, throttle } from './util.js';
+import { STALE, api, debounce, formatRanks, mergeRanks, newestOnly, runPath, throttle } from './util.js';
 
 const REDRAW_INTERVAL_MS = 250; // at most 4 redraws a second, however fast points arrive
 const RUNS_POLL_MS = 3000;
@@ -237,19 +237,24 @@ function applyRanks(ranks, flagged = ranks) {
   renderPanels();
 }
 
+// The reads the stream repeats, each applied only if no later one of it began (newestOnly).
+const [readRanks, readAlerts, readEvents, readRuns] = [1, 2, 3, 4].map(() => newestOnly(api));
+
 async function loadRanks() {
   if (!state.run) return;
   if (state.big) {
     await Promise.all([pager.load(), loadNodes()]);
     return;
   }
-  const resp = await api(runPath(state.run, 'ranks'));
-  if (resp.run === state.run) applyRanks(resp.ranks);
+  const resp = await readRanks(runPath(state.run, 'ranks'));
+  if (resp !== STALE && resp.run === state.run) applyRanks(resp.ranks);
 }
 
 async function loadAlerts() {
   if (!state.run) return;
-  const resp = await api('/api/alerts', { run: state.run });
+  const run = state.run;
+  const resp = await readAlerts('/api/alerts', { run });
+  if (resp === STALE || run !== state.run) return;
   state.firing = resp.firing;
   panels.renderBanner($('banner'), state.firing, serverNow(), state.ranks);
   incidentUi.renderAlertsToggle();
@@ -257,7 +262,9 @@ async function loadAlerts() {
 
 async function loadEvents() {
   if (!state.run) return;
-  const resp = await api(runPath(state.run, 'events'));
+  const run = state.run;
+  const resp = await readEvents(runPath(run, 'events'));
+  if (resp === STALE || run !== state.run) return;
   state.events = resp.events;
   for (const c of charts.values()) c.needsFull = true;
   scheduleRedraw();
@@ -311,7 +318,8 @@ const refreshHeatmapSoon = throttle(() => {
 }, HEATMAP_REFRESH_MS);
 
 async function loadRuns() {
-  const resp = await api('/api/runs');
+  const resp = await readRuns('/api/runs');
+  if (resp === STALE) return;
   if (typeof resp.now === 'number') state.serverOffset = resp.now - Date.now() / 1000;
   state.runs = resp.runs;
   if (!state.run || !state.runs.some((r) => r.run === state.run)) {

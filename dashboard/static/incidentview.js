@@ -6,7 +6,7 @@
 
 import { press } from './actions.js';
 import * as incidents from './incidents.js';
-import { api, formatRanks, runPath } from './util.js';
+import { STALE, api, formatRanks, newestOnly, runPath } from './util.js';
 
 const ZOOM_STEPS = 20; // steps either side of the fault step, as in the alerts' links
 
@@ -29,11 +29,12 @@ export function incidentView(ctx) {
     if (what.roles) ctx.restyle();
   }
 
+  const readIncidents = newestOnly(api);
   async function load() {
     if (!state.run) return;
     const run = state.run;
-    const resp = await api(runPath(run, 'incidents'));
-    if (resp.run !== run || run !== state.run) return;
+    const resp = await readIncidents(runPath(run, 'incidents'));
+    if (resp === STALE || resp.run !== run || run !== state.run) return;
     changed(incidents.setIncidents(resp.incidents));
   }
 

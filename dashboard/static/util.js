@@ -201,6 +201,22 @@ export function runPath(run, tail) {
 }
 
 // Calls fn at most once per `ms`, always with the latest arguments, trailing call included.
+// What a read made stale resolves to (newestOnly).
+export const STALE = Symbol('stale');
+
+// ``read`` (an async function) whose answer is used only when no later call of it began in
+// the meantime; an older one resolves to STALE. The page's reads are throttled, not queued:
+// with a slow server (a large run, a busy head node) an older answer can land after a newer
+// one, and applying it would put the page back in time until the next change.
+export function newestOnly(read) {
+  let started = 0;
+  return async (...args) => {
+    const mine = ++started;
+    const out = await read(...args);
+    return mine === started ? out : STALE;
+  };
+}
+
 export function throttle(fn, ms) {
   let last = 0;
   let timer = null;
