@@ -153,6 +153,8 @@ class HardwareWatch:
         self._last: dict[tuple[str, int, str], float] = {}  # (run, rank, source) -> time
         self._newest: dict[str, float] = {}
         self._buckets: dict[tuple[str, str], dict[int, dict[int, float]]] = {}
+        # the newest scored bucket's samples: a card of it arriving late is scored with them
+        self._scored: dict[tuple[str, str], tuple[float, dict[int, float]]] = {}
         # (outlier, clean, the start of the newest bucket counted) in a row, per card
         self._streak: dict[tuple[str, str, int], tuple[int, int, float]] = {}
         self._ecc_last: dict[tuple[str, int, str], float] = {}
@@ -203,8 +205,9 @@ class HardwareWatch:
         width = min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, round(t - last)))
         if width != self._width.get(run, self.config.interval_s):
             self._width[run] = width
-            for k in [k for k in self._buckets if k[0] == run]:
-                del self._buckets[k]  # bucketed at the old width: start again
+            for store in (self._buckets, self._scored):
+                for k in [k for k in store if k[0] == run]:
+                    del store[k]  # bucketed at the old width: start again
 
     def _flags_of(self, run: str, rank: int, name: str, value: float, t: float) -> None:
         if name in tm.ECC_COUNTERS:
@@ -240,6 +243,11 @@ class HardwareWatch:
 
     def _score(self, key: tuple[str, str], start: float, values: dict[int, float]) -> None:
         cfg = self.config
+        before = self._scored.get(key)
+        if before is not None and before[0] == start:
+            values = {**before[1], **values}  # late cards of the newest scored bucket join it
+        if before is None or start >= before[0]:
+            self._scored[key] = (start, values)
         if len(values) < cfg.min_ranks:
             return
         run, name = key
@@ -380,8 +388,8 @@ class HardwareWatch:
         self._newest.pop(run, None)
         self._learned.discard(run)
         stores: tuple[dict[Any, Any], ...] = (
-            self.peers, self.flags, self._last, self._buckets, self._streak, self._ecc_last,
-            self.ecc, self._throttle,
+            self.peers, self.flags, self._last, self._buckets, self._scored, self._streak,
+            self._ecc_last, self.ecc, self._throttle,
         )  # fmt: skip
         for store in stores:
             for key in [k for k in store if k[0] == run]:

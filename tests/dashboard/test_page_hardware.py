@@ -175,8 +175,10 @@ def test_hardware_section_at_desktop_and_phone_size(
     assert status.returncode == 0, status.stderr
     tail = status.stdout[status.stdout.index("hardware of hw32") :].splitlines()
     assert tail[0] == "hardware of hw32: 32 cards on 4 node(s), sampled every 10 s"
-    assert any(x.startswith("  hottest: rank 5 (gpu:5 on node0)") for x in tail)
-    assert any(x.startswith("  hw_node: node node1: 8 of 8 cards (ranks 8-15)") for x in tail)
+    assert any(x.startswith("  hottest: rank 5 (gpu:5 on node0)") for x in tail), status.stdout
+    assert any(x.startswith("  hw_node: node node1: 8 of 8 cards (ranks 8-15)") for x in tail), (
+        status.stdout
+    )
 
 
 def test_real_host_telemetry_from_a_monitor_reaches_the_page(

@@ -259,9 +259,9 @@ def test_late_cards_scored_after_a_newer_bucket_leave_the_leaders_to_the_newer_o
     assert any(d["rank"] == 5 and d["word"] == "hottest" for d in leaders(watch, "r"))
 
 
-def test_late_cards_of_the_newest_bucket_itself_leave_the_leaders_to_the_fuller_view() -> None:
+def test_late_cards_of_the_newest_bucket_itself_join_its_view() -> None:
     # the same, but the late samples fall in the newest scored bucket (a burst of frames after
-    # a reconnect): scored again on their own, that bucket's handful must not replace its peers
+    # a reconnect): scored with that bucket's cards, not on their own, they join its peers
     watch = HardwareWatch(HardwareConfig())
     feed(watch, 6, ranks=8, values=hot_5)
     newest = watch.peers[("r", "gpu/temp_c")]
@@ -269,7 +269,8 @@ def test_late_cards_of_the_newest_bucket_itself_leave_the_leaders_to_the_fuller_
     watch.add([Rec("r", r, newest.time + 0.5, "node1", "gpu", f"gpu:{r}", clean(r, 0, rnd))
                for r in range(8, 12)])  # fmt: skip
     watch.evaluate()
-    assert watch.peers[("r", "gpu/temp_c")] == newest
+    joined = watch.peers[("r", "gpu/temp_c")]
+    assert joined.time == newest.time and joined.n == 12 and set(joined.z) == set(range(12))
     assert any(d["rank"] == 5 and d["word"] == "hottest" for d in leaders(watch, "r"))
 
 
@@ -295,3 +296,26 @@ def test_cards_of_a_bucket_scored_again_do_not_count_twice_toward_a_flag() -> No
         raise AssertionError("never flagged")
 
     assert first_flag(again=True) == first_flag(again=False) == 14
+
+
+def test_the_hot_card_arriving_after_its_bucket_was_scored_still_leads() -> None:
+    # 32 sockets drain at their own pace: the other cards' newest samples closed the bucket
+    # before the hot card's sample of it came; scored with the bucket's other cards, not alone,
+    # it still leads (it used to vanish from the leaders while flagged: `status` lost the line)
+    watch = HardwareWatch(HardwareConfig())
+    feed(watch, 6, ranks=8, values=hot_5)
+    rnd = random.Random(3)
+    t0 = 1000.0 + 6 * 10
+    watch.add([Rec("r", r, t0 + (r * 0.37) % 10, "node0", "gpu", f"gpu:{r}", clean(r, 6, rnd))
+               for r in range(8) if r != 5])  # fmt: skip
+    watch.add([Rec("r", r, t0 + 15 + (r * 0.37) % 10, "node0", "gpu", f"gpu:{r}",
+                   clean(r, 7, rnd)) for r in range(8) if r != 5])  # fmt: skip
+    watch.evaluate()
+    peers = watch.peers[("r", "gpu/temp_c")]
+    assert peers.time == 1060.0 and 5 not in peers.z  # scored without it
+    watch.add([Rec("r", 5, t0 + 1.85, "node0", "gpu", "gpu:5", hot_5(5, 6, rnd))])
+    watch.evaluate()
+    peers = watch.peers[("r", "gpu/temp_c")]
+    assert peers.time == 1060.0 and peers.n == 8 and peers.z[5] > 6
+    lead = next(d for d in leaders(watch, "r") if d["word"] == "hottest")
+    assert lead["rank"] == 5 and lead["flagged"]
