@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from rankwatch.agent.wire.jsonsafe import json_safe, json_value
 from rankwatch.agent.wire.records import EventRecord
 from rankwatch.aggregator.feedpoints import points_messages as points_messages
+from rankwatch.aggregator.health.rules import OVER_STATES
 from rankwatch.aggregator.incidents.oneline import one_line
 
 if TYPE_CHECKING:
@@ -359,9 +360,6 @@ def message_line(message: str, crashed: bool = False) -> str:
 # Cutting a long crash message costs far more than a lookup, and rank tables are built again
 # every few seconds with the same messages.
 _crash_line = functools.lru_cache(maxsize=MESSAGE_LINES_CACHED)(one_line)
-
-
-OVER_STATES = frozenset({"finished", "crashed", "lost"})
 
 
 def ranks_delta(

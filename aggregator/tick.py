@@ -21,7 +21,7 @@ from rankwatch.aggregator.alerts.sinks.fanout import deliver
 from rankwatch.aggregator.alerts.sinks.words import alert_dict
 from rankwatch.aggregator.divergence.detector import StepResult
 from rankwatch.aggregator.feed import event_messages, points_messages
-from rankwatch.aggregator.health import Health, RankHealth, RankState
+from rankwatch.aggregator.health import OVER_STATES, Health, RankHealth
 from rankwatch.aggregator.healthview import ROLLING_RANKS
 from rankwatch.aggregator.incidents.model import Incident
 from rankwatch.aggregator.ranksummary import SUMMARY_RANKS
@@ -41,7 +41,6 @@ log = logging.getLogger("rankwatch.service")
 
 EXPIRE_RANKS = 100_000  # partial steps handed out per tick, in ranks (a 100,000-rank step)
 RETIRE_EVERY_S = 60.0  # runs over for LIVE_RETENTION_S are looked for this often
-OVER_STATES = frozenset((RankState.FINISHED, RankState.CRASHED, RankState.LOST))
 
 
 def _no_route(run: str, rank: int, message: dict[str, Any]) -> bool:

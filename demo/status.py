@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from rankwatch.aggregator.health.rules import OVER_STATES
+
 HTTP_TIMEOUT_S = 3.0
-TERMINAL_STATES = ("finished", "crashed", "lost")
 TELLING_STATES = ("crashed", "lost", "stalled", "paused")  # states whose message is worth showing
 
 
@@ -162,7 +163,7 @@ class Reporter:
         """Every rank finished, crashed or lost (so the summary is final)."""
         if len(self.states) < ranks:
             return False
-        return all(state in TERMINAL_STATES for state in self.states.values())
+        return all(state in OVER_STATES for state in self.states.values())
 
     def flagged_ranks(self) -> list[int]:
         return sorted({flag.rank for flag in self.flags.values()})

@@ -6,6 +6,7 @@ from rankwatch.aggregator.health.rules import (
     DEFAULT_MIN_STALL_S,
     DEFAULT_STALL_FACTOR,
     LOST_MARGIN_S,
+    OVER_STATES,
     STEP_EWMA_ALPHA,
     RankHealth,
     RankState,
@@ -16,6 +17,6 @@ from rankwatch.aggregator.health.tracker import Health, HealthChanges, HealthTra
 
 __all__ = [
     "DEFAULT_LOST_AFTER_S", "DEFAULT_MIN_STALL_S", "DEFAULT_STALL_FACTOR", "LOST_MARGIN_S",
-    "RUN_STATES", "STEP_EWMA_ALPHA", "Health", "HealthChanges", "HealthTracker", "RankHealth",
-    "RankState", "RankTable", "Tally", "run_state", "run_state_of",
+    "OVER_STATES", "RUN_STATES", "STEP_EWMA_ALPHA", "Health", "HealthChanges", "HealthTracker",
+    "RankHealth", "RankState", "RankTable", "Tally", "run_state", "run_state_of",
 ]  # fmt: skip

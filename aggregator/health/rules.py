@@ -28,6 +28,9 @@ class RankState(str, Enum):
     PAUSED = "paused"
 
 
+OVER_STATES = frozenset((RankState.FINISHED, RankState.CRASHED, RankState.LOST))  # for good
+
+
 @dataclass(frozen=True)
 class RankHealth:
     run: str
