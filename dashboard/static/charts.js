@@ -27,6 +27,12 @@ const MAX_NAN_LABELS = 1;
 const MIN_BAND_RANKS = 8; // below this a p5–p95 band is two of the ranks, not percentiles
 const REF_LABEL_MIN_WIDTH = 480; // px of chart below which the reference line has no end label
 const LOG_PAD = 0.05; // a log axis fits the data: this share of its span as room below and above
+// The end labels' line height, in px, and their shifting apart where they meet. ECharts takes a
+// label's height from the width of a CJK glyph; where the browser has no CJK font that glyph
+// is a few px wide, so labels of lines that end together were moved apart by too little and
+// drawn over each other ("median" over "rank 37" on an lr chart every rank shares).
+const END_LABEL_LAYOUT = { lineHeight: 14 };
+const END_LABEL_SHIFT = { moveOverlap: 'shiftY' };
 const EVENT_STYLE = {
   crash: { color: '#dc2626', type: 'solid' },
   end: { color: '#6b7280', type: 'dashed' },
@@ -141,8 +147,8 @@ export class MetricChart {
       lineStyle: { ...REF_STYLE },
       // On a narrow chart the end labels of flagged ranks already crowd the right edge; the
       // line under the title names the reference there.
-      endLabel: { show: (this.el.clientWidth || 800) >= REF_LABEL_MIN_WIDTH, formatter: () => 'ref', color: REF_STYLE.color, fontStyle: 'italic' },
-      labelLayout: { moveOverlap: 'shiftY' },
+      endLabel: { show: (this.el.clientWidth || 800) >= REF_LABEL_MIN_WIDTH, formatter: () => 'ref', color: REF_STYLE.color, fontStyle: 'italic', ...END_LABEL_LAYOUT },
+      labelLayout: END_LABEL_SHIFT,
     };
   }
 
@@ -339,8 +345,9 @@ export class MetricChart {
         color: style.color,
         fontWeight: 'bold',
         distance: 4,
+        ...END_LABEL_LAYOUT,
       },
-      labelLayout: { moveOverlap: 'shiftY' },
+      labelLayout: END_LABEL_SHIFT,
       markPoint: this.markers(line, rank),
     }];
     if (st.ema > 0) {
@@ -385,8 +392,8 @@ export class MetricChart {
         z: 3,
         lineStyle: { width: 1.6, color: '#475569' },
         color: '#475569',
-        endLabel: { show: true, formatter: () => 'median', color: '#475569' },
-        labelLayout: { moveOverlap: 'shiftY' },
+        endLabel: { show: true, formatter: () => 'median', color: '#475569', ...END_LABEL_LAYOUT },
+        labelLayout: END_LABEL_SHIFT,
       },
     ];
   }

@@ -379,6 +379,53 @@ HELPERS_JS = """async () => {
 }"""
 
 
+# Where each end label of a chart is drawn: its text -> the y of its middle, in px.
+END_LABELS_JS = """(metric) => {
+  const chart = window.rankwatch.charts.get(metric);
+  const out = {};
+  for (const el of chart.chart.getZr().storage.getDisplayList(true)) {
+    const text = el.style && el.style.text;
+    if (text !== 'median' && !/^rank \\d+$/.test(text || '')) continue;
+    const box = el.getBoundingRect().clone();
+    box.applyTransform(el.getComputedTransform());
+    out[text] = box.y + box.height / 2;
+  }
+  return out;
+}"""
+
+
+def test_end_labels_of_lines_that_end_together_stay_apart(
+    server: Server, watched: Watched, artifacts: Path
+) -> None:
+    """Every rank shares one lr, so the drawn culprit's lr line ends on the median's: their
+    end labels must be a line apart, not drawn over each other."""
+    run, world, bad = "lr-shared", 40, 9
+    t0 = time.time() - 100
+    records = [
+        StepRecord(
+            run=run, rank=rank, seq=step, time=t0 + step * 0.1, world_size=world,
+            host=f"node{rank // 8}", pid=100 + rank, step=step, epoch=None,
+            metrics={"loss": (2.0 + 0.02 * math.sin(rank * 12.9898 + step * 78.233))
+                     * (2.5 if rank == bad and step >= 20 else 1.0), "lr": 1e-5 * step},
+        )
+        for step in range(1, 61) for rank in range(world)
+    ]  # fmt: skip
+    _ingest(server, records)
+    server.wait_for(f"rank {bad} flagged", lambda: [
+        a for a in firing(server, run) if a["rank"] == bad])  # fmt: skip
+    page = open_run(watched, server, run)
+    page.wait_for_function(
+        "(n) => { const c = window.rankwatch.charts.get('lr');"
+        " return !!c && c.chart.getOption().series.some((s) => s.name === n); }",
+        arg=f"rank {bad}",
+    )
+    labels = page.evaluate(END_LABELS_JS, "lr")
+    page.screenshot(path=artifacts / "lr-shared-end-labels.png", full_page=True)
+    assert {"median", f"rank {bad}"} <= set(labels), labels
+    apart = abs(labels["median"] - labels[f"rank {bad}"])
+    assert apart >= 12, f"the lr chart's end labels are {apart:.1f} px apart: {labels}"
+
+
 def test_page_helpers(server: Server, watched: Watched) -> None:
     watched.page.goto(server.url)
     out = watched.page.evaluate(HELPERS_JS)
