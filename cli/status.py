@@ -227,7 +227,14 @@ def compare(args: argparse.Namespace) -> int:
     if args.json:
         json.dump(answer, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
-    else:
+    if answer.get("ref") is None:  # a job's first run: nothing to compare it with
+        print(
+            f"rankwatch status: run {args.run!r} has no earlier run of the same job to compare "
+            "with: name one, --compare RUN",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.json:
         print(render_compare(answer))
     return 0
 

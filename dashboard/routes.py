@@ -42,6 +42,7 @@ MAX_MAX_POINTS = 20_000
 DEFAULT_HEATMAP_BUCKETS = 120  # step columns of the divergence heatmap
 MAX_HEATMAP_BUCKETS = 600
 ALERT_HISTORY_LIMIT = 200
+NO_EARLIER_RUN = "no earlier run of the same job"  # /compare's ref_reason where ref is null
 STATUS_PAGE_RANKS = 1000  # ranks per /api/status page when only offset is given
 EXPORT_MEDIA_TYPES = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet"}
 
@@ -366,10 +367,17 @@ def run_compare(
     if ref is None:
         found = previous_run(run, provider.list_runs())
         if found is None:
-            raise HTTPException(
-                status_code=404,
-                detail=f"run {run!r} has no earlier run of the same job to compare with: "
-                "name one with ref=",
+            # A job's first run: nothing is missing, so no 404 (which every page of such a
+            # run would log as an error); ``ref`` null says there is nothing to compare.
+            return _json(
+                {
+                    "run": run,
+                    "ref": None,
+                    "ref_reason": NO_EARLIER_RUN,
+                    "metrics": [],
+                    "only_in_run": views.order_metrics(provider.list_metrics(run)),
+                    "only_in_ref": [],
+                }
             )
         ref, stem = found
         reason = f"the previous run of job {stem!r}"

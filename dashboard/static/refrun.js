@@ -109,11 +109,10 @@ export function refView(ctx) {
     const params = ref.state.refNone ? null : ref.state.ref ? { ref: ref.state.ref } : {};
     if (!params || !state.run) return null;
     try {
+      // ref null in the answer: no earlier run of this job; the picker says so.
       return await api(runPath(state.run, 'compare'), params);
     } catch (err) {
-      if (token !== ref.token) return null;
-      // 404 without ref=: no earlier run of this job; the picker says so.
-      if (!ref.state.ref && String(err.message).startsWith('404')) return { ref: null };
+      if (token !== ref.token) return null; // an answer for a run no longer shown
       throw err;
     }
   }

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import pytest
 from rankwatch.agent.wire.records import StepRecord
 
@@ -190,7 +191,20 @@ def test_reference_run_overlay(
     close(w)
 
     # A stored run seen later: no earlier run of its job, says so; a named reference works.
+    # That is an answer, not an error: no 404 for the browser to log on every such page.
+    alone = compare(server, REF)[""]
+    assert alone["ref"] is None and alone["metrics"] == [] and alone["only_in_ref"] == []
+    assert alone["ref_reason"] == "no earlier run of the same job"
+    assert "loss" in alone["only_in_run"]
+    unknown = httpx.get(
+        f"{server.url}/api/runs/{quote(REF, safe='')}/compare", params={"ref": "nope"}
+    )
+    assert unknown.status_code == 404 and "nope" in unknown.text
     w = page_at(browser, DESKTOP)
+    refused: list[str] = []
+    w.page.on(
+        "response", lambda r: refused.append(f"{r.status} {r.url}") if r.status >= 400 else None
+    )
     page = open_run(w, server, REF)
     wait_ref(page, None)
     assert (
@@ -198,6 +212,7 @@ def test_reference_run_overlay(
         == "previous run of this job: none stored"
     )
     assert ref_text(page, "loss") == ""
+    assert refused == [], f"the page's reads refused: {refused}"
     page = open_run(w, server, REF, f"&ref={quote(RUN)}")
     wait_ref(page, RUN)
     assert ref_text(page, "loss").startswith(f"ref: {RUN} · step 40: ")
