@@ -230,7 +230,7 @@ def compare(args: argparse.Namespace) -> int:
     if answer.get("ref") is None:  # a job's first run: nothing to compare it with
         print(
             f"rankwatch status: run {args.run!r} has no earlier run of the same job to compare "
-            "with: name one, --compare RUN",
+            "with (name one: --compare RUN)",
             file=sys.stderr,
         )
         return 2

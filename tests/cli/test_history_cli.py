@@ -169,7 +169,12 @@ def test_status_compares_a_run_with_the_previous_run_of_its_job(
     first = "train-20261130-2130-aaaaaa"
     alone = cli("status", "--url", server.url, "--run", first, "--compare")
     assert alone.returncode == 2
-    assert f"run '{first}' has no earlier run of the same job to compare with" in alone.stderr
+    assert alone.stderr.strip().splitlines()[-1] == (
+        f"rankwatch status: run '{first}' has no earlier run of the same job to compare with "
+        "(name one: --compare RUN)"
+    )
+    alone_json = cli("status", "--url", server.url, "--run", first, "--compare", "--json")
+    assert alone_json.returncode == 2 and json.loads(alone_json.stdout)["ref"] is None
     given = cli("status", "--url", server.url, "--run", first, "--compare", newer)
     assert given.returncode == 0 and f"run {first} vs {newer}: median" in given.stdout
     unknown = cli("status", "--url", server.url, "--run", first, "--compare", "nope")
