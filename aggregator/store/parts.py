@@ -129,7 +129,15 @@ def record_part(items: Sequence[Item]) -> Part:
         else []
     )
     cols: dict[str, list[list]] = {name: [[] for _ in LAYOUT[name]] for name in BUFFERED}
-    for rec in others:
+    # a heartbeat per rank every few seconds, and a job's start (or end) an event per rank:
+    # at thousands of ranks, column by column too
+    beats = [r for r in others if type(r) is Heartbeat]
+    events = [r for r in others if type(r) is EventRecord]
+    if beats:
+        _add_heartbeats(cols, beats)
+    if events:
+        _add_events(cols, events)
+    for rec in others if not (beats or events) else [r for r in others if type(r) not in _COLUMNAR]:
         _add_row(cols, rec)
     tables = {name: columns(name, c, names) for name, c in cols.items()}
     for made in (_step_tables(steps, names) if steps else None,
@@ -328,6 +336,48 @@ def _add_row(c: dict[str, list[list]], rec: Record) -> None:
                           *span, rec.inc))  # fmt: skip
         for name, value in (rec.metrics or _NO_METRICS).items():
             _push(c["steps"], (*head[:3], rec.step, rec.epoch, rec.time, name, value, rec.inc))
+
+
+_BEAT_FIELDS = attrgetter("run", "rank", "seq", "time", "last_step", "next_in", "dropped",
+                          "paused", "inc")  # fmt: skip
+
+
+def _add_heartbeats(c: dict[str, list[list]], beats: list[Heartbeat]) -> None:
+    """``_add_row`` of each of ``beats``, column by column (the rows of a table may come in
+    any order: every read sorts or aggregates)."""
+    run, rank, seq, time, last_step, next_in, dropped, paused, inc = zip(
+        *map(_BEAT_FIELDS, beats), strict=True
+    )
+    n = len(beats)
+    none = (None,) * n
+    recs = (run, rank, seq, time, ("heartbeat",) * n, none, none, none, (0,) * n, none, seq,
+            (1,) * n, time, inc)  # fmt: skip
+    for col, values in zip(c["recs"], recs, strict=True):
+        col.extend(values)
+    beat = (run, rank, seq, time, last_step, next_in, dropped, paused, inc)
+    for col, values in zip(c["heartbeats"], beat, strict=True):
+        col.extend(values)
+
+
+_EVENT_FIELDS = attrgetter("run", "rank", "seq", "time", "world_size", "host", "pid", "event",
+                           "step", "info", "inc")  # fmt: skip
+_COLUMNAR = (Heartbeat, EventRecord)
+
+
+def _add_events(c: dict[str, list[list]], events: list[EventRecord]) -> None:
+    """``_add_row`` of each of ``events``, column by column."""
+    run, rank, seq, time, world_size, host, pid, event, step, info, inc = zip(
+        *map(_EVENT_FIELDS, events), strict=True
+    )
+    n = len(events)
+    recs = (run, rank, seq, time, ("event",) * n, world_size, host, pid, (0,) * n, event, seq,
+            (1,) * n, time, inc)  # fmt: skip
+    for col, values in zip(c["recs"], recs, strict=True):
+        col.extend(values)
+    text = tuple(json.dumps(dict(i), default=str) for i in info)
+    row = (run, rank, seq, time, world_size, host, pid, event, step, text, inc)
+    for col, values in zip(c["events"], row, strict=True):
+        col.extend(values)
 
 
 def _push(cols: list[list], values: tuple) -> None:

@@ -4,12 +4,11 @@ The write buffer is ``buffer.py``, its columns ``parts.py``. Only the store uses
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import duckdb
 import numpy as np
@@ -90,17 +89,25 @@ ADD_INC = ";".join(
 )
 
 # Where a rank's world_size/host/pid start (its first record, a restart elsewhere): the first
-# seq of each identity in this flush, in seq order (hash aggregate, no window over the batch).
+# seq of each identity in this flush that differs from the one before it (the rank's previous
+# identity in the flush, else its ``ranks`` row, which the mirror holds too), in seq order. A
+# hash aggregate, then a window over its few rows (one per rank, not per record): a flush of
+# thousands of ranks returns the few that changed, not a row per rank to compare in Python.
 # An incarnation's seqs are its own: each starts its own identities.
 META_BATCH = """
-SELECT run, rank, min(seq) AS seq, world_size, host, pid, inc FROM buf_recs
-WHERE world_size IS NOT NULL GROUP BY run, rank, world_size, host, pid, inc
-ORDER BY run, rank, inc, seq
+SELECT m.run, m.rank, m.seq, m.world_size, m.host, m.pid, m.inc FROM (
+  SELECT *, lag((world_size, host, pid, inc)) OVER (PARTITION BY run, rank ORDER BY seq, inc)
+    AS before
+  FROM (SELECT run, rank, min(seq) AS seq, world_size, host, pid, inc FROM buf_recs
+        WHERE world_size IS NOT NULL GROUP BY run, rank, world_size, host, pid, inc)
+) m LEFT JOIN ranks r ON r.run = m.run AND r.rank = m.rank
+WHERE (m.world_size, m.host, m.pid, m.inc)
+  IS DISTINCT FROM coalesce(m.before, (r.world_size, r.host, r.pid, r.inc))
 """
 
 RANK_BATCH = """
-SELECT run, rank, sum(n) AS records, min(time) AS first_time, max(last_time) AS last_time,
-  max(step) FILTER (WHERE kind = 'step') AS last_step,
+SELECT run, rank, CAST(sum(n) AS BIGINT) AS records, min(time) AS first_time,
+  max(last_time) AS last_time, max(step) FILTER (WHERE kind = 'step') AS last_step,
   arg_max(world_size, seq) FILTER (WHERE world_size IS NOT NULL) AS world_size,
   arg_max(host, seq) FILTER (WHERE world_size IS NOT NULL) AS host,
   arg_max(pid, seq) FILTER (WHERE world_size IS NOT NULL) AS pid,
@@ -194,9 +201,10 @@ def _step_record(run: str, row: tuple, metrics: dict[str, float]) -> StepRecord:
 # --- in-memory summaries: what runs(), metrics(), query planning and the band frontier read ---
 
 
-@dataclass(frozen=True, slots=True)
-class RankRow:
-    """One row of the ``ranks`` table: a rank's summary, rewritten at each flush touching it."""
+class RankRow(NamedTuple):
+    """One row of the ``ranks`` table: a rank's summary, rewritten at each flush touching it.
+    A tuple: a flush of thousands of ranks makes one per rank (``merge_ranks``), and a frozen
+    dataclass costs a call per field to make."""
 
     run: str
     rank: int
@@ -213,10 +221,10 @@ class RankRow:
     inc: int = 0  # the incarnation meta_seq, life_seq and last_step are of (its newest)
 
     def as_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in RANK_FIELDS}
+        return self._asdict()
 
 
-RANK_FIELDS = tuple(RankRow.__dataclass_fields__)
+RANK_FIELDS = RankRow._fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +332,7 @@ class Mirror:
             )
             if newer:  # the last step and the life are the new process's from here on
                 assert old is not None
-                old = dataclasses.replace(old, last_step=None, life_seq=None, ended=False)
+                old = old._replace(last_step=None, life_seq=None, ended=False)
             row = RankRow(
                 run=run,
                 rank=rank,

@@ -25,7 +25,6 @@ from rankwatch.aggregator.store.rows import (
     META_BATCH,
     NULL_CODE,
     RANK_BATCH,
-    RANK_FIELDS,
     Mirror,
     select_sql,
 )
@@ -102,60 +101,35 @@ def _insert_batch(
             "CREATE OR REPLACE TEMP TABLE buf_steps AS SELECT * FROM raw_steps",
             "INSERT INTO steps " + select_sql("steps", "buf_steps"),
         ]
-    # what the bookkeeping needs back, in one row: lists of structs
-    stats_sql = (
-        f"SELECT {_NAMES}[run + 1], {_NAMES}[metric + 1], n, lo, hi, ranks FROM ("
-        "SELECT run, metric, count(*) AS n, min(step) AS lo, max(step) AS hi, "
-        f"list(DISTINCT rank) AS ranks FROM buf_steps WHERE metric <> {NULL_CODE} "
-        "GROUP BY run, metric)"
-        if "steps" in raw
-        else "SELECT NULL WHERE false"
-    )
-    lists = ", ".join(
-        f"(SELECT list(t{order}) FROM ({q}) t)"
-        for q, order in ((META_BATCH, " ORDER BY t.run, t.rank, t.seq"), (RANK_BATCH, ""),
-                         (stats_sql, ""))
-    )  # fmt: skip
+    # New identities go to the rank_meta log in SQL (META_BATCH compares them with the ranks
+    # table), and the flush's (run, metric) statistics to a temp table read after the script:
+    # what comes back from the script is a row per rank, fetched as numpy columns (converting
+    # thousands of rows into Python structs was most of a flush's cost per rank).
+    script.append(f"INSERT INTO rank_meta {META_BATCH}")
+    if "steps" in raw:
+        script.append(
+            f"CREATE OR REPLACE TEMP TABLE rw_stats AS SELECT {_NAMES}[run + 1], "
+            f"{_NAMES}[metric + 1], n, lo, hi, ranks FROM (SELECT run, metric, count(*) AS n, "
+            "min(step) AS lo, max(step) AS hi, list(DISTINCT rank) AS ranks FROM buf_steps "
+            f"WHERE metric <> {NULL_CODE} GROUP BY run, metric)"
+        )
     # DuckDB finds the numpy columns by their names in this frame (a replacement scan), so
     # no register()/unregister(): each of those is a GIL hand-over, slow with the ingest thread
     # busy (docs/benchmarks.md, figures behind choices). Later statements read the buf_ tables.
     raw_names, raw_recs = raw["names"], raw["recs"]
     raw_steps, raw_events, raw_heartbeats = (raw.get(n) for n in BUFFERED[:3])
     raw_telemetry, raw_telemetry_labels = raw.get("telemetry"), raw.get("telemetry_labels")
-    sql = ";\n".join([*script, "SELECT " + lists])
-    ((meta_rows, rank_rows, stat_rows),) = cur.execute(sql).fetchall()
+    rank_rows = numpy_rows(cur.execute(";\n".join([*script, RANK_BATCH])).fetchnumpy())
     del raw_names, raw_recs, raw_steps, raw_events, raw_heartbeats, raw_seq
     if raw_telemetry is not None:
         telemetry.write(cur, mirror.tele, mirror.tele_done, raw_telemetry_labels is not None)
     del raw_telemetry, raw_telemetry_labels
-    meta, prev = [], None
-    for row in map(_values, meta_rows or []):
-        key, ident = row[:2], row[3:]
-        known = prev[3:] if prev is not None and prev[:2] == key else mirror.identity(*key)
-        if ident != known:
-            meta.append(row)
-        prev = row
-    if meta:
-        # as columns found by name too: executemany costs a call per row, which many new runs
-        # at once turn into seconds (docs/reliability.md, item 3)
-        cols = list(zip(*meta, strict=True))
-        raw_meta = {
-            name: np.array(col, dtype=object)
-            for name, col in zip(("run", "rank", "seq", "world_size", "host", "pid", "inc"),
-                                 cols, strict=True)
-        }  # fmt: skip
-        cur.execute(
-            "INSERT INTO rank_meta SELECT CAST(run AS VARCHAR), CAST(rank AS BIGINT), "
-            "CAST(seq AS BIGINT), CAST(world_size AS BIGINT), CAST(host AS VARCHAR), "
-            "CAST(pid AS BIGINT), CAST(inc AS BIGINT) FROM raw_meta"
-        )
-        del raw_meta
-    changed = mirror.merge_ranks([_values(r) for r in rank_rows or []])
+    changed = mirror.merge_ranks(rank_rows)
     if changed:
         # As columns found by name, like raw_recs: an SQL VALUES list of thousands of ranks is
         # slow to parse, and it would be parsed twice per flush (docs/benchmarks.md).
         rank_names: dict[str, int] = {}
-        rank_cols = [[getattr(r, f) for r in changed] for f in RANK_FIELDS]
+        rank_cols = list(zip(*changed, strict=True))  # RankRow: the table's columns, in order
         raw_ranks = buffer_columns("ranks", rank_cols, rank_names)
         raw_rank_names = names_columns(list(rank_names))
         rollup.run_script(cur, [
@@ -169,6 +143,7 @@ def _insert_batch(
     script = []
     if "steps" not in raw:
         return script
+    ((stat_rows,),) = cur.execute("SELECT list(t) FROM rw_stats t").fetchall()
     stats = [_values(r) for r in stat_rows or []]
     mirror.merge_metrics(stats)
     # Values for steps whose band is already settled: the band misses them until repaired.
@@ -240,6 +215,11 @@ def _pairs(
         "metric": metrics[order].astype(np.int32),
     }
     return raw_pairs, codes[order]
+
+
+def numpy_rows(columns: dict[str, np.ndarray]) -> list[tuple]:
+    """A result fetched as numpy columns back as rows (a NULL, masked, as None)."""
+    return list(zip(*(col.tolist() for col in columns.values()), strict=True))
 
 
 def _values(row: dict[str, Any]) -> tuple:

@@ -46,6 +46,37 @@ def test_directory_path_gets_the_default_file_name(tmp_path: Path) -> None:
     assert (tmp_path / "data" / STORE_FILENAME).exists()
 
 
+def test_a_rank_that_moves_keeps_each_record_s_host_and_logs_only_its_moves(tmp_path: Path) -> None:
+    def on(host: str, pid: int, rank: int, seq: int) -> StepRecord:
+        return StepRecord("r", rank, seq, 1e9 + seq, 4, host, pid, seq, 0, {"loss": 1.0})
+
+    flushes = [
+        [on("a", 1, 0, 1), on("a", 1, 0, 2), on("b", 5, 1, 1)],
+        [on("a", 1, 0, 3), on("c", 2, 0, 4), on("b", 5, 1, 2)],  # rank 0 moves mid-flush
+        [on("a", 3, 0, 5), on("b", 5, 1, 3)],  # and back to a, a new process
+        [on("a", 3, 0, 6), on("b", 5, 1, 4)],  # nothing moves
+    ]
+    path = tmp_path / "s.duckdb"
+    with Store(path) as s:
+        for records in flushes:
+            s.append(records)
+            s.flush()
+    with Store(path) as s:
+        got = {(g.rank, g.seq): (g.host, g.pid) for g in s.records("r")}
+    assert got == {(r.rank, r.seq): (r.host, r.pid) for rs in flushes for r in rs}
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        log = con.execute(
+            "SELECT rank, seq, host, pid FROM rank_meta ORDER BY rank, seq"
+        ).fetchall()
+        summary = con.execute("SELECT rank, host, pid, records FROM ranks ORDER BY rank").fetchall()
+    finally:
+        con.close()
+    # the log holds where each identity starts, once: a flush repeating the last one adds none
+    assert log == [(0, 1, "a", 1), (0, 4, "c", 2), (0, 5, "a", 3), (1, 1, "b", 5)]
+    assert summary == [(0, "a", 3, 6), (1, "b", 5, 4)]
+
+
 def test_every_record_round_trips_through_a_reopen(tmp_path: Path) -> None:
     records: list[Record] = [
         EventRecord("r", 0, 1, 10.0, 2, "h0", 7, "start", None, {"launcher": "msrun"}),
