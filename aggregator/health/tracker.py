@@ -146,9 +146,12 @@ class HealthTracker:
         cols: list[Sequence[Any]] = [
             block.ranks, block.seq, block.pids, block.hosts, block.step, block.time
         ]  # fmt: skip
-        cols.append(step_time if step_time is not None else [None] * len(block))
-        if rows is not None:
+        if step_time is not None:
+            cols.append(step_time)
+        if rows is not None:  # often one row (a rank's step held until its next record)
             cols = [[col[i] for i in rows] for col in cols]
+        if step_time is None:  # a first step logs none: as long as the rows, not the block
+            cols.append([None] * len(cols[0]))
         world_size, alive, dirty = block.world_size, RankState.ALIVE, self._dirty
         judged = self._judged(now)
         lost_s, min_stall, factor = self.lost_after_s, self.min_stall_s, self.stall_factor

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
-from rankwatch.agent.wire.records import EventRecord, Heartbeat, Record, StepRecord
+from rankwatch.agent.wire.records import EventRecord, Heartbeat, RanksBlock, Record, StepRecord
 from rankwatch.aggregator.health import HealthTracker, RankHealth, RankState, run_state
 
 A, S, L, F, C, P = (
@@ -258,3 +259,30 @@ def test_silence_is_judged_up_to_what_was_received_not_the_clock() -> None:
     tracker.heard(56.0)
     assert state(tracker, 60.0, rank=1).state is S  # stalls are judged up to heard as well
     assert state(tracker, 60.0, rank=1).message == "step 11 has not advanced for 6 s"
+
+
+@pytest.mark.parametrize("logged", [False, True])
+def test_a_block_s_rows_observed_one_by_one_are_its_records_observed(logged: bool) -> None:
+    """``observe_ranks`` of single rows (a rank's step held until its next record in the
+    batch), of a block with and without a logged step_time (a first step has none), leaves
+    the states ``observe`` of each row's StepRecord leaves."""
+    n = 40
+    by_rows, by_records = HealthTracker(), HealthTracker()
+    for k, now in enumerate((10.0, 12.0, 14.0)):
+        metrics = {"loss": [1.0] * n} | (
+            {"step_time": [2.0 + r for r in range(n)]} if logged else {}
+        )
+        block = RanksBlock("r", n, list(range(n)), [k + 1] * n, [100.0 + 2 * k] * n,
+                           [f"h{r // 8}" for r in range(n)], list(range(n)), [k + 1] * n,
+                           [0] * n, metrics, [0] * n)  # fmt: skip
+        rows = list(range(n))[::-1] if k % 2 else list(range(n))
+        for i in rows[: n // 2]:
+            by_rows.observe_ranks(block, (i,), now)
+        by_rows.observe_ranks(block, rows[n // 2 :], now)
+        for i in rows:
+            by_records.observe(block.record(i), now)
+    for now in (14.0, 20.0, 40.0, 200.0):  # the stall limit comes from the step times
+        got, want = by_rows.snapshot(now)["r"], by_records.snapshot(now)["r"]
+        assert [dataclasses.astuple(h) for _, h in got.items()] == [
+            dataclasses.astuple(h) for _, h in want.items()
+        ]
