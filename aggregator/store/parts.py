@@ -137,7 +137,8 @@ def record_part(items: Sequence[Item]) -> Part:
         _add_heartbeats(cols, beats)
     if events:
         _add_events(cols, events)
-    for rec in others if not (beats or events) else [r for r in others if type(r) not in _COLUMNAR]:
+    rest = [r for r in others if type(r) not in _COLUMNAR] if beats or events else others
+    for rec in rest:
         _add_row(cols, rec)
     tables = {name: columns(name, c, names) for name, c in cols.items()}
     for made in (_step_tables(steps, names) if steps else None,

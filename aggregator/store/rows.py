@@ -305,10 +305,6 @@ class Mirror:
                       dict(self.tele), dict(self.tele_done), self.summaries,
                       self.opens, self.seen)  # fmt: skip
 
-    def identity(self, run: str, rank: int) -> tuple[Any, Any, Any, int] | None:
-        row = self.ranks.get(run, {}).get(rank)
-        return None if row is None else (row.world_size, row.host, row.pid, row.inc)
-
     def merge_ranks(self, rows: list[tuple]) -> list[RankRow]:
         """Fold a flush's per-rank aggregates (RANK_BATCH, one row per incarnation) in; returns
         the new rows. Seqs order the records of one incarnation only: a newer incarnation (its

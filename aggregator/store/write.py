@@ -119,7 +119,7 @@ def _insert_batch(
     raw_names, raw_recs = raw["names"], raw["recs"]
     raw_steps, raw_events, raw_heartbeats = (raw.get(n) for n in BUFFERED[:3])
     raw_telemetry, raw_telemetry_labels = raw.get("telemetry"), raw.get("telemetry_labels")
-    rank_rows = numpy_rows(cur.execute(";\n".join([*script, RANK_BATCH])).fetchnumpy())
+    rank_rows = _numpy_rows(cur.execute(";\n".join([*script, RANK_BATCH])).fetchnumpy())
     del raw_names, raw_recs, raw_steps, raw_events, raw_heartbeats, raw_seq
     if raw_telemetry is not None:
         telemetry.write(cur, mirror.tele, mirror.tele_done, raw_telemetry_labels is not None)
@@ -217,7 +217,7 @@ def _pairs(
     return raw_pairs, codes[order]
 
 
-def numpy_rows(columns: dict[str, np.ndarray]) -> list[tuple]:
+def _numpy_rows(columns: dict[str, np.ndarray]) -> list[tuple]:
     """A result fetched as numpy columns back as rows (a NULL, masked, as None)."""
     return list(zip(*(col.tolist() for col in columns.values()), strict=True))
 
